@@ -1,0 +1,173 @@
+//! Owned buffers that UCX may read or write while an operation is in flight.
+//!
+//! Operations take buffers **by value** and hand them back with the result, like tokio-uring:
+//! a `&mut [u8]` cannot work, because a future can be dropped (forgotten, cancelled by `select!`)
+//! while UCX still owns the memory. If an operation's future is dropped mid-flight, the buffer
+//! is parked with the operation and freed only after UCX's completion callback has fired.
+
+use bytes::{Bytes, BytesMut};
+
+/// Where a buffer's memory lives. Passed to UCX explicitly so it need not detect it per message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryType {
+    /// Ordinary host memory.
+    #[default]
+    Host,
+    /// CUDA device memory.
+    Cuda,
+}
+
+impl MemoryType {
+    pub(crate) fn to_ucs(self) -> ucx_sys::ucs_memory_type_t {
+        match self {
+            MemoryType::Host => ucx_sys::UCS_MEMORY_TYPE_HOST,
+            MemoryType::Cuda => ucx_sys::UCS_MEMORY_TYPE_CUDA,
+        }
+    }
+}
+
+/// A buffer UCX can read from (send source).
+///
+/// # Safety
+/// `stable_ptr()` must return a pointer valid for reads of `bytes_init()` bytes, and both must
+/// stay the same while the value is moved around (heap memory, not inline storage), until the
+/// value is dropped or mutably accessed. UCX reads through the pointer after the value has moved
+/// into an operation.
+pub unsafe trait IoBuf: Send + 'static {
+    /// Start of the readable bytes.
+    fn stable_ptr(&self) -> *const u8;
+    /// Number of readable bytes.
+    fn bytes_init(&self) -> usize;
+    /// Memory type of the bytes.
+    fn memory_type(&self) -> MemoryType {
+        MemoryType::Host
+    }
+}
+
+/// A buffer UCX can write into (receive destination).
+///
+/// # Safety
+/// As for [`IoBuf`], and `stable_mut_ptr()` must be valid for writes of `bytes_total()` bytes.
+/// `set_init(n)` is called after UCX wrote `n <= bytes_total()` bytes from the start.
+pub unsafe trait IoBufMut: IoBuf {
+    /// Start of the writable region.
+    fn stable_mut_ptr(&mut self) -> *mut u8;
+    /// Capacity of the writable region in bytes.
+    fn bytes_total(&self) -> usize;
+    /// Records that the first `n` bytes now hold received data.
+    ///
+    /// # Safety
+    /// The first `n` bytes must have been written.
+    unsafe fn set_init(&mut self, n: usize);
+}
+
+// SAFETY: a Vec's heap allocation does not move when the Vec value moves; len <= capacity.
+unsafe impl IoBuf for Vec<u8> {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+/// Receives write into the whole capacity; afterwards `len()` is the received length.
+// SAFETY: the capacity region is writable heap memory that does not move with the Vec.
+unsafe impl IoBufMut for Vec<u8> {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        self.capacity()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: the caller guarantees n <= capacity and that the first n bytes were written.
+        unsafe { self.set_len(n) }
+    }
+}
+
+// SAFETY: boxed slices are heap memory (or dangling for len 0, which UCX never dereferences).
+unsafe impl IoBuf for Box<[u8]> {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+/// A boxed slice has a fixed length: the received length is the operation's return value.
+// SAFETY: as above; the whole slice is writable.
+unsafe impl IoBufMut for Box<[u8]> {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        self.len()
+    }
+    unsafe fn set_init(&mut self, _n: usize) {}
+}
+
+// SAFETY: Bytes is an immutable, reference-counted view of memory that does not move.
+unsafe impl IoBuf for Bytes {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+// SAFETY: BytesMut's storage does not move when the handle moves.
+unsafe impl IoBuf for BytesMut {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+/// Receives write into the whole capacity; afterwards `len()` is the received length.
+// SAFETY: the capacity region is writable and does not move with the handle.
+unsafe impl IoBufMut for BytesMut {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        self.capacity()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: the caller guarantees n <= capacity and that the first n bytes were written.
+        unsafe { self.set_len(n) }
+    }
+}
+
+// SAFETY: 'static slices live forever and never move.
+unsafe impl IoBuf for &'static [u8] {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vec_receives_into_capacity() {
+        let mut v: Vec<u8> = Vec::with_capacity(8);
+        assert_eq!(v.bytes_total(), 8);
+        let p = v.stable_mut_ptr();
+        // SAFETY: p is valid for 8 bytes of writes (capacity 8).
+        unsafe { std::ptr::write_bytes(p, 7, 3) };
+        // SAFETY: 3 bytes were just written.
+        unsafe { v.set_init(3) };
+        assert_eq!(v, [7, 7, 7]);
+        let moved = v;
+        assert_eq!(moved.stable_ptr(), p as *const u8);
+    }
+}

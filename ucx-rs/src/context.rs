@@ -1,0 +1,404 @@
+//! The UCP context: features, configuration, version and info.
+
+use std::collections::BTreeMap;
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::ops::BitOr;
+use std::ptr;
+use std::sync::Arc;
+
+use ucx_sys as sys;
+
+use crate::error::{check, Error, Result, Status};
+
+/// UCP features a context enables (`UCP_FEATURE_*`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Features(u64);
+
+impl Features {
+    /// Tagged messaging.
+    pub const TAG: Features = Features(sys::UCP_FEATURE_TAG as u64);
+    /// The stream API (also used by the UCXX handshake).
+    pub const STREAM: Features = Features(sys::UCP_FEATURE_STREAM as u64);
+    /// Active messages.
+    pub const AM: Features = Features(sys::UCP_FEATURE_AM as u64);
+    /// Remote memory access.
+    pub const RMA: Features = Features(sys::UCP_FEATURE_RMA as u64);
+    /// Event-driven progress (`ucp_worker_get_efd`), needed by the blocking and thread modes.
+    pub const WAKEUP: Features = Features(sys::UCP_FEATURE_WAKEUP as u64);
+    /// Everything UCX-Py enables by default.
+    pub const ALL: Features = Features(
+        (sys::UCP_FEATURE_TAG
+            | sys::UCP_FEATURE_STREAM
+            | sys::UCP_FEATURE_AM
+            | sys::UCP_FEATURE_RMA
+            | sys::UCP_FEATURE_WAKEUP) as u64,
+    );
+
+    /// Whether every feature in `other` is enabled here.
+    pub fn contains(self, other: Features) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for Features {
+    type Output = Features;
+    fn bitor(self, rhs: Features) -> Features {
+        Features(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for Features {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (Features::TAG, "TAG"),
+            (Features::STREAM, "STREAM"),
+            (Features::AM, "AM"),
+            (Features::RMA, "RMA"),
+            (Features::WAKEUP, "WAKEUP"),
+        ];
+        let set: Vec<&str> = names
+            .iter()
+            .filter(|(b, _)| self.contains(*b))
+            .map(|(_, n)| *n)
+            .collect();
+        write!(f, "Features({})", set.join(" | "))
+    }
+}
+
+/// Which wins when an option is given both in code and in the environment (`UCX_<KEY>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precedence {
+    /// Options given to the builder override the environment (UCX-Py's default).
+    #[default]
+    Options,
+    /// A `UCX_<KEY>` environment variable overrides the builder's option of the same key.
+    Environment,
+}
+
+/// Builds a [`Context`].
+///
+/// ```
+/// let ctx = ucx::Context::builder()
+///     .option("TLS", "tcp,self")
+///     .build()
+///     .unwrap();
+/// assert_eq!(ctx.config()["TLS"], "tcp,self");
+/// ```
+#[derive(Debug, Clone)]
+pub struct ContextBuilder {
+    features: Features,
+    options: Vec<(String, String)>,
+    precedence: Precedence,
+    name: Option<String>,
+}
+
+impl Default for ContextBuilder {
+    fn default() -> Self {
+        ContextBuilder {
+            features: Features::ALL,
+            options: Vec::new(),
+            precedence: Precedence::Options,
+            name: None,
+        }
+    }
+}
+
+impl ContextBuilder {
+    /// The UCP features to enable (default: [`Features::ALL`]).
+    pub fn features(mut self, features: Features) -> Self {
+        self.features = features;
+        self
+    }
+
+    /// Sets a UCX configuration option. `key` has no `UCX_` prefix (`"TLS"`, `"NET_DEVICES"`).
+    pub fn option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.options.push((key.into(), value.into()));
+        self
+    }
+
+    /// Sets several options at once.
+    pub fn options<K: Into<String>, V: Into<String>>(
+        mut self,
+        opts: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.options
+            .extend(opts.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+
+    /// Whether environment variables or builder options win (default: options win).
+    pub fn precedence(mut self, p: Precedence) -> Self {
+        self.precedence = p;
+        self
+    }
+
+    /// A name for the context, shown in UCX's logs.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Reads UCX's configuration, applies the options and creates the context.
+    pub fn build(self) -> Result<Context> {
+        let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+        // SAFETY: NULL env prefix and filename mean "defaults + environment"; config is an
+        // out-pointer that UCX fills on success.
+        check(unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) })?;
+        let config = ConfigGuard(config);
+        for (key, value) in &self.options {
+            let key = key.strip_prefix("UCX_").unwrap_or(key);
+            if self.precedence == Precedence::Environment
+                && std::env::var_os(format!("UCX_{key}")).is_some()
+            {
+                tracing::debug!(key, "UCX option left to the environment");
+                continue;
+            }
+            let (ck, cv) = (cstring(key)?, cstring(value)?);
+            // SAFETY: config is a live config handle; ck/cv are NUL-terminated strings that
+            // outlive the call.
+            let st = unsafe { sys::ucp_config_modify(config.0, ck.as_ptr(), cv.as_ptr()) };
+            match st {
+                sys::UCS_OK => {}
+                sys::UCS_ERR_NO_ELEM => return Err(Error::UnknownOption(key.to_string())),
+                st => {
+                    return Err(Error::InvalidOption {
+                        key: key.to_string(),
+                        value: value.clone(),
+                        status: Status(st),
+                    })
+                }
+            }
+        }
+        let effective = config.print()?;
+
+        let name = self.name.as_deref().map(cstring).transpose()?;
+        let mut params = sys::ucp_params_t {
+            field_mask: (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED)
+                as u64,
+            features: self.features.0,
+            mt_workers_shared: 1,
+            ..Default::default()
+        };
+        if let Some(n) = &name {
+            params.field_mask |= sys::UCP_PARAM_FIELD_NAME as u64;
+            params.name = n.as_ptr();
+        }
+        let mut handle: sys::ucp_context_h = ptr::null_mut();
+        // SAFETY: params and config are valid for the call; handle is an out-pointer.
+        check(unsafe { sys::ucxrs_init(&params, config.0, &mut handle) })?;
+        tracing::debug!(features = ?self.features, version = %version(), "UCX context created");
+        Ok(Context(Arc::new(ContextInner {
+            handle,
+            features: self.features,
+            config: effective,
+        })))
+    }
+}
+
+fn cstring(s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::InvalidArgument(format!("{s:?} contains a NUL byte")))
+}
+
+struct ConfigGuard(*mut sys::ucp_config_t);
+
+impl ConfigGuard {
+    /// The effective configuration as `KEY -> value` (keys without the `UCX_` prefix).
+    fn print(&self) -> Result<BTreeMap<String, String>> {
+        let text = capture_file(|f| {
+            // SAFETY: self.0 is a live config; f is a valid, open FILE stream.
+            unsafe {
+                sys::ucp_config_print(
+                    self.0,
+                    f,
+                    ptr::null(),
+                    sys::UCS_CONFIG_PRINT_CONFIG as sys::ucs_config_print_flags_t,
+                )
+            }
+        })?;
+        Ok(text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim_start_matches("UCX_").to_string(), v.to_string()))
+            .collect())
+    }
+}
+
+impl Drop for ConfigGuard {
+    fn drop(&mut self) {
+        // SAFETY: the config was returned by ucp_config_read and is released exactly once.
+        unsafe { sys::ucp_config_release(self.0) }
+    }
+}
+
+/// Runs a UCX print function against an in-memory `FILE` and returns what it wrote.
+pub(crate) fn capture_file(print: impl FnOnce(*mut sys::FILE)) -> Result<String> {
+    let mut buf: *mut libc::c_char = ptr::null_mut();
+    let mut len: libc::size_t = 0;
+    // SAFETY: open_memstream writes the buffer pointer and size through the out-pointers, which
+    // stay valid until fclose below.
+    let f = unsafe { libc::open_memstream(&mut buf, &mut len) };
+    if f.is_null() {
+        return Err(Error::os("open_memstream", std::io::Error::last_os_error()));
+    }
+    print(f);
+    // SAFETY: f came from open_memstream; fclose flushes and sets buf/len.
+    unsafe { libc::fclose(f) };
+    if buf.is_null() {
+        return Ok(String::new());
+    }
+    // SAFETY: after fclose, buf points to len bytes (plus a NUL) allocated with malloc.
+    let bytes = unsafe { std::slice::from_raw_parts(buf as *const u8, len) };
+    let text = String::from_utf8_lossy(bytes).into_owned();
+    // SAFETY: buf was allocated by open_memstream with malloc and is not used after this.
+    unsafe { libc::free(buf.cast()) };
+    Ok(text)
+}
+
+struct ContextInner {
+    handle: sys::ucp_context_h,
+    features: Features,
+    config: BTreeMap<String, String>,
+}
+
+// SAFETY: the context is created with mt_workers_shared=1, so UCX protects its shared state and
+// it may be used from any thread; the Rust side only reads immutable fields.
+unsafe impl Send for ContextInner {}
+// SAFETY: as above.
+unsafe impl Sync for ContextInner {}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: every Worker holds an Arc to this context, so no worker is alive here.
+        unsafe { sys::ucp_cleanup(self.handle) }
+    }
+}
+
+/// A UCP context: the root of everything. Cheap to clone; workers keep it alive.
+///
+/// ```
+/// let ctx = ucx::Context::new().unwrap();
+/// assert!(ctx.version().starts_with("1."));
+/// assert!(ctx.info().unwrap().contains("UCP context"));
+/// ```
+#[derive(Clone)]
+pub struct Context(Arc<ContextInner>);
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("features", &self.0.features)
+            .field("version", &version())
+            .finish()
+    }
+}
+
+impl Context {
+    /// A context with all features and the configuration from the environment.
+    pub fn new() -> Result<Context> {
+        ContextBuilder::default().build()
+    }
+
+    /// A builder for features and options.
+    pub fn builder() -> ContextBuilder {
+        ContextBuilder::default()
+    }
+
+    /// The enabled features.
+    pub fn features(&self) -> Features {
+        self.0.features
+    }
+
+    /// The effective UCX configuration (environment and options applied), keys without `UCX_`.
+    pub fn config(&self) -> &BTreeMap<String, String> {
+        &self.0.config
+    }
+
+    /// The version of the loaded UCX library, e.g. `"1.13.1"`.
+    pub fn version(&self) -> String {
+        version()
+    }
+
+    /// UCX's human-readable description of the context (`ucp_context_print_info`).
+    pub fn info(&self) -> Result<String> {
+        capture_file(|f| {
+            // SAFETY: the context handle is alive (self holds it); f is an open stream.
+            unsafe { sys::ucp_context_print_info(self.0.handle, f) }
+        })
+    }
+
+    pub(crate) fn handle(&self) -> sys::ucp_context_h {
+        self.0.handle
+    }
+}
+
+/// The version of the loaded UCX library.
+pub fn version() -> String {
+    // SAFETY: returns a pointer to a static NUL-terminated string.
+    let s = unsafe { CStr::from_ptr(sys::ucp_get_version_string()) };
+    s.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_option_is_a_clear_error() {
+        let e = Context::builder()
+            .option("NO_SUCH_THING", "1")
+            .build()
+            .unwrap_err();
+        assert_eq!(e, Error::UnknownOption("NO_SUCH_THING".into()));
+        assert!(e.to_string().contains("NO_SUCH_THING"));
+    }
+
+    #[test]
+    fn bad_value_is_rejected() {
+        let e = Context::builder()
+            .option("RNDV_THRESH", "not-a-size")
+            .build()
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidOption { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn options_show_in_config_and_prefix_is_optional() {
+        let ctx = Context::builder()
+            .option("UCX_TLS", "tcp,self")
+            .option("RNDV_THRESH", "4096")
+            .build()
+            .unwrap();
+        assert_eq!(ctx.config()["TLS"], "tcp,self");
+        assert_eq!(ctx.config()["RNDV_THRESH"], "4096");
+        assert!(ctx.config().len() > 20);
+    }
+
+    #[test]
+    fn environment_precedence_is_selectable() {
+        // UCX_MAX_EAGER_LANES is read by ucp_config_read; set it for this process only.
+        std::env::set_var("UCX_MAX_EAGER_LANES", "2");
+        let env_wins = Context::builder()
+            .option("MAX_EAGER_LANES", "3")
+            .precedence(Precedence::Environment)
+            .build()
+            .unwrap();
+        assert_eq!(env_wins.config()["MAX_EAGER_LANES"], "2");
+        let opts_win = Context::builder()
+            .option("MAX_EAGER_LANES", "3")
+            .build()
+            .unwrap();
+        assert_eq!(opts_win.config()["MAX_EAGER_LANES"], "3");
+        std::env::remove_var("UCX_MAX_EAGER_LANES");
+    }
+
+    #[test]
+    fn features_debug_lists_names() {
+        assert_eq!(
+            format!("{:?}", Features::TAG | Features::STREAM),
+            "Features(TAG | STREAM)"
+        );
+        assert!(Features::ALL.contains(Features::WAKEUP));
+    }
+}

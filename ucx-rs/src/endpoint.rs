@@ -1,0 +1,692 @@
+//! Endpoints: connecting, the UCXX handshake, tagged and stream messaging, closing.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fmt;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use ucx_sys as sys;
+
+use crate::buffer::{IoBuf, IoBufMut, MemoryType};
+use crate::error::{Error, Result, Status};
+use crate::request::{post, CbKind, Completion, InFlight, OpCore, Posted};
+use crate::wire::{Handshake, Tag, HANDSHAKE_LEN};
+use crate::worker::{as_void, Locked, ProgressMode, Worker, WorkerShared};
+
+/// Default time limit for connecting and for each side of the handshake (UCXX uses 5 s too).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest message [`Endpoint::recv_vec`] and [`Endpoint::recv_obj`] allocate by default.
+pub const DEFAULT_MAX_MESSAGE: usize = 2 << 30;
+
+type CloseCallback = Box<dyn FnOnce(Option<Error>) + Send>;
+
+/// State shared by an [`Endpoint`], its in-flight operations and UCX's error callback.
+pub(crate) struct EpShared {
+    pub(crate) worker: Arc<WorkerShared>,
+    /// The UCP endpoint; null once closing started. Read and written under the worker lock.
+    ep: AtomicPtr<sys::ucp_ep>,
+    /// The status UCX's error callback reported (0: none).
+    error: AtomicI32,
+    closed: AtomicBool,
+    /// In-flight receives, cancelled when the endpoint fails or closes.
+    pending: Mutex<Vec<Arc<OpCore>>>,
+    on_close: Mutex<Option<CloseCallback>>,
+    peer: Option<SocketAddr>,
+}
+
+/// How a UCP endpoint is created.
+pub(crate) enum Target {
+    /// Client side of a client-server connection.
+    Sockaddr(SocketAddr),
+    /// Server side: a connection request from a listener.
+    ConnRequest(sys::ucp_conn_request_h, Option<SocketAddr>),
+}
+
+impl EpShared {
+    /// Creates the UCP endpoint with peer error handling. UCX holds one strong reference (the
+    /// error handler's argument) until the endpoint's close completes.
+    pub(crate) fn create(worker: &Arc<WorkerShared>, target: Target) -> Result<Arc<EpShared>> {
+        let peer = match &target {
+            Target::Sockaddr(a) => Some(*a),
+            Target::ConnRequest(_, a) => *a,
+        };
+        let shared = Arc::new(EpShared {
+            worker: Arc::clone(worker),
+            ep: AtomicPtr::new(ptr::null_mut()),
+            error: AtomicI32::new(0),
+            closed: AtomicBool::new(false),
+            pending: Mutex::new(Vec::new()),
+            on_close: Mutex::new(None),
+            peer,
+        });
+        let arg = Arc::into_raw(Arc::clone(&shared));
+        let mut params = sys::ucp_ep_params_t {
+            field_mask: (sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
+            err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
+            err_handler: sys::ucp_err_handler_t {
+                cb: Some(ep_error_cb),
+                arg: as_void(arg),
+            },
+            ..Default::default()
+        };
+        let sockaddr;
+        match target {
+            Target::Sockaddr(addr) => {
+                sockaddr = socket2::SockAddr::from(addr);
+                params.field_mask |=
+                    (sys::UCP_EP_PARAM_FIELD_SOCK_ADDR | sys::UCP_EP_PARAM_FIELD_FLAGS) as u64;
+                params.flags = sys::UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+                params.sockaddr = sys::ucs_sock_addr_t {
+                    addr: sockaddr.as_ptr() as *const sys::sockaddr,
+                    addrlen: sockaddr.len(),
+                };
+            }
+            Target::ConnRequest(req, _) => {
+                params.field_mask |= sys::UCP_EP_PARAM_FIELD_CONN_REQUEST as u64;
+                params.conn_request = req;
+            }
+        }
+        let locked = worker.lock();
+        let mut ep: sys::ucp_ep_h = ptr::null_mut();
+        // SAFETY: the worker is alive and locked; params (and the sockaddr it points to) live
+        // across the call; ep is an out-pointer.
+        let status = unsafe { sys::ucp_ep_create(locked.handle(), &params, &mut ep) };
+        if status != sys::UCS_OK {
+            // SAFETY: the endpoint was not created, so UCX will never use `arg`: take it back.
+            drop(unsafe { Arc::from_raw(arg) });
+            return Err(Error::Ucx(Status(status)));
+        }
+        shared.ep.store(ep, Ordering::Release);
+        Ok(shared)
+    }
+
+    /// The UCP endpoint if it can still carry operations; must be called under the lock.
+    fn live(&self, _locked: &Locked<'_>) -> Result<sys::ucp_ep_h> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        let ep = self.ep.load(Ordering::Acquire);
+        if ep.is_null() || self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(ep)
+    }
+
+    fn failure(&self) -> Option<Error> {
+        match self.error.load(Ordering::Acquire) {
+            0 => None,
+            st => Some(Error::Ucx(Status(st as sys::ucs_status_t))),
+        }
+    }
+
+    /// Maps an operation's final status, naming the endpoint's failure for cancelled receives.
+    fn outcome(&self, c: &Completion) -> Result<()> {
+        match c.status {
+            sys::UCS_OK => Ok(()),
+            sys::UCS_ERR_CANCELED => Err(self.failure().unwrap_or(
+                if self.closed.load(Ordering::Acquire) {
+                    Error::Closed
+                } else {
+                    Error::Canceled
+                },
+            )),
+            st => Err(Error::Ucx(Status(st))),
+        }
+    }
+
+    fn track(&self, op: &Arc<OpCore>) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pending.len() >= 64 && pending.len().is_power_of_two() {
+            pending.retain(|o| !o.is_done());
+        }
+        pending.push(Arc::clone(op));
+    }
+
+    /// Cancels every in-flight receive (with the worker locked) and hands back the close callback
+    /// to run once the lock is released.
+    pub(crate) fn fail_pending(&self, locked: &Locked<'_>) -> Option<Box<dyn FnOnce() + Send>> {
+        let ops = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        for op in ops {
+            op.cancel(locked);
+        }
+        let cb = self
+            .on_close
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        let reason = self.failure();
+        Some(Box::new(move || cb(reason)))
+    }
+
+    /// Starts closing; returns the close operation if it is still in flight. Idempotent.
+    fn start_close(&self, locked: &mut Locked<'_>, force: bool) -> Option<Arc<OpCore>> {
+        self.closed.store(true, Ordering::Release);
+        let ep = self.ep.swap(ptr::null_mut(), Ordering::AcqRel);
+        if ep.is_null() {
+            return None;
+        }
+        if let Some(cb) = self.fail_pending(locked) {
+            locked.defer(cb);
+        }
+        let force = force || self.failure().is_some();
+        // SAFETY: `create` handed UCX one strong reference as the error handler's argument; the
+        // endpoint pointer was non-null (swapped out above), so this is the one and only time it
+        // is taken back. It is kept alive until the close completes (no callback after that).
+        let ucx_ref = unsafe { Arc::from_raw(self as *const EpShared) };
+        let posted = post(locked, CbKind::Send, None, |param, _| {
+            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
+            param.flags = if force { sys::UCP_EP_CLOSE_FLAG_FORCE } else { 0 };
+            // SAFETY: ep is a live endpoint that nobody else will use after the swap above.
+            unsafe { sys::ucp_ep_close_nbx(ep, param) }
+        });
+        tracing::debug!(peer = ?self.peer, force, "closing UCX endpoint");
+        match posted {
+            Posted::Done(c) => {
+                if c.status != sys::UCS_OK {
+                    tracing::debug!(status = ?Status(c.status), "endpoint close reported");
+                }
+                drop(ucx_ref);
+                None
+            }
+            Posted::Pending(op) => {
+                op.park(Box::new(ucx_ref));
+                Some(op)
+            }
+        }
+    }
+
+    // ---- operations ------------------------------------------------------------------------
+
+    async fn tag_send<B: IoBuf>(&self, buf: B, tag: u64) -> (Result<()>, B) {
+        let posted = {
+            let locked = self.worker.lock();
+            let ep = match self.live(&locked) {
+                Ok(ep) => ep,
+                Err(e) => return (Err(e), buf),
+            };
+            let (ptr, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
+            post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
+                // SAFETY: ep is live under the lock; the buffer's memory stays valid until the
+                // operation completes (owned by InFlight or parked in the op).
+                unsafe { sys::ucp_tag_send_nbx(ep, ptr.cast(), len, tag, param) }
+            })
+        };
+        self.finish(posted, buf, false).await
+    }
+
+    async fn tag_recv<B: IoBufMut>(&self, mut buf: B, tag: u64) -> (Result<usize>, B) {
+        let cap = buf.bytes_total();
+        let posted = {
+            let locked = self.worker.lock();
+            if let Err(e) = self.live(&locked) {
+                return (Err(e), buf);
+            }
+            let (ptr, mt) = (buf.stable_mut_ptr(), buf.memory_type());
+            let posted = post(&locked, CbKind::TagRecv, Some(mt.to_ucs()), |param, imm| {
+                imm.for_tag(param);
+                // SAFETY: the worker is locked; the buffer is valid for `cap` bytes of writes
+                // until the operation completes (owned by InFlight or parked in the op).
+                unsafe {
+                    sys::ucp_tag_recv_nbx(locked.handle(), ptr.cast(), cap, tag, u64::MAX, param)
+                }
+            });
+            if let Posted::Pending(op) = &posted {
+                self.track(op);
+            }
+            posted
+        };
+        let (c, mut buf) = self.complete(posted, buf, true).await;
+        (self.received(&c, &mut buf, cap), buf)
+    }
+
+    fn received<B: IoBufMut>(&self, c: &Completion, buf: &mut B, cap: usize) -> Result<usize> {
+        if c.status == sys::UCS_ERR_MESSAGE_TRUNCATED {
+            return Err(Error::Truncated {
+                message: c.length,
+                buffer: cap,
+            });
+        }
+        self.outcome(c)?;
+        let n = c.length.min(cap);
+        // SAFETY: UCX reported writing n <= capacity bytes from the start of the buffer.
+        unsafe { buf.set_init(n) };
+        Ok(n)
+    }
+
+    async fn stream_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
+        let posted = {
+            let locked = self.worker.lock();
+            let ep = match self.live(&locked) {
+                Ok(ep) => ep,
+                Err(e) => return (Err(e), buf),
+            };
+            let (ptr, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
+            post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
+                // SAFETY: as in tag_send.
+                unsafe { sys::ucp_stream_send_nbx(ep, ptr.cast(), len, param) }
+            })
+        };
+        self.finish(posted, buf, false).await
+    }
+
+    async fn stream_recv_exact<B: IoBufMut>(&self, mut buf: B) -> (Result<usize>, B) {
+        let cap = buf.bytes_total();
+        let posted = {
+            let locked = self.worker.lock();
+            let ep = match self.live(&locked) {
+                Ok(ep) => ep,
+                Err(e) => return (Err(e), buf),
+            };
+            let (ptr, mt) = (buf.stable_mut_ptr(), buf.memory_type());
+            let posted = post(&locked, CbKind::StreamRecv, Some(mt.to_ucs()), |param, imm| {
+                param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
+                param.flags = sys::UCP_STREAM_RECV_FLAG_WAITALL;
+                // SAFETY: as in tag_recv; the length out-pointer is valid for the call.
+                unsafe { sys::ucp_stream_recv_nbx(ep, ptr.cast(), cap, imm.stream_length(), param) }
+            });
+            if let Posted::Pending(op) = &posted {
+                self.track(op);
+            }
+            posted
+        };
+        let (c, mut buf) = self.complete(posted, buf, true).await;
+        (self.received(&c, &mut buf, cap), buf)
+    }
+
+    async fn finish<B: Send + 'static>(&self, posted: Posted, buf: B, cancel: bool) -> (Result<()>, B) {
+        let (c, buf) = self.complete(posted, buf, cancel).await;
+        (self.outcome(&c), buf)
+    }
+
+    async fn complete<B: Send + 'static>(
+        &self,
+        posted: Posted,
+        buf: B,
+        cancel: bool,
+    ) -> (Completion, B) {
+        match posted {
+            Posted::Done(c) => (c, buf),
+            Posted::Pending(op) => InFlight::new(op, buf, &self.worker, cancel).finish().await,
+        }
+    }
+
+    /// Probes for a message on `tag`, removing it from UCX's unexpected queue when found.
+    /// A message that arrived before the peer failed is still delivered.
+    async fn probe(&self, tag: u64) -> Result<(sys::ucp_tag_message_h, usize)> {
+        poll_fn(|cx| {
+            let mut locked = self.worker.lock();
+            if self.worker.mode() == ProgressMode::Polling {
+                locked.progress();
+            }
+            let mut info = sys::ucp_tag_recv_info_t::default();
+            // SAFETY: the worker is locked; info is a valid out-pointer.
+            let msg = unsafe { sys::ucp_tag_probe_nb(locked.handle(), tag, u64::MAX, 1, &mut info) };
+            if !msg.is_null() {
+                return Poll::Ready(Ok((msg, info.length)));
+            }
+            if let Err(e) = self.live(&locked) {
+                return Poll::Ready(Err(e));
+            }
+            if self.worker.mode() == ProgressMode::Polling {
+                cx.waker().wake_by_ref();
+            } else {
+                self.worker.add_probe_waiter(cx.waker());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    async fn recv_probed(&self, tag: u64, max: usize) -> Result<Vec<u8>> {
+        let (msg, len) = self.probe(tag).await?;
+        let mut buf: Vec<u8> = Vec::new();
+        let fits = len <= max && buf.try_reserve_exact(len).is_ok();
+        let cap = if fits { len } else { 0 };
+        let posted = {
+            let locked = self.worker.lock();
+            let ptr = buf.as_mut_ptr();
+            post(&locked, CbKind::TagRecv, Some(MemoryType::Host.to_ucs()), |param, imm| {
+                imm.for_tag(param);
+                // SAFETY: msg came from ucp_tag_probe_nb with remove=1 on this worker and is
+                // received exactly once; the buffer has `cap` writable bytes. A message that
+                // does not fit is received into 0 bytes, which discards it.
+                unsafe { sys::ucp_tag_msg_recv_nbx(locked.handle(), ptr.cast(), cap, msg, param) }
+            })
+        };
+        let (mut c, mut buf) = self.complete(posted, buf, true).await;
+        // ucp_tag_msg_recv_nbx does not report the length of an immediate completion; the
+        // probe already told it.
+        c.length = len;
+        if !fits {
+            return Err(Error::Truncated {
+                message: len,
+                buffer: max.min(len.saturating_sub(1)),
+            });
+        }
+        self.received(&c, &mut buf, cap)?;
+        Ok(buf)
+    }
+}
+
+unsafe extern "C" fn ep_error_cb(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
+    let raw = arg as *const EpShared;
+    // SAFETY: `arg` is the strong reference `create` handed to UCX, alive until the endpoint's
+    // close completes, and UCX calls this only before that. We take one more reference for the
+    // deferred work instead of consuming UCX's.
+    let shared = unsafe {
+        Arc::increment_strong_count(raw);
+        Arc::from_raw(raw)
+    };
+    shared.error.store(i32::from(status), Ordering::Release);
+    tracing::warn!(peer = ?shared.peer, status = %Status(status), "UCX endpoint failed");
+    let worker = Arc::clone(&shared.worker);
+    worker.defer_failed(shared);
+}
+
+/// Options for [`Endpoint::connect_with`].
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectOptions {
+    /// Limit for resolving, connecting and the handshake together.
+    pub timeout: Duration,
+    /// Run the UCXX handshake (default). Without it the endpoint has no default tags: use
+    /// [`Tag::Forced`] or the stream API (for speaking other protocols, or testing peers).
+    pub handshake: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            timeout: DEFAULT_TIMEOUT,
+            handshake: true,
+        }
+    }
+}
+
+/// A connection to one peer, speaking UCXX's wire format.
+///
+/// Operations take owned buffers and return them with the result. All methods take `&self`,
+/// so sends and receives can run concurrently (`tokio::join!`, or share it in an `Arc`).
+/// Dropping an operation's future mid-flight is safe: receives are cancelled and the buffer is
+/// freed only after UCX lets go of it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> ucx::Result<()> {
+/// use ucx::{Context, Endpoint, Listener, ProgressMode, Worker};
+/// let ctx = Context::new()?;
+/// let worker = Worker::new(&ctx, ProgressMode::Blocking)?;
+/// let mut listener = Listener::bind(&worker, "127.0.0.1:0".parse().unwrap())?;
+/// let addr = listener.local_addr();
+/// let (server, client) = tokio::join!(listener.accept(), Endpoint::connect(&worker, addr));
+/// let (server, client) = (server?, client?);
+/// let (sent, recvd) = tokio::join!(client.send(b"hello".to_vec(), 7), server.recv(vec![0u8; 64], 7));
+/// sent.0?;
+/// let (n, buf) = recvd;
+/// assert_eq!(&buf[..n?], b"hello");
+/// client.close().await?;
+/// # Ok(()) }
+/// ```
+pub struct Endpoint {
+    shared: Arc<EpShared>,
+    /// Base of send tags: the peer's handshake tag.
+    send_base: u64,
+    /// Base of receive tags: our handshake tag.
+    recv_base: u64,
+    tag_cache: Mutex<HashMap<i128, (u64, u64)>>,
+    max_message: usize,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("peer", &self.shared.peer)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// Connects to a UCXX-compatible listener (ours or UCXX's) and runs the handshake.
+    pub async fn connect(worker: &Worker, addr: impl tokio::net::ToSocketAddrs) -> Result<Endpoint> {
+        Self::connect_with(worker, addr, ConnectOptions::default()).await
+    }
+
+    /// [`connect`](Self::connect) with a time limit and handshake choice.
+    pub async fn connect_with(
+        worker: &Worker,
+        addr: impl tokio::net::ToSocketAddrs,
+        opts: ConnectOptions,
+    ) -> Result<Endpoint> {
+        let attempt = async {
+            let addr = tokio::net::lookup_host(addr)
+                .await
+                .map_err(|e| Error::os("resolving the address", e))?
+                .next()
+                .ok_or_else(|| Error::InvalidArgument("address resolved to nothing".into()))?;
+            let span = tracing::debug_span!("ucx_connect", %addr);
+            let _g = span.enter();
+            tracing::debug!("connecting");
+            drop(_g);
+            let shared = EpShared::create(&worker.shared, Target::Sockaddr(addr))?;
+            let ep = if opts.handshake {
+                Endpoint::handshake(shared, false).await?
+            } else {
+                Endpoint::from_parts(shared, 0, 0)
+            };
+            tracing::debug!(%addr, "connected");
+            Ok(ep)
+        };
+        match tokio::time::timeout(opts.timeout, attempt).await {
+            Ok(r) => r.inspect_err(|e| tracing::warn!(error = %e, "connect failed")),
+            Err(_) => {
+                tracing::warn!(timeout = ?opts.timeout, "connect timed out");
+                Err(Error::Timeout(opts.timeout))
+            }
+        }
+    }
+
+    fn from_parts(shared: Arc<EpShared>, send_base: u64, recv_base: u64) -> Endpoint {
+        Endpoint {
+            shared,
+            send_base,
+            recv_base,
+            tag_cache: Mutex::new(HashMap::new()),
+            max_message: DEFAULT_MAX_MESSAGE,
+        }
+    }
+
+    /// Runs the UCXX handshake: the listener side sends first, the client receives first.
+    pub(crate) async fn handshake(shared: Arc<EpShared>, listener_side: bool) -> Result<Endpoint> {
+        let ours = Handshake::new(rand::random::<u64>());
+        // Built first so that a failed handshake closes the UCP endpoint when it drops.
+        let mut ep = Endpoint::from_parts(shared, 0, ours.msg_tag);
+        if listener_side {
+            ep.send_handshake(&ours).await?;
+        }
+        let (r, buf) = ep
+            .shared
+            .stream_recv_exact(Vec::with_capacity(HANDSHAKE_LEN))
+            .await;
+        r.map_err(|e| handshake_error("receiving", e))?;
+        let theirs = Handshake::decode(&buf).map_err(Error::Handshake)?;
+        if !listener_side {
+            ep.send_handshake(&ours).await?;
+        }
+        ep.send_base = theirs.msg_tag;
+        Ok(ep)
+    }
+
+    async fn send_handshake(&self, ours: &Handshake) -> Result<()> {
+        let (r, _) = self.shared.stream_send(ours.encode().to_vec()).await;
+        r.map_err(|e| handshake_error("sending", e))
+    }
+
+    fn tag_pair(&self, tag: Tag) -> (u64, u64) {
+        match tag {
+            Tag::User(t) => {
+                let mut cache = self.tag_cache.lock().unwrap_or_else(|e| e.into_inner());
+                if cache.len() >= 4096 {
+                    cache.clear();
+                }
+                *cache
+                    .entry(t)
+                    .or_insert_with(|| (tag.resolve(self.send_base), tag.resolve(self.recv_base)))
+            }
+            _ => (tag.resolve(self.send_base), tag.resolve(self.recv_base)),
+        }
+    }
+
+    /// Sends `buf` as one tagged message. Completes when the buffer may be reused.
+    pub async fn send<B: IoBuf>(&self, buf: B, tag: impl Into<Tag>) -> (Result<()>, B) {
+        let (t, _) = self.tag_pair(tag.into());
+        self.shared.tag_send(buf, t).await
+    }
+
+    /// Receives one tagged message into `buf` (into its whole capacity for `Vec`/`BytesMut`,
+    /// whose length is then set to the message size). Returns the message size.
+    ///
+    /// A message larger than the buffer fails with [`Error::Truncated`].
+    pub async fn recv<B: IoBufMut>(&self, buf: B, tag: impl Into<Tag>) -> (Result<usize>, B) {
+        let (_, t) = self.tag_pair(tag.into());
+        self.shared.tag_recv(buf, t).await
+    }
+
+    /// Receives one tagged message of unknown size: probes it, then allocates exactly its size
+    /// (refusing more than [`max_message`](Self::set_max_message)).
+    pub async fn recv_vec(&self, tag: impl Into<Tag>) -> Result<Vec<u8>> {
+        let (_, t) = self.tag_pair(tag.into());
+        self.shared.recv_probed(t, self.max_message).await
+    }
+
+    /// Limits what [`recv_vec`](Self::recv_vec) and [`recv_obj`](Self::recv_obj) allocate.
+    pub fn set_max_message(&mut self, bytes: usize) {
+        self.max_message = bytes;
+    }
+
+    /// UCXX's `send_obj`: an 8-byte native-endian length message, then the payload, same tag.
+    pub async fn send_obj<B: IoBuf>(&self, buf: B, tag: impl Into<Tag>) -> (Result<()>, B) {
+        let (t, _) = self.tag_pair(tag.into());
+        let header = (buf.bytes_init() as u64).to_ne_bytes().to_vec();
+        let (h, (p, buf)) = futures::join!(self.shared.tag_send(header, t), self.shared.tag_send(buf, t));
+        (h.0.and(p), buf)
+    }
+
+    /// UCXX's `recv_obj`: receives the length message, then exactly that many bytes.
+    pub async fn recv_obj(&self, tag: impl Into<Tag>) -> Result<Vec<u8>> {
+        let (_, t) = self.tag_pair(tag.into());
+        let (r, header) = self.shared.tag_recv(Vec::with_capacity(8), t).await;
+        if r? != 8 {
+            return Err(Error::InvalidArgument(format!(
+                "recv_obj: the length message has {} bytes, expected 8",
+                header.len()
+            )));
+        }
+        let announced = u64::from_ne_bytes(header[..8].try_into().expect("8 bytes"));
+        let body = self.shared.recv_probed(t, self.max_message).await?;
+        if body.len() as u64 != announced {
+            return Err(Error::InvalidArgument(format!(
+                "recv_obj: announced {announced} bytes, the message has {}",
+                body.len()
+            )));
+        }
+        Ok(body)
+    }
+
+    /// Sends bytes on the endpoint's UCP stream (ordered byte stream, no tags).
+    pub async fn stream_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
+        self.shared.stream_send(buf).await
+    }
+
+    /// Receives exactly `buf.bytes_total()` bytes from the UCP stream.
+    pub async fn stream_recv_exact<B: IoBufMut>(&self, buf: B) -> (Result<usize>, B) {
+        self.shared.stream_recv_exact(buf).await
+    }
+
+    /// Flushes outstanding sends, then closes. Pending receives fail with [`Error::Closed`].
+    pub async fn close(&self) -> Result<()> {
+        let op = self.shared.start_close(&mut self.shared.worker.lock(), false);
+        if let Some(op) = op {
+            crate::request::wait(&op, &self.shared.worker).await;
+            let c = op.completion();
+            if c.status != sys::UCS_OK && c.status != sys::UCS_ERR_CANCELED {
+                tracing::debug!(status = %Status(c.status), "endpoint close completed with error");
+                return Err(Error::Ucx(Status(c.status)));
+            }
+        }
+        tracing::debug!(peer = ?self.shared.peer, "endpoint closed");
+        Ok(())
+    }
+
+    /// Closes at once without flushing; outstanding operations fail.
+    pub fn abort(&self) {
+        let mut locked = self.shared.worker.lock();
+        self.shared.start_close(&mut locked, true);
+        tracing::debug!(peer = ?self.shared.peer, "endpoint aborted");
+    }
+
+    /// Whether the endpoint was closed locally or failed.
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire) || self.shared.failure().is_some()
+    }
+
+    /// The error that closed the endpoint from the peer's side, if any.
+    pub fn peer_error(&self) -> Option<Error> {
+        self.shared.failure()
+    }
+
+    /// Calls `f` once when the endpoint closes: with `None` for a local close, or the error
+    /// when the peer failed or closed. Called at once if it is already closed.
+    pub fn on_close(&self, f: impl FnOnce(Option<Error>) + Send + 'static) {
+        if self.is_closed() {
+            f(self.shared.failure());
+            return;
+        }
+        *self.shared.on_close.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
+    }
+
+    /// The peer's socket address, when known.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.shared.peer
+    }
+
+    /// The raw UCP tags this endpoint sends to and receives on (UCXX's `msg_send`/`msg_recv`).
+    pub fn raw_tags(&self) -> (u64, u64) {
+        (self.send_base, self.recv_base)
+    }
+
+    /// The worker this endpoint lives on.
+    pub fn worker(&self) -> Worker {
+        Worker {
+            shared: Arc::clone(&self.shared.worker),
+        }
+    }
+}
+
+fn handshake_error(step: &str, e: Error) -> Error {
+    match e {
+        // A peer that is unreachable or refused is reported as the UCX error it is.
+        Error::Ucx(s) if step == "receiving" && matches!(s.0, sys::UCS_ERR_UNREACHABLE | sys::UCS_ERR_REJECTED) => e,
+        e => Error::Handshake(format!("{step} the handshake: {e}")),
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let op = self.shared.start_close(&mut self.shared.worker.lock(), false);
+        // A polling worker has no background progress: finish the close here, bounded.
+        if let (Some(op), ProgressMode::Polling) = (op, self.shared.worker.mode()) {
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while !op.is_done() && Instant::now() < deadline {
+                self.shared.worker.lock().progress();
+            }
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! UCX requests as futures: per-operation state shared with UCX's completion callbacks, and the
+//! guard that keeps a buffer alive until UCX is done with it even when the future is dropped.
+//!
+//! Ownership protocol (the one unsafe contract of the crate, see DESIGN.md rule 1):
+//! * Posting an operation hands one strong `Arc<OpCore>` reference to UCX through `user_data`
+//!   (`Arc::into_raw`). Exactly one of two things gives it back: the completion callback
+//!   (`Arc::from_raw` there), or, when UCX completes the operation immediately and will never call
+//!   the callback, the poster.
+//! * The completion callback frees the UCX request (`ucp_request_free`) and marks the operation
+//!   done. Callbacks run only inside UCX calls made while the worker lock is held, so "not done,
+//!   checked under the lock" means the request pointer is still valid.
+//! * An [`InFlight`] guard owns the buffer. Dropped before completion, it cancels a receive and
+//!   parks the buffer inside the `OpCore`, which UCX's reference keeps alive until the callback.
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskCx, Poll};
+
+use futures::task::AtomicWaker;
+use ucx_sys as sys;
+
+use crate::worker::{Locked, ProgressMode, WorkerShared};
+
+/// What a finished operation reported.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Completion {
+    pub status: sys::ucs_status_t,
+    /// Received length (receives only).
+    pub length: usize,
+}
+
+/// State of one operation, shared between its future and UCX's callback.
+#[derive(Default)]
+pub(crate) struct OpCore {
+    done: AtomicBool,
+    status: AtomicI32,
+    length: AtomicUsize,
+    req: AtomicPtr<c_void>,
+    waker: AtomicWaker,
+    parked: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+impl OpCore {
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn completion(&self) -> Completion {
+        Completion {
+            status: self.status.load(Ordering::Relaxed) as sys::ucs_status_t,
+            length: self.length.load(Ordering::Relaxed),
+        }
+    }
+
+    fn finish(&self, status: sys::ucs_status_t, length: usize) {
+        self.status.store(i32::from(status), Ordering::Relaxed);
+        self.length.store(length, Ordering::Relaxed);
+        self.done.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Keeps `value` alive until the operation completes (it is dropped with the last reference).
+    pub(crate) fn park(&self, value: Box<dyn Any + Send>) {
+        let mut slot = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = Some(value);
+    }
+
+    /// Cancels the operation if it is still in flight. Must be called with the worker locked.
+    pub(crate) fn cancel(&self, locked: &Locked<'_>) {
+        if !self.is_done() {
+            let req = self.req.load(Ordering::Relaxed);
+            if !req.is_null() {
+                // SAFETY: the operation is not done, checked under the worker lock that every
+                // callback also runs under, so UCX has not freed `req` yet.
+                unsafe { sys::ucp_request_cancel(locked.handle(), req) };
+            }
+        }
+    }
+}
+
+/// Which completion callback an operation uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CbKind {
+    /// `ucp_send_nbx_callback_t` (sends, close, flush).
+    Send,
+    /// `ucp_tag_recv_nbx_callback_t`.
+    TagRecv,
+    /// `ucp_stream_recv_nbx_callback_t`.
+    StreamRecv,
+}
+
+/// The outcome of posting an operation.
+pub(crate) enum Posted {
+    /// UCX finished (or failed) it before returning; no callback will come.
+    Done(Completion),
+    /// In flight; the `OpCore` completes through the callback.
+    Pending(Arc<OpCore>),
+}
+
+/// Posts one NBX operation. `post` receives the prepared parameters (callback, user data and the
+/// memory type set) and must make exactly one UCX `*_nbx` call, returning its result.
+/// `imm` holds what an immediately-completed receive reported through `recv_info`.
+pub(crate) fn post(
+    locked: &Locked<'_>,
+    kind: CbKind,
+    memory_type: Option<sys::ucs_memory_type_t>,
+    post: impl FnOnce(&mut sys::ucp_request_param_t, &mut ImmediateInfo) -> sys::ucs_status_ptr_t,
+) -> Posted {
+    let op = Arc::new(OpCore::default());
+    let user_data = Arc::into_raw(Arc::clone(&op)) as *mut c_void;
+    let mut param = sys::ucp_request_param_t {
+        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA,
+        user_data,
+        ..Default::default()
+    };
+    match kind {
+        CbKind::Send => param.cb.send = Some(send_cb),
+        CbKind::TagRecv => param.cb.recv = Some(tag_recv_cb),
+        CbKind::StreamRecv => param.cb.recv_stream = Some(stream_recv_cb),
+    }
+    if let Some(mt) = memory_type {
+        param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+        param.memory_type = mt;
+    }
+    let mut imm = ImmediateInfo::default();
+    let ret = post(&mut param, &mut imm);
+    // SAFETY: UCS_PTR_* only inspect the pointer value.
+    let is_ptr = unsafe { sys::ucxrs_ptr_is_ptr(ret) } != 0;
+    if is_ptr {
+        op.req.store(ret, Ordering::Relaxed);
+        locked.posted();
+        Posted::Pending(op)
+    } else {
+        // SAFETY: UCX completed immediately and will not call the callback, so the reference
+        // handed out through user_data comes back here, exactly once.
+        drop(unsafe { Arc::from_raw(user_data as *const OpCore) });
+        // SAFETY: as above, only inspects the value.
+        let status = unsafe { sys::ucxrs_ptr_status(ret) };
+        Posted::Done(Completion {
+            status,
+            length: imm.length.max(imm.tag.length),
+        })
+    }
+}
+
+/// Out-parameters UCX fills when a receive completes immediately.
+#[derive(Default)]
+pub(crate) struct ImmediateInfo {
+    pub tag: sys::ucp_tag_recv_info_t,
+    pub length: usize,
+}
+
+impl ImmediateInfo {
+    /// Prepares a tag receive (`ucp_tag_recv_nbx`/`ucp_tag_msg_recv_nbx`) so its length is
+    /// always known. UCX 1.13 does not fill `recv_info` when a receive completes immediately
+    /// from the unexpected queue (measured: length 0), so immediate completion is denied and
+    /// the length always arrives through the callback, which UCX then calls before returning.
+    pub(crate) fn for_tag(&mut self, param: &mut sys::ucp_request_param_t) {
+        param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_RECV_INFO | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        param.recv_info.tag_info = &mut self.tag;
+    }
+
+    /// Where `ucp_stream_recv_nbx` writes the length of an immediately completed receive.
+    pub(crate) fn stream_length(&mut self) -> *mut usize {
+        &mut self.length
+    }
+}
+
+/// Completes the operation behind `user_data` and frees the UCX request.
+///
+/// # Safety
+/// `user_data` must be the pointer `post` produced with `Arc::into_raw`, not yet reclaimed, and
+/// `request` a live UCX request; called by UCX under the worker lock.
+unsafe fn complete(
+    request: *mut c_void,
+    user_data: *mut c_void,
+    status: sys::ucs_status_t,
+    length: usize,
+) {
+    // SAFETY: per this function's contract, user_data carries one strong reference for us.
+    let op = unsafe { Arc::from_raw(user_data as *const OpCore) };
+    // SAFETY: the request is live and nobody uses it after this (the op is marked done below,
+    // under the same lock).
+    unsafe { sys::ucp_request_free(request) };
+    op.finish(status, length);
+}
+
+unsafe extern "C" fn send_cb(request: *mut c_void, status: sys::ucs_status_t, user_data: *mut c_void) {
+    // SAFETY: UCX passes back the user_data `post` registered for this request.
+    unsafe { complete(request, user_data, status, 0) }
+}
+
+unsafe extern "C" fn tag_recv_cb(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    info: *const sys::ucp_tag_recv_info_t,
+    user_data: *mut c_void,
+) {
+    // SAFETY: when non-null, UCX's info points to a valid record for the duration of the call.
+    let length = unsafe { info.as_ref() }.map_or(0, |i| i.length);
+    // SAFETY: UCX passes back the user_data `post` registered for this request.
+    unsafe { complete(request, user_data, status, length) }
+}
+
+unsafe extern "C" fn stream_recv_cb(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    length: usize,
+    user_data: *mut c_void,
+) {
+    // SAFETY: UCX passes back the user_data `post` registered for this request.
+    unsafe { complete(request, user_data, status, length) }
+}
+
+/// Owns an in-flight operation's buffer until the operation completes; see the module docs.
+pub(crate) struct InFlight<'w, B: Send + 'static> {
+    op: Arc<OpCore>,
+    buf: Option<B>,
+    worker: &'w WorkerShared,
+    cancel_on_drop: bool,
+}
+
+impl<'w, B: Send + 'static> InFlight<'w, B> {
+    pub(crate) fn new(op: Arc<OpCore>, buf: B, worker: &'w WorkerShared, cancel_on_drop: bool) -> Self {
+        InFlight {
+            op,
+            buf: Some(buf),
+            worker,
+            cancel_on_drop,
+        }
+    }
+
+    /// Waits for completion and gives the buffer back.
+    pub(crate) async fn finish(mut self) -> (Completion, B) {
+        wait(&self.op, self.worker).await;
+        let buf = self.buf.take().expect("buffer present until finish");
+        (self.op.completion(), buf)
+    }
+}
+
+impl<B: Send + 'static> Drop for InFlight<'_, B> {
+    fn drop(&mut self) {
+        let Some(buf) = self.buf.take() else { return };
+        if self.op.is_done() {
+            return;
+        }
+        let locked = self.worker.lock();
+        if self.op.is_done() {
+            return;
+        }
+        tracing::trace!("operation dropped in flight: parking its buffer until UCX completes it");
+        self.op.park(Box::new(buf));
+        if self.cancel_on_drop {
+            self.op.cancel(&locked);
+        }
+    }
+}
+
+/// Waits until `op` is done, progressing the worker itself in polling mode.
+pub(crate) fn wait<'a>(op: &'a OpCore, worker: &'a WorkerShared) -> Wait<'a> {
+    Wait { op, worker }
+}
+
+pub(crate) struct Wait<'a> {
+    op: &'a OpCore,
+    worker: &'a WorkerShared,
+}
+
+impl Future for Wait<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<()> {
+        if self.op.is_done() {
+            return Poll::Ready(());
+        }
+        if self.worker.mode() == ProgressMode::Polling {
+            self.worker.lock().progress();
+            if self.op.is_done() {
+                return Poll::Ready(());
+            }
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.op.waker.register(cx.waker());
+        if self.op.is_done() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+

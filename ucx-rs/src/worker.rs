@@ -1,0 +1,437 @@
+//! The UCP worker and its three progress modes.
+//!
+//! Every call into a worker (and into its endpoints and listeners) is serialised by one mutex
+//! (`UCS_THREAD_MODE_SERIALIZED`), so all handles are `Send + Sync` and usable from a
+//! multi-threaded runtime. UCX's callbacks run inside those locked calls and only record
+//! completion and wake tasks; work that must call back into UCX (cancelling the receives of a
+//! failed endpoint) or user code (close callbacks) is deferred until after the call.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::Waker;
+use std::time::Duration;
+
+use ucx_sys as sys;
+
+use crate::context::{capture_file, Context, Features};
+use crate::endpoint::EpShared;
+use crate::error::{check, Error, Result};
+
+/// How a worker makes progress. Pick per worker; see the README for measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProgressMode {
+    /// Futures progress the worker themselves whenever polled and re-schedule themselves: the
+    /// lowest latency, one core busy while anything is pending. Nothing progresses while no
+    /// future of this worker is being polled.
+    Polling,
+    /// A tokio task sleeps on the worker's event fd (`ucp_worker_get_efd` + `ucp_worker_arm` +
+    /// `AsyncFd`) and progresses when UCX signals: near-zero CPU when idle. Needs a tokio runtime.
+    #[default]
+    Blocking,
+    /// A dedicated OS thread owns progress (spinning briefly, then sleeping on the event fd);
+    /// futures only wait. Works under any executor and any number of runtime threads.
+    Thread,
+}
+
+pub(crate) struct RawWorker {
+    handle: sys::ucp_worker_h,
+}
+
+// SAFETY: the raw worker is only reachable through WorkerShared's mutex, which serialises every
+// call into it, as UCS_THREAD_MODE_SERIALIZED requires.
+unsafe impl Send for RawWorker {}
+
+type Deferred = Box<dyn FnOnce() + Send>;
+
+pub(crate) struct WorkerShared {
+    raw: Mutex<RawWorker>,
+    mode: ProgressMode,
+    context: Context,
+    /// The progress engine (blocking task or thread) is asleep on the event fd.
+    sleeping: AtomicBool,
+    notify: Arc<tokio::sync::Notify>,
+    /// Endpoints whose error callback fired; handled after the current UCX call.
+    failed: Mutex<Vec<Arc<EpShared>>>,
+    has_failed: AtomicBool,
+    /// Tasks waiting for an unexpected message to probe (receives of unknown size).
+    probe_waiters: Mutex<Vec<Waker>>,
+    probe_count: AtomicUsize,
+}
+
+impl WorkerShared {
+    pub(crate) fn mode(&self) -> ProgressMode {
+        self.mode
+    }
+
+    /// Locks the worker for a sequence of UCX calls.
+    pub(crate) fn lock(&self) -> Locked<'_> {
+        Locked {
+            guard: Some(self.raw.lock().unwrap_or_else(|e| e.into_inner())),
+            shared: self,
+            after_unlock: Vec::new(),
+        }
+    }
+
+    /// Called from UCX's endpoint error callback (under the lock).
+    pub(crate) fn defer_failed(&self, ep: Arc<EpShared>) {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(ep);
+        self.has_failed.store(true, Ordering::Release);
+    }
+
+    /// Registers a task to be woken after the next progress that did something.
+    pub(crate) fn add_probe_waiter(&self, w: &Waker) {
+        let mut ws = self.probe_waiters.lock().unwrap_or_else(|e| e.into_inner());
+        if !ws.iter().any(|x| x.will_wake(w)) {
+            ws.push(w.clone());
+            self.probe_count.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    fn wake_probe_waiters(&self) {
+        if self.probe_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let ws = std::mem::take(&mut *self.probe_waiters.lock().unwrap_or_else(|e| e.into_inner()));
+        self.probe_count.fetch_sub(ws.len(), Ordering::Release);
+        ws.into_iter().for_each(Waker::wake);
+    }
+}
+
+impl Drop for WorkerShared {
+    fn drop(&mut self) {
+        let raw = self.raw.get_mut().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: signalling is allowed from any thread; it only wakes a sleeping progress thread
+        // so that it notices the worker is gone.
+        unsafe { sys::ucp_worker_signal(raw.handle) };
+        self.notify.notify_one();
+        // SAFETY: this is the last reference: no endpoint, listener or operation (they all hold
+        // an Arc) can use the worker any more, and the progress engines hold only Weak refs.
+        unsafe { sys::ucp_worker_destroy(raw.handle) };
+        tracing::debug!("UCX worker destroyed");
+    }
+}
+
+/// The worker, locked. UCX calls go through here; deferred work runs when it is dropped.
+pub(crate) struct Locked<'a> {
+    guard: Option<MutexGuard<'a, RawWorker>>,
+    shared: &'a WorkerShared,
+    after_unlock: Vec<Deferred>,
+}
+
+impl Locked<'_> {
+    pub(crate) fn handle(&self) -> sys::ucp_worker_h {
+        self.guard.as_ref().expect("locked until drop").handle
+    }
+
+    /// One `ucp_worker_progress` call plus the deferred work it produced.
+    pub(crate) fn progress(&mut self) -> u32 {
+        // SAFETY: the worker is alive and locked.
+        let n = unsafe { sys::ucp_worker_progress(self.handle()) };
+        self.after_progress(n);
+        n
+    }
+
+    pub(crate) fn after_progress(&mut self, n: u32) {
+        if self.shared.has_failed.swap(false, Ordering::AcqRel) {
+            let failed = std::mem::take(
+                &mut *self.shared.failed.lock().unwrap_or_else(|e| e.into_inner()),
+            );
+            for ep in failed {
+                let cb = ep.fail_pending(self);
+                self.after_unlock.extend(cb);
+            }
+            self.shared.wake_probe_waiters();
+        }
+        if n > 0 {
+            self.shared.wake_probe_waiters();
+        }
+    }
+
+    /// Runs `f` after the lock is released (user callbacks must never run under it).
+    pub(crate) fn defer(&mut self, f: Deferred) {
+        self.after_unlock.push(f);
+    }
+
+    /// Tells the progress engine that an operation was posted and may need progress.
+    pub(crate) fn posted(&self) {
+        if self.shared.sleeping.load(Ordering::Acquire) {
+            match self.shared.mode {
+                ProgressMode::Polling => {}
+                ProgressMode::Blocking => self.shared.notify.notify_one(),
+                ProgressMode::Thread => {
+                    // SAFETY: the worker is alive; ucp_worker_signal may be called at any time.
+                    unsafe { sys::ucp_worker_signal(self.handle()) };
+                }
+            }
+        }
+    }
+
+    /// Arms the event fd. `Ok(true)`: armed, safe to sleep; `Ok(false)`: events are pending.
+    fn arm(&mut self) -> Result<bool> {
+        // SAFETY: the worker is alive and locked.
+        match unsafe { sys::ucp_worker_arm(self.handle()) } {
+            sys::UCS_OK => Ok(true),
+            sys::UCS_ERR_BUSY => Ok(false),
+            st => check(st).map(|_| false),
+        }
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        for f in self.after_unlock.drain(..) {
+            f();
+        }
+    }
+}
+
+/// A UCP worker: the progress engine that endpoints and listeners live on.
+///
+/// Cheap to clone (shared handle), `Send + Sync`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> ucx::Result<()> {
+/// let ctx = ucx::Context::new()?;
+/// let worker = ucx::Worker::new(&ctx, ucx::ProgressMode::Blocking)?;
+/// assert!(!worker.address()?.is_empty());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Worker {
+    pub(crate) shared: Arc<WorkerShared>,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("mode", &self.shared.mode)
+            .finish()
+    }
+}
+
+impl Worker {
+    /// Creates a worker on `context` with the given progress mode.
+    ///
+    /// `Blocking` must be called inside a tokio runtime; `Blocking` and `Thread` need the
+    /// context's `WAKEUP` feature.
+    pub fn new(context: &Context, mode: ProgressMode) -> Result<Worker> {
+        if mode != ProgressMode::Polling && !context.features().contains(Features::WAKEUP) {
+            return Err(Error::InvalidArgument(format!(
+                "{mode:?} progress needs the context's WAKEUP feature"
+            )));
+        }
+        let runtime = match mode {
+            ProgressMode::Blocking => Some(
+                tokio::runtime::Handle::try_current()
+                    .map_err(|_| Error::NoRuntime("ProgressMode::Blocking"))?,
+            ),
+            _ => None,
+        };
+        let params = sys::ucp_worker_params_t {
+            field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
+            thread_mode: sys::UCS_THREAD_MODE_SERIALIZED,
+            ..Default::default()
+        };
+        let mut handle: sys::ucp_worker_h = ptr::null_mut();
+        // SAFETY: the context is alive (we keep a clone); params is valid; handle is an out-ptr.
+        check(unsafe { sys::ucp_worker_create(context.handle(), &params, &mut handle) })?;
+        let shared = Arc::new(WorkerShared {
+            raw: Mutex::new(RawWorker { handle }),
+            mode,
+            context: context.clone(),
+            sleeping: AtomicBool::new(false),
+            notify: Arc::new(tokio::sync::Notify::new()),
+            failed: Mutex::new(Vec::new()),
+            has_failed: AtomicBool::new(false),
+            probe_waiters: Mutex::new(Vec::new()),
+            probe_count: AtomicUsize::new(0),
+        });
+        match mode {
+            ProgressMode::Polling => {}
+            ProgressMode::Blocking => {
+                let fd = event_fd(&shared)?;
+                let afd = {
+                    let _enter = runtime.as_ref().map(|r| r.enter());
+                    // SAFETY: `fd` is an OwnedFd that the AsyncFd owns: open, and referring to the
+                    // same file description, for the AsyncFd's whole lifetime.
+                    unsafe {
+                        tokio::io::unix::AsyncFd::register_with_interest(
+                            fd,
+                            tokio::io::Interest::READABLE,
+                        )
+                    }
+                    .map_err(|e| Error::os("registering the UCX event fd with tokio", e.into()))?
+                };
+                let weak = Arc::downgrade(&shared);
+                let notify = Arc::clone(&shared.notify);
+                runtime
+                    .expect("checked above")
+                    .spawn(blocking_progress(weak, afd, notify));
+            }
+            ProgressMode::Thread => {
+                let fd = event_fd(&shared)?;
+                let weak = Arc::downgrade(&shared);
+                std::thread::Builder::new()
+                    .name("ucx-progress".into())
+                    .spawn(move || thread_progress(weak, fd))
+                    .map_err(|e| Error::os("spawning the UCX progress thread", e))?;
+            }
+        }
+        tracing::debug!(?mode, "UCX worker created");
+        Ok(Worker { shared })
+    }
+
+    /// The progress mode.
+    pub fn mode(&self) -> ProgressMode {
+        self.shared.mode
+    }
+
+    /// The context this worker belongs to.
+    pub fn context(&self) -> &Context {
+        &self.shared.context
+    }
+
+    /// Progresses the worker once; returns UCX's count of events processed. Only needed to drive
+    /// a `Polling` worker while none of its futures is being polled.
+    pub fn progress(&self) -> u32 {
+        self.shared.lock().progress()
+    }
+
+    /// The worker's UCP address, for connecting to it out of band.
+    pub fn address(&self) -> Result<Vec<u8>> {
+        let locked = self.shared.lock();
+        let mut addr: *mut sys::ucp_address_t = ptr::null_mut();
+        let mut len: usize = 0;
+        // SAFETY: the worker is alive and locked; addr/len are out-pointers.
+        check(unsafe { sys::ucp_worker_get_address(locked.handle(), &mut addr, &mut len) })?;
+        // SAFETY: UCX returned `len` readable bytes at `addr`.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec();
+        // SAFETY: the address came from ucp_worker_get_address on this worker; released once.
+        unsafe { sys::ucp_worker_release_address(locked.handle(), addr) };
+        Ok(bytes)
+    }
+
+    /// UCX's description of the worker (`ucp_worker_print_info`): transports, address.
+    pub fn info(&self) -> Result<String> {
+        let locked = self.shared.lock();
+        capture_file(|f| {
+            // SAFETY: the worker is alive and locked; f is an open stream.
+            unsafe { sys::ucp_worker_print_info(locked.handle(), f) }
+        })
+    }
+}
+
+/// A duplicate of the worker's event fd: the progress engine owns the duplicate, so the fd
+/// number stays valid (and is never reused by someone else) for as long as it waits on it.
+fn event_fd(shared: &WorkerShared) -> Result<OwnedFd> {
+    let locked = shared.lock();
+    let mut fd: RawFd = -1;
+    // SAFETY: the worker is alive and locked; fd is an out-pointer.
+    check(unsafe { sys::ucp_worker_get_efd(locked.handle(), &mut fd) })?;
+    // SAFETY: fd is a valid open descriptor owned by UCX; dup gives us our own.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(Error::os("dup of the UCX event fd", std::io::Error::last_os_error()));
+    }
+    // SAFETY: dup is a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+}
+
+/// Progresses until idle, then arms. Returns whether the engine may sleep.
+fn progress_then_arm(shared: &WorkerShared) -> bool {
+    let mut locked = shared.lock();
+    while locked.progress() != 0 {}
+    match locked.arm() {
+        Ok(true) => {
+            shared.sleeping.store(true, Ordering::Release);
+            true
+        }
+        Ok(false) => false,
+        Err(e) => {
+            tracing::error!(error = %e, "ucp_worker_arm failed; progress falls back to polling");
+            false
+        }
+    }
+}
+
+async fn blocking_progress(
+    weak: Weak<WorkerShared>,
+    fd: tokio::io::unix::AsyncFd<OwnedFd>,
+    notify: Arc<tokio::sync::Notify>,
+) {
+    loop {
+        let may_sleep = match weak.upgrade() {
+            Some(shared) => progress_then_arm(&shared),
+            None => return,
+        };
+        if !may_sleep {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        tokio::select! {
+            ready = fd.readable() => match ready {
+                Ok(mut guard) => guard.clear_ready(),
+                Err(e) => {
+                    tracing::error!(error = %e, "waiting on the UCX event fd failed");
+                    return;
+                }
+            },
+            _ = notify.notified() => {}
+        }
+        match weak.upgrade() {
+            Some(shared) => shared.sleeping.store(false, Ordering::Release),
+            None => return,
+        }
+    }
+}
+
+/// Progress calls without events before the thread arms the fd and sleeps.
+const THREAD_SPIN: u32 = 2_000;
+
+fn thread_progress(weak: Weak<WorkerShared>, fd: OwnedFd) {
+    let mut idle = 0u32;
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        if shared.lock().progress() > 0 {
+            idle = 0;
+            continue;
+        }
+        idle += 1;
+        if idle < THREAD_SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        idle = 0;
+        let may_sleep = progress_then_arm(&shared);
+        drop(shared);
+        if may_sleep {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: pfd is a valid pollfd array of length 1 for the duration of the call.
+            unsafe { libc::poll(&mut pfd, 1, POLL_TIMEOUT.as_millis() as libc::c_int) };
+            if let Some(shared) = weak.upgrade() {
+                shared.sleeping.store(false, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// Upper bound on one sleep of the progress thread (a safety net; wake-ups come from UCX).
+const POLL_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Used by endpoint/listener code that needs a raw void pointer for UCX callbacks.
+pub(crate) fn as_void<T>(p: *const T) -> *mut c_void {
+    p as *mut c_void
+}

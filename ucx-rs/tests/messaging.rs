@@ -1,0 +1,153 @@
+//! Tagged messaging between two workers in one process, over loopback, in every progress mode.
+
+mod common;
+
+use common::*;
+use ucx::{Error, ProgressMode, Tag};
+
+/// 1 B to 16 MiB in steps of x16.
+const SIZES: [usize; 7] = [1, 16, 256, 4096, 65536, 1 << 20, 16 << 20];
+
+async fn echo_sizes(mode: ProgressMode) {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, mode).await;
+    // The server echoes until the client closes; its pending receive must then fail.
+    let echo = async {
+        let mut echoed = 0;
+        loop {
+            match server.recv_vec(1).await {
+                Ok(msg) => {
+                    let (r, _) = server.send(msg, 2).await;
+                    r.expect("server send");
+                    echoed += 1;
+                }
+                Err(e) => {
+                    assert!(e.is_disconnect(), "{mode:?}: unexpected error {e}");
+                    break;
+                }
+            }
+        }
+        assert_eq!(echoed, SIZES.len());
+    };
+    let drive = async {
+        for (i, &size) in SIZES.iter().enumerate() {
+            let data = pattern(size, i as u8);
+            let (r, data) = client.send(data, 1).await;
+            r.expect("client send");
+            let (n, back) = client.recv(Vec::with_capacity(size), 2).await;
+            assert_eq!(n.expect("client recv"), size, "{mode:?} size {size}");
+            assert!(back == data, "{mode:?}: echo of {size} bytes differs");
+        }
+        client.close().await.expect("close");
+    };
+    within("echo", async { tokio::join!(echo, drive) }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_polling() {
+    echo_sizes(ProgressMode::Polling).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn echo_blocking() {
+    echo_sizes(ProgressMode::Blocking).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_thread() {
+    echo_sizes(ProgressMode::Thread).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn tags_are_isolated() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    within("tags", async {
+        let recv_b = server.recv(vec![0u8; 16], 200);
+        let send_a = async {
+            let (r, _) = client.send(b"for-a".to_vec(), 100).await;
+            r.unwrap();
+            let (r, _) = client.send(b"for-b".to_vec(), 200).await;
+            r.unwrap();
+        };
+        let ((n, got_b), ()) = tokio::join!(recv_b, send_a);
+        assert_eq!(&got_b[..n.unwrap()], b"for-b", "tag 200 got tag 100's message");
+        let (n, got_a) = server.recv(vec![0u8; 16], 100).await;
+        assert_eq!(&got_a[..n.unwrap()], b"for-a");
+        // Negative tags and forced tags work and differ from positive ones.
+        let (r, _) = client.send(b"neg".to_vec(), -5i64).await;
+        r.unwrap();
+        let raw = Tag::Forced(0xfeed);
+        let (r, _) = client.send(b"raw".to_vec(), raw).await;
+        r.unwrap();
+        let (n, got) = server.recv(vec![0u8; 8], raw).await;
+        assert_eq!(&got[..n.unwrap()], b"raw");
+        let (n, got) = server.recv(vec![0u8; 8], -5i64).await;
+        assert_eq!(&got[..n.unwrap()], b"neg");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn truncation_names_both_sizes() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    within("truncation", async {
+        for size in [100usize, 1 << 20] {
+            let (sent, (r, _)) = tokio::join!(
+                client.send(pattern(size, 3), 9),
+                server.recv(vec![0u8; 10], 9)
+            );
+            let err = r.unwrap_err();
+            match err {
+                Error::Truncated { message, buffer } => {
+                    assert_eq!(buffer, 10);
+                    assert!(message == size || message == 0, "reported {message}");
+                    assert!(err.to_string().contains("10-byte"), "{err}");
+                }
+                other => panic!("expected Truncated, got {other:?}"),
+            }
+            // The sender may see success or an error for a truncated rendezvous; it must end.
+            let _ = sent.0;
+        }
+        // A smaller message returns its length.
+        let (sent, (n, buf)) =
+            tokio::join!(client.send(b"abc".to_vec(), 9), server.recv(vec![0u8; 10], 9));
+        sent.0.unwrap();
+        assert_eq!(n.unwrap(), 3);
+        assert_eq!(buf, b"abc");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn send_obj_recv_obj() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    within("objects", async {
+        for size in [0usize, 1, 5000, 3 << 20] {
+            let data = pattern(size, 9);
+            let (sent, got) = tokio::join!(client.send_obj(data.clone(), 4), server.recv_obj(4));
+            sent.0.unwrap();
+            assert_eq!(got.unwrap(), data, "object of {size} bytes");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn recv_vec_refuses_oversized_messages() {
+    let ctx = context();
+    let (mut server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    server.set_max_message(1000);
+    within("limit", async {
+        let (sent, got) = tokio::join!(client.send(pattern(5000, 1), 6), server.recv_vec(6));
+        let _ = sent.0;
+        assert!(matches!(got, Err(Error::Truncated { message: 5000, .. })), "{got:?}");
+        // The endpoint still works afterwards.
+        let (sent, got) = tokio::join!(client.send(pattern(10, 1), 6), server.recv_vec(6));
+        sent.0.unwrap();
+        assert_eq!(got.unwrap(), pattern(10, 1));
+    })
+    .await;
+}
