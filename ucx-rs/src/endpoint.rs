@@ -7,7 +7,7 @@ use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -35,8 +35,9 @@ pub(crate) struct EpShared {
     /// The status UCX's error callback reported (0: none).
     error: AtomicI32,
     closed: AtomicBool,
-    /// In-flight receives, cancelled when the endpoint fails or closes.
-    pending: Mutex<Vec<Arc<OpCore>>>,
+    /// In-flight receives, cancelled when the endpoint fails or closes. Weak: a finished
+    /// operation (and a buffer parked in it) is freed as soon as UCX lets go of it.
+    pending: Mutex<Vec<Weak<OpCore>>>,
     on_close: Mutex<Option<CloseCallback>>,
     peer: Option<SocketAddr>,
 }
@@ -145,16 +146,16 @@ impl EpShared {
     fn track(&self, op: &Arc<OpCore>) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         if pending.len() >= 64 && pending.len().is_power_of_two() {
-            pending.retain(|o| !o.is_done());
+            pending.retain(|o| o.upgrade().is_some_and(|o| !o.is_done()));
         }
-        pending.push(Arc::clone(op));
+        pending.push(Arc::downgrade(op));
     }
 
     /// Cancels every in-flight receive (with the worker locked) and hands back the close callback
     /// to run once the lock is released.
     pub(crate) fn fail_pending(&self, locked: &Locked<'_>) -> Option<Box<dyn FnOnce() + Send>> {
         let ops = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-        for op in ops {
+        for op in ops.iter().filter_map(Weak::upgrade) {
             op.cancel(locked);
         }
         let cb = self
@@ -320,7 +321,8 @@ impl EpShared {
 
     /// Probes for a message on `tag`, removing it from UCX's unexpected queue when found.
     /// A message that arrived before the peer failed is still delivered.
-    async fn probe(&self, tag: u64) -> Result<(sys::ucp_tag_message_h, usize)> {
+    /// The message handle is returned as an address so that futures holding it stay `Send`.
+    async fn probe(&self, tag: u64) -> Result<(usize, usize)> {
         poll_fn(|cx| {
             let mut locked = self.worker.lock();
             if self.worker.mode() == ProgressMode::Polling {
@@ -330,7 +332,7 @@ impl EpShared {
             // SAFETY: the worker is locked; info is a valid out-pointer.
             let msg = unsafe { sys::ucp_tag_probe_nb(locked.handle(), tag, u64::MAX, 1, &mut info) };
             if !msg.is_null() {
-                return Poll::Ready(Ok((msg, info.length)));
+                return Poll::Ready(Ok((msg as usize, info.length)));
             }
             if let Err(e) = self.live(&locked) {
                 return Poll::Ready(Err(e));
@@ -353,6 +355,7 @@ impl EpShared {
         let posted = {
             let locked = self.worker.lock();
             let ptr = buf.as_mut_ptr();
+            let msg = msg as sys::ucp_tag_message_h;
             post(&locked, CbKind::TagRecv, Some(MemoryType::Host.to_ucs()), |param, imm| {
                 imm.for_tag(param);
                 // SAFETY: msg came from ucp_tag_probe_nb with remove=1 on this worker and is

@@ -1,0 +1,379 @@
+//! The guarantees users rely on: no use-after-free when futures are dropped, every pending
+//! operation ends when either side closes, bad handshakes never take a listener down.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use futures::FutureExt;
+use ucx::{ConnectOptions, Endpoint, Error, IoBuf, IoBufMut, Listener, ProgressMode, Worker};
+
+/// A receive/send buffer over test-owned memory that is never freed. Dropping it fills the
+/// memory with a canary and records the drop, so a test can see whether UCX wrote into (or
+/// read from) the memory after the buffer was given up.
+struct Canary {
+    mem: *mut u8,
+    len: usize,
+    dropped: Arc<AtomicBool>,
+}
+
+// SAFETY: the memory is leaked (never freed) and only reached through this value.
+unsafe impl Send for Canary {}
+
+const CANARY: u8 = 0xAA;
+
+impl Canary {
+    fn new(contents: Vec<u8>) -> (Canary, &'static [u8], Arc<AtomicBool>) {
+        let mem: &'static mut [u8] = Box::leak(contents.into_boxed_slice());
+        let dropped = Arc::new(AtomicBool::new(false));
+        let view: &'static [u8] =
+            // SAFETY: the leaked memory lives forever; the test only reads it after the buffer
+            // has been dropped (or to compare), which is exactly what it checks.
+            unsafe { std::slice::from_raw_parts(mem.as_ptr(), mem.len()) };
+        let c = Canary {
+            mem: mem.as_mut_ptr(),
+            len: mem.len(),
+            dropped: Arc::clone(&dropped),
+        };
+        (c, view, dropped)
+    }
+}
+
+impl Drop for Canary {
+    fn drop(&mut self) {
+        // SAFETY: mem is valid for len bytes for the whole program (leaked).
+        unsafe { std::ptr::write_bytes(self.mem, CANARY, self.len) };
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+// SAFETY: the pointer is stable (leaked heap memory) and valid for len bytes.
+unsafe impl IoBuf for Canary {
+    fn stable_ptr(&self) -> *const u8 {
+        self.mem
+    }
+    fn bytes_init(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: as above, writable for len bytes.
+unsafe impl IoBufMut for Canary {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.mem
+    }
+    fn bytes_total(&self) -> usize {
+        self.len
+    }
+    unsafe fn set_init(&mut self, _n: usize) {}
+}
+
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    within(what, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+}
+
+async fn drop_safety_of_receives(mode: ProgressMode) {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, mode).await;
+    const N: usize = 8;
+    const SIZES: [usize; 2] = [100, 40_000];
+    let mut views = Vec::new();
+    let mut flags = Vec::new();
+    for i in 0..N {
+        let (buf, view, dropped) = Canary::new(vec![0u8; 64 * 1024]);
+        // Poll once (posts the receive), then drop the future mid-flight.
+        assert!(server.recv(buf, 1000 + i as i64).now_or_never().is_none());
+        views.push(view);
+        flags.push(dropped);
+    }
+    // UCX's cancellation callback releases each parked buffer.
+    eventually("parked buffers released", || {
+        server.worker().progress();
+        flags.iter().all(|f| f.load(Ordering::SeqCst))
+    })
+    .await;
+    // Messages sent to the abandoned tags must reach new receives, not the dropped buffers.
+    for i in 0..N {
+        let data = pattern(SIZES[i % 2], i as u8);
+        let (sent, got) = within("resend", async {
+            tokio::join!(client.send(data.clone(), 1000 + i as i64), server.recv_vec(1000 + i as i64))
+        })
+        .await;
+        sent.0.unwrap();
+        assert_eq!(got.unwrap(), data, "{mode:?}: message {i}");
+    }
+    for (i, v) in views.iter().enumerate() {
+        assert!(
+            v.iter().all(|&b| b == CANARY),
+            "{mode:?}: buffer {i} was written after its receive was dropped"
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_receives_are_cancelled_blocking() {
+    drop_safety_of_receives(ProgressMode::Blocking).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_receives_are_cancelled_thread() {
+    drop_safety_of_receives(ProgressMode::Thread).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_receives_are_cancelled_polling() {
+    drop_safety_of_receives(ProgressMode::Polling).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_send_keeps_its_buffer_until_ucx_is_done() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    // 8 MiB goes by rendezvous: UCX reads the sender's memory only once the receiver is there.
+    let data = pattern(8 << 20, 5);
+    let (buf, _view, dropped) = Canary::new(data.clone());
+    assert!(client.send(buf, 77).now_or_never().is_none(), "8 MiB cannot complete at once");
+    assert!(!dropped.load(Ordering::SeqCst), "buffer freed while UCX still owns it");
+    let got = within("receive", server.recv_vec(77)).await.unwrap();
+    assert!(got == data, "receiver saw freed (canary) memory");
+    eventually("parked send buffer released", || dropped.load(Ordering::SeqCst)).await;
+}
+
+async fn close_cancels_peer_receive(mode: ProgressMode, close_server: bool) {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, mode).await;
+    let (closer, waiter) = if close_server {
+        (&server, &client)
+    } else {
+        (&client, &server)
+    };
+    let pending = waiter.recv(vec![0u8; 16], 3);
+    let close = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        closer.close().await.unwrap();
+    };
+    let ((r, _), ()) = within("peer close", async { tokio::join!(pending, close) }).await;
+    let e = r.unwrap_err();
+    assert!(e.is_disconnect(), "{mode:?}: expected a disconnect error, got {e:?}");
+    assert!(waiter.is_closed());
+    // Operations after the failure fail at once.
+    let (r, _) = within("send after close", waiter.send(vec![1u8], 3)).await;
+    assert!(r.is_err());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn client_close_cancels_server_receive() {
+    close_cancels_peer_receive(ProgressMode::Blocking, false).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn server_close_cancels_client_receive() {
+    close_cancels_peer_receive(ProgressMode::Blocking, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_cancels_peer_receive_thread_and_polling() {
+    close_cancels_peer_receive(ProgressMode::Thread, false).await;
+    close_cancels_peer_receive(ProgressMode::Polling, true).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn local_close_fails_own_pending_receive_and_calls_back() {
+    let ctx = context();
+    let (_server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    let (tx, rx) = std::sync::mpsc::channel();
+    client.on_close(move |reason| tx.send(reason).unwrap());
+    let pending = client.recv(vec![0u8; 16], 3);
+    let close = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        client.abort();
+    };
+    let ((r, _), ()) = within("local abort", async { tokio::join!(pending, close) }).await;
+    assert_eq!(r.unwrap_err(), Error::Closed);
+    assert_eq!(rx.recv_timeout(STEP).unwrap(), None);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn endpoints_outlive_their_listener() {
+    let ctx = context();
+    let sw = Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    let cw = Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    let mut listener = Listener::bind(&sw, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr();
+    let (s, c) = within("connect", async {
+        tokio::join!(listener.accept(), Endpoint::connect(&cw, addr))
+    })
+    .await;
+    let (s, c) = (s.unwrap(), c.unwrap());
+    drop(listener);
+    for size in [10usize, 1 << 20] {
+        let (sent, got) = within("echo", async {
+            tokio::join!(c.send(pattern(size, 1), 0), s.recv_vec(0))
+        })
+        .await;
+        sent.0.unwrap();
+        assert_eq!(got.unwrap(), pattern(size, 1));
+    }
+    // The port is free again: connecting now fails promptly instead of hanging.
+    let r = Endpoint::connect_with(
+        &cw,
+        addr,
+        ConnectOptions {
+            timeout: Duration::from_secs(10),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(r.is_err(), "connected to a dropped listener");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn connect_to_nothing_fails_promptly() {
+    let ctx = context();
+    let w = Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    // Bind-and-drop a TCP socket to find a port with nobody listening.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let r = within("connect", Endpoint::connect(&w, ("127.0.0.1", port))).await;
+    let e = r.unwrap_err();
+    assert!(!matches!(e, Error::Timeout(_)), "should be refused, not time out: {e}");
+}
+
+/// A raw client that connects without the UCXX handshake.
+async fn raw_client(w: &Worker, port: u16) -> Endpoint {
+    Endpoint::connect_with(
+        w,
+        ("127.0.0.1", port),
+        ConnectOptions {
+            handshake: false,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("raw connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_handshakes_are_rejected_and_the_listener_keeps_serving() {
+    let ctx = context();
+    let sw = Worker::new(&ctx, ProgressMode::Thread).unwrap();
+    let cw = Worker::new(&ctx, ProgressMode::Thread).unwrap();
+    let mut listener = Listener::bind(&sw, "127.0.0.1:0".parse().unwrap()).unwrap();
+    listener.set_handshake_timeout(Duration::from_millis(500));
+    let port = listener.port();
+
+    // 1. Garbage: a well-sized handshake with a wrong checksum.
+    let garbage = async {
+        let ep = raw_client(&cw, port).await;
+        let (r, _) = ep.stream_recv_exact(Vec::with_capacity(16)).await;
+        r.unwrap();
+        let (r, _) = ep.stream_send(vec![0x5Au8; 16]).await;
+        r.unwrap();
+        ep
+    };
+    let (accepted, _keep) = within("garbage", async { tokio::join!(listener.accept(), garbage) }).await;
+    let e = accepted.unwrap_err();
+    assert!(matches!(&e, Error::Handshake(m) if m.contains("checksum")), "{e:?}");
+
+    // 2. Short: 5 bytes and then silence.
+    let short = async {
+        let ep = raw_client(&cw, port).await;
+        let (r, _) = ep.stream_send(vec![1u8; 5]).await;
+        r.unwrap();
+        ep
+    };
+    let (accepted, _keep2) = within("short", async { tokio::join!(listener.accept(), short) }).await;
+    assert!(matches!(accepted, Err(Error::Handshake(_))), "{accepted:?}");
+
+    // 3. Short, then the client goes away.
+    let gone = async {
+        let ep = raw_client(&cw, port).await;
+        let (r, _) = ep.stream_send(vec![1u8; 3]).await;
+        r.unwrap();
+        ep.close().await.unwrap();
+    };
+    let (accepted, ()) = within("gone", async { tokio::join!(listener.accept(), gone) }).await;
+    assert!(matches!(accepted, Err(Error::Handshake(_))), "{accepted:?}");
+
+    // 4. A proper client is still served.
+    let (s, c) = within("good client", async {
+        tokio::join!(listener.accept(), Endpoint::connect(&cw, ("127.0.0.1", port)))
+    })
+    .await;
+    let (s, c) = (s.unwrap(), c.unwrap());
+    let (sent, got) = within("echo", async { tokio::join!(c.send(b"ok".to_vec(), 0), s.recv_vec(0)) }).await;
+    sent.0.unwrap();
+    assert_eq!(got.unwrap(), b"ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_storm_4_listeners_50_clients_each() {
+    let ctx = context();
+    let sw = Worker::new(&ctx, ProgressMode::Thread).unwrap();
+    let cw = Worker::new(&ctx, ProgressMode::Thread).unwrap();
+    let mut ports = Vec::new();
+    let mut servers = Vec::new();
+    for _ in 0..4 {
+        let mut l = Listener::bind(&sw, "127.0.0.1:0".parse().unwrap()).unwrap();
+        ports.push(l.port());
+        servers.push(tokio::spawn(async move {
+            let mut echoes = Vec::new();
+            for _ in 0..50 {
+                let ep = l.accept().await.expect("accept");
+                echoes.push(tokio::spawn(async move {
+                    let msg = ep.recv_vec(0).await.expect("server recv");
+                    let (r, _) = ep.send(msg, 0).await;
+                    r.expect("server send");
+                    // Keep the endpoint until the client has its reply and closes.
+                    let _ = ep.recv_vec(1).await;
+                }));
+            }
+            for e in echoes {
+                e.await.unwrap();
+            }
+        }));
+    }
+    let mut clients = Vec::new();
+    for (li, &port) in ports.iter().enumerate() {
+        for ci in 0..50 {
+            let cw = cw.clone();
+            clients.push(tokio::spawn(async move {
+                let ep = Endpoint::connect_with(
+                    &cw,
+                    ("127.0.0.1", port),
+                    ConnectOptions {
+                        timeout: Duration::from_secs(30),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .expect("connect");
+                let data = pattern(1000 + ci, li as u8);
+                let (r, _) = ep.send(data.clone(), 0).await;
+                r.unwrap();
+                assert_eq!(ep.recv_vec(0).await.unwrap(), data);
+                ep.close().await.unwrap();
+            }));
+        }
+    }
+    within("storm", async {
+        for c in clients {
+            c.await.unwrap();
+        }
+        for s in servers {
+            s.await.unwrap();
+        }
+    })
+    .await;
+}
