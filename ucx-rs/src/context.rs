@@ -76,6 +76,15 @@ pub enum Precedence {
     Environment,
 }
 
+/// Options this crate sets unless the caller or the environment (`UCX_<KEY>`) sets them.
+///
+/// * `MM_ERROR_HANDLING=y`: endpoints always use peer error handling (so that a dead peer fails
+///   pending operations instead of hanging them), and UCX 1.13 then drops its shared-memory
+///   transports unless they are allowed to handle errors through keepalive. Without this, two
+///   processes on one host talk over TCP loopback (measured: 7.1 us vs 1.1 us median one-way
+///   latency for 8 B with `ucx-echo demo`).
+pub const DEFAULT_OPTIONS: &[(&str, &str)] = &[("MM_ERROR_HANDLING", "y")];
+
 /// Builds a [`Context`].
 ///
 /// ```
@@ -146,6 +155,18 @@ impl ContextBuilder {
         // out-pointer that UCX fills on success.
         check(unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) })?;
         let config = ConfigGuard(config);
+        for (key, value) in DEFAULT_OPTIONS {
+            let overridden = self.options.iter().any(|(k, _)| k.trim_start_matches("UCX_") == *key);
+            if overridden || std::env::var_os(format!("UCX_{key}")).is_some() {
+                continue;
+            }
+            let (ck, cv) = (cstring(key)?, cstring(value)?);
+            // SAFETY: as below. A key this UCX does not know is skipped (defaults are advisory).
+            let st = unsafe { sys::ucp_config_modify(config.0, ck.as_ptr(), cv.as_ptr()) };
+            if st != sys::UCS_OK {
+                tracing::debug!(key, status = %Status(st), "default UCX option not applied");
+            }
+        }
         for (key, value) in &self.options {
             let key = key.strip_prefix("UCX_").unwrap_or(key);
             if self.precedence == Precedence::Environment

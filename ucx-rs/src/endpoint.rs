@@ -389,7 +389,8 @@ unsafe extern "C" fn ep_error_cb(arg: *mut c_void, _ep: sys::ucp_ep_h, status: s
         Arc::from_raw(raw)
     };
     shared.error.store(i32::from(status), Ordering::Release);
-    tracing::warn!(peer = ?shared.peer, status = %Status(status), "UCX endpoint failed");
+    // A peer closing normally shows up as a reset too, so this is not a warning.
+    tracing::info!(peer = ?shared.peer, status = %Status(status), "UCX endpoint failed or closed by peer");
     let worker = Arc::clone(&shared.worker);
     worker.defer_failed(shared);
 }

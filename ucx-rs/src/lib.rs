@@ -53,7 +53,7 @@ pub mod wire;
 mod worker;
 
 pub use buffer::{IoBuf, IoBufMut, MemoryType};
-pub use context::{version, Context, ContextBuilder, Features, Precedence};
+pub use context::{version, Context, ContextBuilder, Features, Precedence, DEFAULT_OPTIONS};
 pub use endpoint::{ConnectOptions, Endpoint, DEFAULT_MAX_MESSAGE, DEFAULT_TIMEOUT};
 pub use error::{Error, Result, Status};
 pub use listener::Listener;

@@ -1,0 +1,261 @@
+//! `ucx-echo`: an echo server and a measuring client over UCX, across processes.
+//!
+//! ```text
+//! ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]
+//! ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N]
+//!                 [--bw] [--json]
+//! ucx-echo demo   [--sizes ...] [--iters N] [--mode M]   # server + client, two processes
+//! ```
+//! UCX options come from the environment (`UCX_TLS=tcp`, ...). The server prints
+//! `LISTENING <port>` once it accepts connections.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ucx::{Context, Endpoint, Listener, ProgressMode, Worker};
+use ucx_stack::echo;
+use ucx_stack::measure::{mbps, pin_to_cpu};
+
+#[derive(Clone)]
+struct Args {
+    cmd: String,
+    bind: String,
+    port: u16,
+    connect: Option<String>,
+    sizes: Vec<usize>,
+    iters: usize,
+    mode: ProgressMode,
+    cpu: Option<usize>,
+    once: bool,
+    bw: bool,
+    json: bool,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]\n\
+         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N] [--bw] [--json]\n\
+         \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M]"
+    );
+    std::process::exit(2)
+}
+
+fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mult)
+}
+
+fn parse_mode(s: &str) -> Option<ProgressMode> {
+    match s {
+        "polling" => Some(ProgressMode::Polling),
+        "blocking" => Some(ProgressMode::Blocking),
+        "thread" => Some(ProgressMode::Thread),
+        _ => None,
+    }
+}
+
+fn parse() -> Args {
+    let mut it = std::env::args().skip(1);
+    let cmd = it.next().unwrap_or_else(|| usage());
+    let mut a = Args {
+        cmd,
+        bind: "0.0.0.0".into(),
+        port: 0,
+        connect: None,
+        sizes: vec![8, 1 << 20, 64 << 20],
+        iters: 2000,
+        mode: ProgressMode::Polling,
+        cpu: None,
+        once: false,
+        bw: false,
+        json: false,
+    };
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| usage());
+        match flag.as_str() {
+            "--bind" => a.bind = val(),
+            "--port" => a.port = val().parse().unwrap_or_else(|_| usage()),
+            "--connect" => a.connect = Some(val()),
+            "--sizes" => {
+                a.sizes = val()
+                    .split(',')
+                    .map(|s| parse_size(s).unwrap_or_else(|| usage()))
+                    .collect()
+            }
+            "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage()),
+            "--mode" => a.mode = parse_mode(&val()).unwrap_or_else(|| usage()),
+            "--cpu" => a.cpu = Some(val().parse().unwrap_or_else(|_| usage())),
+            "--once" => a.once = true,
+            "--bw" => a.bw = true,
+            "--json" => a.json = true,
+            _ => usage(),
+        }
+    }
+    a
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = parse();
+    if let Some(cpu) = args.cpu {
+        if let Err(e) = pin_to_cpu(cpu) {
+            eprintln!("warning: could not pin to CPU {cpu}: {e}");
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = rt.block_on(async {
+        match args.cmd.as_str() {
+            "server" => server(&args).await,
+            "client" => client(&args).await,
+            "demo" => demo(&args).await,
+            _ => usage(),
+        }
+    });
+    if let Err(e) = result {
+        eprintln!("ucx-echo {}: {e}", args.cmd);
+        std::process::exit(1);
+    }
+}
+
+async fn server(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let ctx = Context::new()?;
+    let worker = Worker::new(&ctx, a.mode)?;
+    let addr: SocketAddr = format!("{}:{}", a.bind, a.port)
+        .parse()
+        .or_else(|_| format!("[{}]:{}", a.bind, a.port).parse())?;
+    let mut listener = Listener::bind(&worker, addr)?;
+    println!("LISTENING {}", listener.port());
+    std::io::stdout().flush()?;
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(ep) => {
+                    tasks.spawn(async move {
+                        match echo::serve(ep).await {
+                            Ok(n) => tracing::info!(commands = n, "client done"),
+                            Err(e) => tracing::warn!(error = %e, "client failed"),
+                        }
+                    });
+                }
+                Err(e) => eprintln!("rejected a connection: {e}"),
+            },
+            Some(_) = tasks.join_next(), if a.once && !tasks.is_empty() => return Ok(()),
+        }
+    }
+}
+
+async fn client(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let target = a.connect.clone().ok_or("client needs --connect HOST:PORT")?;
+    let ctx = Context::new()?;
+    let worker = Worker::new(&ctx, a.mode)?;
+    let ep = Endpoint::connect(&worker, target.as_str()).await?;
+    run_client(&ep, a).await?;
+    ep.close().await?;
+    Ok(())
+}
+
+async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    if !a.json {
+        println!(
+            "{:>10} {:>8} {:>12} {:>12} {:>12} {:>14}",
+            "bytes", "iters", "median(us)", "mean(us)", "p99(us)", "MB/s"
+        );
+    }
+    for &size in &a.sizes {
+        let iters = echo::iterations_for(size, a.iters);
+        let s = tokio::time::timeout(
+            echo::STEP_LIMIT,
+            echo::pingpong(ep, size, (iters / 10).max(2), iters),
+        )
+        .await
+        .map_err(|_| "ping-pong timed out")??;
+        let bw = if a.bw {
+            let count = echo::iterations_for(size, a.iters * 4).max(20);
+            Some(
+                tokio::time::timeout(echo::STEP_LIMIT, echo::stream_bandwidth(ep, size, count, 16))
+                    .await
+                    .map_err(|_| "bandwidth run timed out")??,
+            )
+        } else {
+            None
+        };
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        if a.json {
+            println!(
+                "{{\"test\":\"tag_pingpong\",\"mode\":\"{:?}\",\"bytes\":{},\"iters\":{},\"median_us\":{:.3},\"mean_us\":{:.3},\"p99_us\":{:.3},\"pingpong_MBps\":{:.1}{}}}",
+                a.mode, size, s.iters, us(s.median), us(s.mean), us(s.p99), s.bandwidth / 1e6,
+                bw.map(|b| format!(",\"stream_MBps\":{:.1}", b / 1e6)).unwrap_or_default()
+            );
+        } else {
+            println!(
+                "{:>10} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>14}{}",
+                size,
+                s.iters,
+                us(s.median),
+                us(s.mean),
+                us(s.p99),
+                mbps(s.bandwidth),
+                bw.map(|b| format!("   stream {} MB/s", mbps(b))).unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The main job: an echo server in a child process (CPU 0) and this process as client (CPU 1).
+async fn demo(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(["server", "--bind", "127.0.0.1", "--cpu", "0", "--once", "--mode"])
+        .arg(format!("{:?}", a.mode).to_lowercase())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().ok_or("no server stdout")?),
+        &mut line,
+    )?;
+    let port: u16 = line
+        .strip_prefix("LISTENING ")
+        .and_then(|p| p.trim().parse().ok())
+        .ok_or_else(|| format!("server said {line:?}"))?;
+    if let Err(e) = pin_to_cpu(1) {
+        eprintln!("warning: could not pin the client: {e}");
+    }
+    println!(
+        "UCX {} | echo server pid {} on 127.0.0.1:{port} | progress mode {:?} | UCX_TLS={}",
+        ucx::version(),
+        child.id(),
+        a.mode,
+        std::env::var("UCX_TLS").unwrap_or_else(|_| "(default)".into())
+    );
+    let ctx = Context::new()?;
+    let worker = Worker::new(&ctx, a.mode)?;
+    let ep = Endpoint::connect(&worker, ("127.0.0.1", port)).await?;
+    let args = Args { bw: true, ..a.clone() };
+    let r = run_client(&ep, &args).await;
+    ep.close().await?;
+    let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+    r?;
+    if !status.success() {
+        return Err(format!("echo server exited with {status}").into());
+    }
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! The echo protocol (see the crate docs): server side and client measurements.
+
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use ucx::{Endpoint, Error, Result, Tag};
+
+use crate::measure::Summary;
+
+/// Tag of commands and acknowledgements.
+pub const CTRL_TAG: Tag = Tag::User(2);
+/// Tag of data messages.
+pub const DATA_TAG: Tag = Tag::User(1);
+
+const PINGPONG: u64 = 1;
+const SINK: u64 = 2;
+/// Largest message the server accepts in a command (guards its allocation).
+pub const MAX_SIZE: u64 = 1 << 30;
+/// Receives the server keeps posted while sinking a stream.
+const SINK_WINDOW: usize = 16;
+
+fn command(kind: u64, size: usize, count: usize) -> Vec<u8> {
+    [kind, size as u64, count as u64]
+        .iter()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect()
+}
+
+/// Serves echo commands on `ep` until the peer closes. Returns the number of commands served.
+pub async fn serve(ep: Endpoint) -> Result<u64> {
+    let mut served = 0;
+    loop {
+        let (r, cmd) = ep.recv(vec![0u8; 24], CTRL_TAG).await;
+        match r {
+            Ok(24) => {}
+            Ok(n) => return Err(Error::InvalidArgument(format!("command of {n} bytes"))),
+            Err(e) if e.is_disconnect() => return Ok(served),
+            Err(e) => return Err(e),
+        }
+        let word = |i: usize| u64::from_ne_bytes(cmd[i * 8..i * 8 + 8].try_into().expect("8"));
+        let (kind, size, count) = (word(0), word(1), word(2));
+        if size > MAX_SIZE {
+            return Err(Error::InvalidArgument(format!("size {size} over {MAX_SIZE}")));
+        }
+        let size = size as usize;
+        match kind {
+            PINGPONG => {
+                let mut buf = vec![0u8; size];
+                for _ in 0..count {
+                    let (r, b) = ep.recv(buf, DATA_TAG).await;
+                    r?;
+                    let (r, b) = ep.send(b, DATA_TAG).await;
+                    r?;
+                    buf = b;
+                }
+            }
+            SINK => {
+                let mut free: Vec<Vec<u8>> = (0..SINK_WINDOW).map(|_| vec![0u8; size]).collect();
+                let mut inflight = FuturesUnordered::new();
+                let mut posted = 0u64;
+                let mut done = 0u64;
+                while done < count {
+                    while posted < count && !free.is_empty() {
+                        inflight.push(ep.recv(free.pop().expect("non-empty"), DATA_TAG));
+                        posted += 1;
+                    }
+                    let (r, b) = inflight.next().await.expect("receives in flight");
+                    r?;
+                    free.push(b);
+                    done += 1;
+                }
+                let (r, _) = ep.send(vec![1u8], CTRL_TAG).await;
+                r?;
+            }
+            other => return Err(Error::InvalidArgument(format!("unknown command {other}"))),
+        }
+        served += 1;
+    }
+}
+
+/// Ping-pongs `size`-byte messages, checking every echoed byte on the first and last
+/// round trip; returns the summary of the `iters` measured round trips.
+pub async fn pingpong(ep: &Endpoint, size: usize, warmup: usize, iters: usize) -> Result<Summary> {
+    let total = warmup + iters;
+    let (r, _) = ep.send(command(PINGPONG, size, total), CTRL_TAG).await;
+    r?;
+    let expected: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let mut sbuf = expected.clone();
+    let mut rbuf = vec![0u8; size];
+    let mut rts = Vec::with_capacity(iters);
+    for i in 0..total {
+        let t0 = Instant::now();
+        let ((rr, rb), (sr, sb)) = futures::join!(ep.recv(rbuf, DATA_TAG), ep.send(sbuf, DATA_TAG));
+        let elapsed = t0.elapsed();
+        sr?;
+        let n = rr?;
+        if n != size || ((i == 0 || i + 1 == total) && rb != expected) {
+            return Err(Error::InvalidArgument(format!(
+                "echo of {size} bytes came back wrong ({n} bytes)"
+            )));
+        }
+        if i >= warmup {
+            rts.push(elapsed);
+        }
+        rbuf = rb;
+        sbuf = sb;
+    }
+    Ok(Summary::from_round_trips(size, &mut rts))
+}
+
+/// Streams `count` messages of `size` bytes with `window` in flight; returns bytes per second
+/// measured until the server acknowledged the last one (like `ucx_perftest -t tag_bw`).
+pub async fn stream_bandwidth(ep: &Endpoint, size: usize, count: usize, window: usize) -> Result<f64> {
+    let (r, _) = ep.send(command(SINK, size, count), CTRL_TAG).await;
+    r?;
+    let mut free: Vec<Vec<u8>> = (0..window.max(1)).map(|_| vec![7u8; size]).collect();
+    let mut inflight = FuturesUnordered::new();
+    let ack = ep.recv(vec![0u8; 1], CTRL_TAG);
+    let t0 = Instant::now();
+    let mut posted = 0;
+    let mut done = 0;
+    while done < count {
+        while posted < count && !free.is_empty() {
+            inflight.push(ep.send(free.pop().expect("non-empty"), DATA_TAG));
+            posted += 1;
+        }
+        let (r, b) = inflight.next().await.expect("sends in flight");
+        r?;
+        free.push(b);
+        done += 1;
+    }
+    let (r, _) = ack.await;
+    r?;
+    let secs = t0.elapsed().as_secs_f64().max(1e-9);
+    Ok((size * count) as f64 / secs)
+}
+
+/// Picks iteration counts so that each size takes a bounded time.
+pub fn iterations_for(size: usize, base: usize) -> usize {
+    let scaled = (base as u64 * 4096 / (size as u64).max(4096)).max(10);
+    scaled as usize
+}
+
+/// Default time limit for one benchmark step in the tools.
+pub const STEP_LIMIT: Duration = Duration::from_secs(120);

@@ -1,0 +1,144 @@
+//! Real multi-process behaviour: an `ucx-echo server` child process and this test as client.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ucx::{Context, Endpoint, ProgressMode, Worker};
+use ucx_stack::echo;
+
+const STEP: Duration = Duration::from_secs(60);
+
+/// A child echo server, killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn spawn(mode: &str, once: bool) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ucx-echo"));
+        cmd.args(["server", "--bind", "127.0.0.1", "--mode", mode]);
+        if once {
+            cmd.arg("--once");
+        }
+        let mut child = cmd
+            .env("UCX_KEEPALIVE_INTERVAL", "1s")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn ucx-echo server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("server output");
+        let port = line
+            .strip_prefix("LISTENING ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("server said {line:?}"));
+        Server { child, port }
+    }
+
+    fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "server did not exit within {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn context() -> Context {
+    Context::builder()
+        .option("KEEPALIVE_INTERVAL", "1s")
+        .build()
+        .unwrap()
+}
+
+async fn connect(w: &Worker, port: u16) -> Endpoint {
+    tokio::time::timeout(STEP, Endpoint::connect(w, ("127.0.0.1", port)))
+        .await
+        .expect("connect in time")
+        .expect("connect")
+}
+
+async fn echo_across_processes(mode: ProgressMode, name: &str) {
+    let mut server = Server::spawn(name, true);
+    let ctx = context();
+    let w = Worker::new(&ctx, mode).unwrap();
+    let ep = connect(&w, server.port).await;
+    let mut size = 1usize;
+    while size <= 16 << 20 {
+        let s = tokio::time::timeout(STEP, echo::pingpong(&ep, size, 1, 3))
+            .await
+            .expect("echo in time")
+            .unwrap_or_else(|e| panic!("{name}: echo of {size} bytes: {e}"));
+        assert_eq!(s.iters, 3);
+        size *= 16;
+    }
+    // Closing cancels the server's pending receive: it ends that client and (--once) exits 0.
+    ep.close().await.unwrap();
+    let st = server.wait_exit(STEP);
+    assert!(st.success(), "{name}: server exited with {st}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_two_processes_polling() {
+    echo_across_processes(ProgressMode::Polling, "polling").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn echo_two_processes_blocking() {
+    echo_across_processes(ProgressMode::Blocking, "blocking").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_two_processes_thread() {
+    echo_across_processes(ProgressMode::Thread, "thread").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn peer_killed_mid_transfer_fails_pending_operations() {
+    let mut server = Server::spawn("blocking", false);
+    let ctx = context();
+    let w = Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    let ep = connect(&w, server.port).await;
+    // A receive nobody will ever answer, pending on its own tag.
+    let orphan = ep.recv(vec![0u8; 64], 999);
+    // Large ping-pongs keep a transfer in flight when the server dies.
+    let transfer = echo::pingpong(&ep, 16 << 20, 0, 10_000);
+    let killer = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.child.kill().unwrap();
+        Instant::now()
+    };
+    let started = Instant::now();
+    let (transfer_result, (orphan_result, _), killed_at) = tokio::time::timeout(STEP, async {
+        tokio::join!(transfer, orphan, killer)
+    })
+    .await
+    .expect("pending operations ended after the peer died");
+    let e = transfer_result.expect_err("the transfer cannot succeed with a dead peer");
+    assert!(e.is_disconnect(), "transfer error: {e:?}");
+    let e = orphan_result.expect_err("the orphan receive must fail");
+    assert!(e.is_disconnect(), "orphan receive error: {e:?}");
+    let after_kill = killed_at.elapsed();
+    assert!(after_kill < Duration::from_secs(30), "took {after_kill:?} after the kill");
+    eprintln!(
+        "pending operations failed {:?} after the kill ({:?} in all)",
+        after_kill,
+        started.elapsed()
+    );
+    assert!(ep.is_closed());
+    let (r, _) = ep.send(vec![0u8; 8], 1).await;
+    assert!(r.is_err(), "send on a dead endpoint must fail");
+}
