@@ -40,7 +40,9 @@ pub async fn serve(ep: Endpoint) -> Result<u64> {
         let word = |i: usize| u64::from_ne_bytes(cmd[i * 8..i * 8 + 8].try_into().expect("8"));
         let (kind, size, count) = (word(0), word(1), word(2));
         if size > MAX_SIZE {
-            return Err(Error::InvalidArgument(format!("size {size} over {MAX_SIZE}")));
+            return Err(Error::InvalidArgument(format!(
+                "size {size} over {MAX_SIZE}"
+            )));
         }
         let size = size as usize;
         match kind {
@@ -110,7 +112,12 @@ pub async fn pingpong(ep: &Endpoint, size: usize, warmup: usize, iters: usize) -
 
 /// Streams `count` messages of `size` bytes with `window` in flight; returns bytes per second
 /// measured until the server acknowledged the last one (like `ucx_perftest -t tag_bw`).
-pub async fn stream_bandwidth(ep: &Endpoint, size: usize, count: usize, window: usize) -> Result<f64> {
+pub async fn stream_bandwidth(
+    ep: &Endpoint,
+    size: usize,
+    count: usize,
+    window: usize,
+) -> Result<f64> {
     let (r, _) = ep.send(command(SINK, size, count), CTRL_TAG).await;
     r?;
     let mut free: Vec<Vec<u8>> = (0..window.max(1)).map(|_| vec![7u8; size]).collect();

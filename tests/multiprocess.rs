@@ -44,7 +44,10 @@ impl Server {
             if let Some(st) = self.child.try_wait().unwrap() {
                 return st;
             }
-            assert!(Instant::now() < deadline, "server did not exit within {limit:?}");
+            assert!(
+                Instant::now() < deadline,
+                "server did not exit within {limit:?}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -122,17 +125,19 @@ async fn peer_killed_mid_transfer_fails_pending_operations() {
         Instant::now()
     };
     let started = Instant::now();
-    let (transfer_result, (orphan_result, _), killed_at) = tokio::time::timeout(STEP, async {
-        tokio::join!(transfer, orphan, killer)
-    })
-    .await
-    .expect("pending operations ended after the peer died");
+    let (transfer_result, (orphan_result, _), killed_at) =
+        tokio::time::timeout(STEP, async { tokio::join!(transfer, orphan, killer) })
+            .await
+            .expect("pending operations ended after the peer died");
     let e = transfer_result.expect_err("the transfer cannot succeed with a dead peer");
     assert!(e.is_disconnect(), "transfer error: {e:?}");
     let e = orphan_result.expect_err("the orphan receive must fail");
     assert!(e.is_disconnect(), "orphan receive error: {e:?}");
     let after_kill = killed_at.elapsed();
-    assert!(after_kill < Duration::from_secs(30), "took {after_kill:?} after the kill");
+    assert!(
+        after_kill < Duration::from_secs(30),
+        "took {after_kill:?} after the kill"
+    );
     eprintln!(
         "pending operations failed {:?} after the kill ({:?} in all)",
         after_kill,

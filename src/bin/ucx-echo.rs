@@ -162,7 +162,10 @@ async fn server(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn client(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let target = a.connect.clone().ok_or("client needs --connect HOST:PORT")?;
+    let target = a
+        .connect
+        .clone()
+        .ok_or("client needs --connect HOST:PORT")?;
     let ctx = Context::new()?;
     let worker = Worker::new(&ctx, a.mode)?;
     let ep = Endpoint::connect(&worker, target.as_str()).await?;
@@ -189,9 +192,12 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), Box<dyn std::error::E
         let bw = if a.bw {
             let count = echo::iterations_for(size, a.iters * 4).max(20);
             Some(
-                tokio::time::timeout(echo::STEP_LIMIT, echo::stream_bandwidth(ep, size, count, 16))
-                    .await
-                    .map_err(|_| "bandwidth run timed out")??,
+                tokio::time::timeout(
+                    echo::STEP_LIMIT,
+                    echo::stream_bandwidth(ep, size, count, 16),
+                )
+                .await
+                .map_err(|_| "bandwidth run timed out")??,
             )
         } else {
             None
@@ -212,7 +218,8 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), Box<dyn std::error::E
                 us(s.mean),
                 us(s.p99),
                 mbps(s.bandwidth),
-                bw.map(|b| format!("   stream {} MB/s", mbps(b))).unwrap_or_default()
+                bw.map(|b| format!("   stream {} MB/s", mbps(b)))
+                    .unwrap_or_default()
             );
         }
     }
@@ -223,7 +230,15 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), Box<dyn std::error::E
 async fn demo(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
-        .args(["server", "--bind", "127.0.0.1", "--cpu", "0", "--once", "--mode"])
+        .args([
+            "server",
+            "--bind",
+            "127.0.0.1",
+            "--cpu",
+            "0",
+            "--once",
+            "--mode",
+        ])
         .arg(format!("{:?}", a.mode).to_lowercase())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -236,26 +251,51 @@ async fn demo(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         .strip_prefix("LISTENING ")
         .and_then(|p| p.trim().parse().ok())
         .ok_or_else(|| format!("server said {line:?}"))?;
+    // The child is killed on every early return below (a std Child is not killed on drop).
+    let mut child = KillOnDrop(child);
     if let Err(e) = pin_to_cpu(1) {
         eprintln!("warning: could not pin the client: {e}");
     }
     println!(
         "UCX {} | echo server pid {} on 127.0.0.1:{port} | progress mode {:?} | UCX_TLS={}",
         ucx::version(),
-        child.id(),
+        child.0.id(),
         a.mode,
         std::env::var("UCX_TLS").unwrap_or_else(|_| "(default)".into())
     );
     let ctx = Context::new()?;
     let worker = Worker::new(&ctx, a.mode)?;
     let ep = Endpoint::connect(&worker, ("127.0.0.1", port)).await?;
-    let args = Args { bw: true, ..a.clone() };
+    let args = Args {
+        bw: true,
+        ..a.clone()
+    };
     let r = run_client(&ep, &args).await;
     ep.close().await?;
-    let status = tokio::task::spawn_blocking(move || child.wait()).await??;
     r?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.0.try_wait()? {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err("echo server did not exit after the client closed".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     if !status.success() {
         return Err(format!("echo server exited with {status}").into());
     }
     Ok(())
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }

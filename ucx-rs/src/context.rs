@@ -156,7 +156,10 @@ impl ContextBuilder {
         check(unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) })?;
         let config = ConfigGuard(config);
         for (key, value) in DEFAULT_OPTIONS {
-            let overridden = self.options.iter().any(|(k, _)| k.trim_start_matches("UCX_") == *key);
+            let overridden = self
+                .options
+                .iter()
+                .any(|(k, _)| k.trim_start_matches("UCX_") == *key);
             if overridden || std::env::var_os(format!("UCX_{key}")).is_some() {
                 continue;
             }
@@ -191,7 +194,7 @@ impl ContextBuilder {
                 }
             }
         }
-        let effective = config.print()?;
+        let ucp_effective = config.print()?;
 
         let name = self.name.as_deref().map(cstring).transpose()?;
         let mut params = sys::ucp_params_t {
@@ -208,6 +211,24 @@ impl ContextBuilder {
         let mut handle: sys::ucp_context_h = ptr::null_mut();
         // SAFETY: params and config are valid for the call; handle is an out-pointer.
         check(unsafe { sys::ucxrs_init(&params, config.0, &mut handle) })?;
+        // ucp_config_modify accepts any key (it keeps unknown ones for transports loaded
+        // later), so unknown keys are found here, against every option of every loaded module.
+        let all = all_options()?;
+        let mut effective = all.clone();
+        effective.extend(ucp_effective);
+        for (key, value) in &self.options {
+            let key = key.strip_prefix("UCX_").unwrap_or(key);
+            if !all.contains_key(key) {
+                // SAFETY: the context was just created and is not shared yet.
+                unsafe { sys::ucp_cleanup(handle) };
+                return Err(Error::UnknownOption(key.to_string()));
+            }
+            if !(self.precedence == Precedence::Environment
+                && std::env::var_os(format!("UCX_{key}")).is_some())
+            {
+                effective.insert(key.to_string(), value.clone());
+            }
+        }
         tracing::debug!(features = ?self.features, version = %version(), "UCX context created");
         Ok(Context(Arc::new(ContextInner {
             handle,
@@ -215,6 +236,35 @@ impl ContextBuilder {
             config: effective,
         })))
     }
+}
+
+/// Every option of UCX and of its loaded transport modules (`ucx_info -c`), with the values
+/// from the defaults and the environment.
+fn all_options() -> Result<BTreeMap<String, String>> {
+    let prefix = cstring("UCX_")?;
+    let text = capture_file(|f| {
+        // SAFETY: f is an open stream; the global list is UCX's own registry of config tables,
+        // and reading it after ucp_init (modules loaded) is what ucx_info does.
+        unsafe {
+            sys::ucs_config_parser_print_all_opts(
+                f,
+                prefix.as_ptr(),
+                (sys::UCS_CONFIG_PRINT_CONFIG | sys::UCS_CONFIG_PRINT_HIDDEN)
+                    as sys::ucs_config_print_flags_t,
+                ptr::addr_of_mut!(sys::ucs_config_global_list),
+            )
+        }
+    })?;
+    Ok(parse_config_text(&text))
+}
+
+fn parse_config_text(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .map(|l| l.trim_start_matches('#').trim())
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| k.starts_with("UCX_"))
+        .map(|(k, v)| (k.trim_start_matches("UCX_").to_string(), v.to_string()))
+        .collect()
 }
 
 fn cstring(s: &str) -> Result<CString> {
@@ -237,12 +287,7 @@ impl ConfigGuard {
                 )
             }
         })?;
-        Ok(text
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.trim_start_matches("UCX_").to_string(), v.to_string()))
-            .collect())
+        Ok(parse_config_text(&text))
     }
 }
 
@@ -388,30 +433,33 @@ mod tests {
     fn options_show_in_config_and_prefix_is_optional() {
         let ctx = Context::builder()
             .option("UCX_TLS", "tcp,self")
-            .option("RNDV_THRESH", "4096")
+            .option("MAX_EAGER_RAILS", "2")
+            .option("TCP_NODELAY", "n")
             .build()
             .unwrap();
         assert_eq!(ctx.config()["TLS"], "tcp,self");
-        assert_eq!(ctx.config()["RNDV_THRESH"], "4096");
-        assert!(ctx.config().len() > 20);
+        assert_eq!(ctx.config()["MAX_EAGER_RAILS"], "2");
+        // Transport-level options are known and shown too.
+        assert_eq!(ctx.config()["TCP_NODELAY"], "n");
+        assert!(ctx.config().len() > 100);
     }
 
     #[test]
     fn environment_precedence_is_selectable() {
-        // UCX_MAX_EAGER_LANES is read by ucp_config_read; set it for this process only.
-        std::env::set_var("UCX_MAX_EAGER_LANES", "2");
+        // UCX_MAX_EAGER_RAILS is read by ucp_config_read; set it for this process only.
+        std::env::set_var("UCX_MAX_EAGER_RAILS", "2");
         let env_wins = Context::builder()
-            .option("MAX_EAGER_LANES", "3")
+            .option("MAX_EAGER_RAILS", "3")
             .precedence(Precedence::Environment)
             .build()
             .unwrap();
-        assert_eq!(env_wins.config()["MAX_EAGER_LANES"], "2");
+        assert_eq!(env_wins.config()["MAX_EAGER_RAILS"], "2");
         let opts_win = Context::builder()
-            .option("MAX_EAGER_LANES", "3")
+            .option("MAX_EAGER_RAILS", "3")
             .build()
             .unwrap();
-        assert_eq!(opts_win.config()["MAX_EAGER_LANES"], "3");
-        std::env::remove_var("UCX_MAX_EAGER_LANES");
+        assert_eq!(opts_win.config()["MAX_EAGER_RAILS"], "3");
+        std::env::remove_var("UCX_MAX_EAGER_RAILS");
     }
 
     #[test]

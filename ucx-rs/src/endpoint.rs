@@ -132,13 +132,15 @@ impl EpShared {
     fn outcome(&self, c: &Completion) -> Result<()> {
         match c.status {
             sys::UCS_OK => Ok(()),
-            sys::UCS_ERR_CANCELED => Err(self.failure().unwrap_or(
-                if self.closed.load(Ordering::Acquire) {
-                    Error::Closed
-                } else {
-                    Error::Canceled
-                },
-            )),
+            sys::UCS_ERR_CANCELED => {
+                Err(self
+                    .failure()
+                    .unwrap_or(if self.closed.load(Ordering::Acquire) {
+                        Error::Closed
+                    } else {
+                        Error::Canceled
+                    }))
+            }
             st => Err(Error::Ucx(Status(st))),
         }
     }
@@ -184,7 +186,11 @@ impl EpShared {
         let ucx_ref = unsafe { Arc::from_raw(self as *const EpShared) };
         let posted = post(locked, CbKind::Send, None, |param, _| {
             param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
-            param.flags = if force { sys::UCP_EP_CLOSE_FLAG_FORCE } else { 0 };
+            param.flags = if force {
+                sys::UCP_EP_CLOSE_FLAG_FORCE
+            } else {
+                0
+            };
             // SAFETY: ep is a live endpoint that nobody else will use after the swap above.
             unsafe { sys::ucp_ep_close_nbx(ep, param) }
         });
@@ -287,12 +293,19 @@ impl EpShared {
                 Err(e) => return (Err(e), buf),
             };
             let (ptr, mt) = (buf.stable_mut_ptr(), buf.memory_type());
-            let posted = post(&locked, CbKind::StreamRecv, Some(mt.to_ucs()), |param, imm| {
-                param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
-                param.flags = sys::UCP_STREAM_RECV_FLAG_WAITALL;
-                // SAFETY: as in tag_recv; the length out-pointer is valid for the call.
-                unsafe { sys::ucp_stream_recv_nbx(ep, ptr.cast(), cap, imm.stream_length(), param) }
-            });
+            let posted = post(
+                &locked,
+                CbKind::StreamRecv,
+                Some(mt.to_ucs()),
+                |param, imm| {
+                    param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
+                    param.flags = sys::UCP_STREAM_RECV_FLAG_WAITALL;
+                    // SAFETY: as in tag_recv; the length out-pointer is valid for the call.
+                    unsafe {
+                        sys::ucp_stream_recv_nbx(ep, ptr.cast(), cap, imm.stream_length(), param)
+                    }
+                },
+            );
             if let Posted::Pending(op) = &posted {
                 self.track(op);
             }
@@ -302,7 +315,12 @@ impl EpShared {
         (self.received(&c, &mut buf, cap), buf)
     }
 
-    async fn finish<B: Send + 'static>(&self, posted: Posted, buf: B, cancel: bool) -> (Result<()>, B) {
+    async fn finish<B: Send + 'static>(
+        &self,
+        posted: Posted,
+        buf: B,
+        cancel: bool,
+    ) -> (Result<()>, B) {
         let (c, buf) = self.complete(posted, buf, cancel).await;
         (self.outcome(&c), buf)
     }
@@ -330,7 +348,8 @@ impl EpShared {
             }
             let mut info = sys::ucp_tag_recv_info_t::default();
             // SAFETY: the worker is locked; info is a valid out-pointer.
-            let msg = unsafe { sys::ucp_tag_probe_nb(locked.handle(), tag, u64::MAX, 1, &mut info) };
+            let msg =
+                unsafe { sys::ucp_tag_probe_nb(locked.handle(), tag, u64::MAX, 1, &mut info) };
             if !msg.is_null() {
                 return Poll::Ready(Ok((msg as usize, info.length)));
             }
@@ -356,13 +375,20 @@ impl EpShared {
             let locked = self.worker.lock();
             let ptr = buf.as_mut_ptr();
             let msg = msg as sys::ucp_tag_message_h;
-            post(&locked, CbKind::TagRecv, Some(MemoryType::Host.to_ucs()), |param, imm| {
-                imm.for_tag(param);
-                // SAFETY: msg came from ucp_tag_probe_nb with remove=1 on this worker and is
-                // received exactly once; the buffer has `cap` writable bytes. A message that
-                // does not fit is received into 0 bytes, which discards it.
-                unsafe { sys::ucp_tag_msg_recv_nbx(locked.handle(), ptr.cast(), cap, msg, param) }
-            })
+            post(
+                &locked,
+                CbKind::TagRecv,
+                Some(MemoryType::Host.to_ucs()),
+                |param, imm| {
+                    imm.for_tag(param);
+                    // SAFETY: msg came from ucp_tag_probe_nb with remove=1 on this worker and is
+                    // received exactly once; the buffer has `cap` writable bytes. A message that
+                    // does not fit is received into 0 bytes, which discards it.
+                    unsafe {
+                        sys::ucp_tag_msg_recv_nbx(locked.handle(), ptr.cast(), cap, msg, param)
+                    }
+                },
+            )
         };
         let (mut c, mut buf) = self.complete(posted, buf, true).await;
         // ucp_tag_msg_recv_nbx does not report the length of an immediate completion; the
@@ -459,7 +485,10 @@ impl fmt::Debug for Endpoint {
 
 impl Endpoint {
     /// Connects to a UCXX-compatible listener (ours or UCXX's) and runs the handshake.
-    pub async fn connect(worker: &Worker, addr: impl tokio::net::ToSocketAddrs) -> Result<Endpoint> {
+    pub async fn connect(
+        worker: &Worker,
+        addr: impl tokio::net::ToSocketAddrs,
+    ) -> Result<Endpoint> {
         Self::connect_with(worker, addr, ConnectOptions::default()).await
     }
 
@@ -579,7 +608,10 @@ impl Endpoint {
     pub async fn send_obj<B: IoBuf>(&self, buf: B, tag: impl Into<Tag>) -> (Result<()>, B) {
         let (t, _) = self.tag_pair(tag.into());
         let header = (buf.bytes_init() as u64).to_ne_bytes().to_vec();
-        let (h, (p, buf)) = futures::join!(self.shared.tag_send(header, t), self.shared.tag_send(buf, t));
+        let (h, (p, buf)) = futures::join!(
+            self.shared.tag_send(header, t),
+            self.shared.tag_send(buf, t)
+        );
         (h.0.and(p), buf)
     }
 
@@ -616,7 +648,9 @@ impl Endpoint {
 
     /// Flushes outstanding sends, then closes. Pending receives fail with [`Error::Closed`].
     pub async fn close(&self) -> Result<()> {
-        let op = self.shared.start_close(&mut self.shared.worker.lock(), false);
+        let op = self
+            .shared
+            .start_close(&mut self.shared.worker.lock(), false);
         if let Some(op) = op {
             crate::request::wait(&op, &self.shared.worker).await;
             let c = op.completion();
@@ -653,7 +687,11 @@ impl Endpoint {
             f(self.shared.failure());
             return;
         }
-        *self.shared.on_close.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
+        *self
+            .shared
+            .on_close
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
     }
 
     /// The peer's socket address, when known.
@@ -677,14 +715,21 @@ impl Endpoint {
 fn handshake_error(step: &str, e: Error) -> Error {
     match e {
         // A peer that is unreachable or refused is reported as the UCX error it is.
-        Error::Ucx(s) if step == "receiving" && matches!(s.0, sys::UCS_ERR_UNREACHABLE | sys::UCS_ERR_REJECTED) => e,
+        Error::Ucx(s)
+            if step == "receiving"
+                && matches!(s.0, sys::UCS_ERR_UNREACHABLE | sys::UCS_ERR_REJECTED) =>
+        {
+            e
+        }
         e => Error::Handshake(format!("{step} the handshake: {e}")),
     }
 }
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        let op = self.shared.start_close(&mut self.shared.worker.lock(), false);
+        let op = self
+            .shared
+            .start_close(&mut self.shared.worker.lock(), false);
         // A polling worker has no background progress: finish the close here, bounded.
         if let (Some(op), ProgressMode::Polling) = (op, self.shared.worker.mode()) {
             let deadline = Instant::now() + Duration::from_millis(500);

@@ -128,7 +128,10 @@ impl Listener {
 
     /// Listens on all IPv4 interfaces.
     pub fn bind_port(worker: &Worker, port: u16) -> Result<Listener> {
-        Self::bind(worker, SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
+        Self::bind(
+            worker,
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+        )
     }
 
     /// The bound address (port 0 resolved).

@@ -189,7 +189,11 @@ unsafe fn complete(
     op.finish(status, length);
 }
 
-unsafe extern "C" fn send_cb(request: *mut c_void, status: sys::ucs_status_t, user_data: *mut c_void) {
+unsafe extern "C" fn send_cb(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    user_data: *mut c_void,
+) {
     // SAFETY: UCX passes back the user_data `post` registered for this request.
     unsafe { complete(request, user_data, status, 0) }
 }
@@ -225,7 +229,12 @@ pub(crate) struct InFlight<'w, B: Send + 'static> {
 }
 
 impl<'w, B: Send + 'static> InFlight<'w, B> {
-    pub(crate) fn new(op: Arc<OpCore>, buf: B, worker: &'w WorkerShared, cancel_on_drop: bool) -> Self {
+    pub(crate) fn new(
+        op: Arc<OpCore>,
+        buf: B,
+        worker: &'w WorkerShared,
+        cancel_on_drop: bool,
+    ) -> Self {
         InFlight {
             op,
             buf: Some(buf),
@@ -292,4 +301,3 @@ impl Future for Wait<'_> {
         }
     }
 }
-

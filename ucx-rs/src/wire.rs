@@ -185,7 +185,10 @@ mod tests {
         assert_eq!(py_hash(PY_HASH_MODULUS), 0);
         assert_eq!(py_hash(PY_HASH_MODULUS + 5), 5);
         assert_eq!(py_hash(-(PY_HASH_MODULUS + 5)), -5);
-        assert_eq!(py_hash(i128::from(u64::MAX)), (u64::MAX % ((1 << 61) - 1)) as i64);
+        assert_eq!(
+            py_hash(i128::from(u64::MAX)),
+            (u64::MAX % ((1 << 61) - 1)) as i64
+        );
     }
 
     #[test]

@@ -140,9 +140,8 @@ impl Locked<'_> {
 
     pub(crate) fn after_progress(&mut self, n: u32) {
         if self.shared.has_failed.swap(false, Ordering::AcqRel) {
-            let failed = std::mem::take(
-                &mut *self.shared.failed.lock().unwrap_or_else(|e| e.into_inner()),
-            );
+            let failed =
+                std::mem::take(&mut *self.shared.failed.lock().unwrap_or_else(|e| e.into_inner()));
             for ep in failed {
                 let cb = ep.fail_pending(self);
                 self.after_unlock.extend(cb);
@@ -340,7 +339,10 @@ fn event_fd(shared: &WorkerShared) -> Result<OwnedFd> {
     // SAFETY: fd is a valid open descriptor owned by UCX; dup gives us our own.
     let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if dup < 0 {
-        return Err(Error::os("dup of the UCX event fd", std::io::Error::last_os_error()));
+        return Err(Error::os(
+            "dup of the UCX event fd",
+            std::io::Error::last_os_error(),
+        ));
     }
     // SAFETY: dup is a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(dup) })

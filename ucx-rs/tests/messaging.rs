@@ -71,7 +71,11 @@ async fn tags_are_isolated() {
             r.unwrap();
         };
         let ((n, got_b), ()) = tokio::join!(recv_b, send_a);
-        assert_eq!(&got_b[..n.unwrap()], b"for-b", "tag 200 got tag 100's message");
+        assert_eq!(
+            &got_b[..n.unwrap()],
+            b"for-b",
+            "tag 200 got tag 100's message"
+        );
         let (n, got_a) = server.recv(vec![0u8; 16], 100).await;
         assert_eq!(&got_a[..n.unwrap()], b"for-a");
         // Negative tags and forced tags work and differ from positive ones.
@@ -111,8 +115,10 @@ async fn truncation_names_both_sizes() {
             let _ = sent.0;
         }
         // A smaller message returns its length.
-        let (sent, (n, buf)) =
-            tokio::join!(client.send(b"abc".to_vec(), 9), server.recv(vec![0u8; 10], 9));
+        let (sent, (n, buf)) = tokio::join!(
+            client.send(b"abc".to_vec(), 9),
+            server.recv(vec![0u8; 10], 9)
+        );
         sent.0.unwrap();
         assert_eq!(n.unwrap(), 3);
         assert_eq!(buf, b"abc");
@@ -143,7 +149,10 @@ async fn recv_vec_refuses_oversized_messages() {
     within("limit", async {
         let (sent, got) = tokio::join!(client.send(pattern(5000, 1), 6), server.recv_vec(6));
         let _ = sent.0;
-        assert!(matches!(got, Err(Error::Truncated { message: 5000, .. })), "{got:?}");
+        assert!(
+            matches!(got, Err(Error::Truncated { message: 5000, .. })),
+            "{got:?}"
+        );
         // The endpoint still works afterwards.
         let (sent, got) = tokio::join!(client.send(pattern(10, 1), 6), server.recv_vec(6));
         sent.0.unwrap();

@@ -104,7 +104,10 @@ async fn drop_safety_of_receives(mode: ProgressMode) {
     for i in 0..N {
         let data = pattern(SIZES[i % 2], i as u8);
         let (sent, got) = within("resend", async {
-            tokio::join!(client.send(data.clone(), 1000 + i as i64), server.recv_vec(1000 + i as i64))
+            tokio::join!(
+                client.send(data.clone(), 1000 + i as i64),
+                server.recv_vec(1000 + i as i64)
+            )
         })
         .await;
         sent.0.unwrap();
@@ -140,11 +143,20 @@ async fn dropped_send_keeps_its_buffer_until_ucx_is_done() {
     // 8 MiB goes by rendezvous: UCX reads the sender's memory only once the receiver is there.
     let data = pattern(8 << 20, 5);
     let (buf, _view, dropped) = Canary::new(data.clone());
-    assert!(client.send(buf, 77).now_or_never().is_none(), "8 MiB cannot complete at once");
-    assert!(!dropped.load(Ordering::SeqCst), "buffer freed while UCX still owns it");
+    assert!(
+        client.send(buf, 77).now_or_never().is_none(),
+        "8 MiB cannot complete at once"
+    );
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "buffer freed while UCX still owns it"
+    );
     let got = within("receive", server.recv_vec(77)).await.unwrap();
     assert!(got == data, "receiver saw freed (canary) memory");
-    eventually("parked send buffer released", || dropped.load(Ordering::SeqCst)).await;
+    eventually("parked send buffer released", || {
+        dropped.load(Ordering::SeqCst)
+    })
+    .await;
 }
 
 async fn close_cancels_peer_receive(mode: ProgressMode, close_server: bool) {
@@ -162,7 +174,10 @@ async fn close_cancels_peer_receive(mode: ProgressMode, close_server: bool) {
     };
     let ((r, _), ()) = within("peer close", async { tokio::join!(pending, close) }).await;
     let e = r.unwrap_err();
-    assert!(e.is_disconnect(), "{mode:?}: expected a disconnect error, got {e:?}");
+    assert!(
+        e.is_disconnect(),
+        "{mode:?}: expected a disconnect error, got {e:?}"
+    );
     assert!(waiter.is_closed());
     // Operations after the failure fail at once.
     let (r, _) = within("send after close", waiter.send(vec![1u8], 3)).await;
@@ -247,7 +262,10 @@ async fn connect_to_nothing_fails_promptly() {
         .port();
     let r = within("connect", Endpoint::connect(&w, ("127.0.0.1", port))).await;
     let e = r.unwrap_err();
-    assert!(!matches!(e, Error::Timeout(_)), "should be refused, not time out: {e}");
+    assert!(
+        !matches!(e, Error::Timeout(_)),
+        "should be refused, not time out: {e}"
+    );
 }
 
 /// A raw client that connects without the UCXX handshake.
@@ -282,9 +300,15 @@ async fn bad_handshakes_are_rejected_and_the_listener_keeps_serving() {
         r.unwrap();
         ep
     };
-    let (accepted, _keep) = within("garbage", async { tokio::join!(listener.accept(), garbage) }).await;
+    let (accepted, _keep) = within("garbage", async {
+        tokio::join!(listener.accept(), garbage)
+    })
+    .await;
     let e = accepted.unwrap_err();
-    assert!(matches!(&e, Error::Handshake(m) if m.contains("checksum")), "{e:?}");
+    assert!(
+        matches!(&e, Error::Handshake(m) if m.contains("checksum")),
+        "{e:?}"
+    );
 
     // 2. Short: 5 bytes and then silence.
     let short = async {
@@ -293,7 +317,8 @@ async fn bad_handshakes_are_rejected_and_the_listener_keeps_serving() {
         r.unwrap();
         ep
     };
-    let (accepted, _keep2) = within("short", async { tokio::join!(listener.accept(), short) }).await;
+    let (accepted, _keep2) =
+        within("short", async { tokio::join!(listener.accept(), short) }).await;
     assert!(matches!(accepted, Err(Error::Handshake(_))), "{accepted:?}");
 
     // 3. Short, then the client goes away.
@@ -308,11 +333,17 @@ async fn bad_handshakes_are_rejected_and_the_listener_keeps_serving() {
 
     // 4. A proper client is still served.
     let (s, c) = within("good client", async {
-        tokio::join!(listener.accept(), Endpoint::connect(&cw, ("127.0.0.1", port)))
+        tokio::join!(
+            listener.accept(),
+            Endpoint::connect(&cw, ("127.0.0.1", port))
+        )
     })
     .await;
     let (s, c) = (s.unwrap(), c.unwrap());
-    let (sent, got) = within("echo", async { tokio::join!(c.send(b"ok".to_vec(), 0), s.recv_vec(0)) }).await;
+    let (sent, got) = within("echo", async {
+        tokio::join!(c.send(b"ok".to_vec(), 0), s.recv_vec(0))
+    })
+    .await;
     sent.0.unwrap();
     assert_eq!(got.unwrap(), b"ok");
 }

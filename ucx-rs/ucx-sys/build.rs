@@ -77,6 +77,8 @@ fn main() {
         .header("src/wrapper.h")
         .allowlist_function("ucp_.*")
         .allowlist_function("ucs_status_string")
+        .allowlist_function("ucs_config_parser_print_all_opts")
+        .allowlist_var("ucs_config_global_list")
         .allowlist_function("ucxrs_.*")
         .allowlist_type("ucp_.*")
         .allowlist_type("ucs_.*")

@@ -17,8 +17,7 @@ pub const STEP: Duration = Duration::from_secs(20);
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_test_writer()
         .try_init();
@@ -38,10 +37,9 @@ pub async fn pair(ctx: &Context, mode: ProgressMode) -> (Endpoint, Endpoint, Wor
     let cw = Worker::new(ctx, mode).expect("client worker");
     let mut listener = Listener::bind(&sw, "127.0.0.1:0".parse().unwrap()).expect("listen");
     let addr = listener.local_addr();
-    let (s, c) = tokio::time::timeout(
-        STEP,
-        async { tokio::join!(listener.accept(), Endpoint::connect(&cw, addr)) },
-    )
+    let (s, c) = tokio::time::timeout(STEP, async {
+        tokio::join!(listener.accept(), Endpoint::connect(&cw, addr))
+    })
     .await
     .expect("connect within the step limit");
     (s.expect("accept"), c.expect("connect"), sw, cw)

@@ -10,7 +10,12 @@
 //! let v = unsafe { std::ffi::CStr::from_ptr(ucx_sys::ucp_get_version_string()) };
 //! assert!(v.to_str().unwrap().starts_with('1'));
 //! ```
-#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+#![allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    dead_code
+)]
 #![allow(clippy::all)]
 #![allow(missing_debug_implementations, unsafe_op_in_unsafe_fn)]
 

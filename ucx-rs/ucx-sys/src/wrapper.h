@@ -1,2 +1,3 @@
 #include <ucp/api/ucp.h>
+#include <ucs/config/parser.h>
 #include "shim.h"

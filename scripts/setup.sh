@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what the project needs on a fresh Debian machine (only what is missing).
+set -euo pipefail
+
+need=()
+for pkg in libucx-dev ucx-utils libclang-dev pkg-config gcc; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null 2>&1 || {
+  echo "setup: cargo not found: install a Rust toolchain (https://rustup.rs) and re-run" >&2
+  exit 1
+}
