@@ -32,13 +32,16 @@ def perftest(test, size, env, port, iters):
     return {"p50_us": float(f[2]), "avg_us": float(f[3]), "bw_MiBps": float(f[5])}
 
 
-def ours(mode, env, iters):
+def ours(variant, env, iters):
+    """variant: a progress mode, with "+direct" for an endpoint connected by worker address."""
+    mode, _, direct = variant.partition("+")
     srv = subprocess.Popen([ECHO, "server", "--bind", "127.0.0.1", "--cpu", "0", "--mode", mode, "--once"],
                            env=env, stdout=subprocess.PIPE, text=True)
     try:
         port = int(srv.stdout.readline().split()[1])
         out = subprocess.run([ECHO, "client", "--connect", f"127.0.0.1:{port}", "--cpu", "1", "--mode", mode,
-                              "--sizes", ",".join(map(str, SIZES)), "--iters", str(iters), "--bw", "--json"],
+                              "--sizes", ",".join(map(str, SIZES)), "--iters", str(iters), "--bw", "--json"]
+                             + (["--direct"] if direct else []),
                              env=env, capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             raise RuntimeError(out.stderr)
@@ -53,7 +56,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20000)
     ap.add_argument("--tls", default="default,tcp")
-    ap.add_argument("--modes", default="polling,blocking")
+    ap.add_argument("--modes", default="polling,polling+direct,blocking,thread")
     ap.add_argument("--criterion", action="store_true",
                     help="also run `cargo bench --bench tag_pingpong` (default TLS) in this run")
     a = ap.parse_args()

@@ -14,10 +14,17 @@ pub const DATA_TAG: Tag = Tag::User(1);
 
 const PINGPONG: u64 = 1;
 const SINK: u64 = 2;
+/// The client's worker address follows (`size` bytes); the server connects to it, answers with
+/// its own address and serves that address-connected endpoint until `BYE`.
+const ADDRESS: u64 = 3;
+const BYE: u64 = 4;
+/// Longest worker address accepted.
+const MAX_ADDRESS: u64 = 64 << 10;
 /// Largest message the server accepts in a command (guards its allocation).
 pub const MAX_SIZE: u64 = 1 << 30;
-/// Receives the server keeps posted while sinking a stream.
-const SINK_WINDOW: usize = 16;
+/// Receive buffers the server rotates through while sinking a stream (reused, so that UCX's
+/// registration cache and the page tables are warm, as in `ucx_perftest`).
+const SINK_WINDOW: usize = 4;
 
 fn command(kind: u64, size: usize, count: usize) -> Vec<u8> {
     [kind, size as u64, count as u64]
@@ -28,6 +35,14 @@ fn command(kind: u64, size: usize, count: usize) -> Vec<u8> {
 
 /// Serves echo commands on `ep` until the peer closes. Returns the number of commands served.
 pub async fn serve(ep: Endpoint) -> Result<u64> {
+    serve_boxed(ep).await
+}
+
+fn serve_boxed(ep: Endpoint) -> futures::future::BoxFuture<'static, Result<u64>> {
+    Box::pin(serve_inner(ep))
+}
+
+async fn serve_inner(ep: Endpoint) -> Result<u64> {
     let mut served = 0;
     loop {
         let (r, cmd) = ep.recv(vec![0u8; 24], CTRL_TAG).await;
@@ -39,6 +54,20 @@ pub async fn serve(ep: Endpoint) -> Result<u64> {
         }
         let word = |i: usize| u64::from_ne_bytes(cmd[i * 8..i * 8 + 8].try_into().expect("8"));
         let (kind, size, count) = (word(0), word(1), word(2));
+        if kind == BYE {
+            return Ok(served);
+        }
+        if kind == ADDRESS {
+            if size > MAX_ADDRESS {
+                return Err(Error::InvalidArgument(format!("address of {size} bytes")));
+            }
+            let peer = ep.recv_vec(CTRL_TAG).await?;
+            let direct = Endpoint::connect_address(&ep.worker(), &peer)?;
+            let (r, _) = ep.send(ep.worker().address()?, CTRL_TAG).await;
+            r?;
+            served += serve_boxed(direct).await?;
+            continue;
+        }
         if size > MAX_SIZE {
             return Err(Error::InvalidArgument(format!(
                 "size {size} over {MAX_SIZE}"
@@ -80,6 +109,25 @@ pub async fn serve(ep: Endpoint) -> Result<u64> {
     }
 }
 
+/// Switches to an endpoint connected by worker address (no TCP lanes on one host): sends our
+/// address over `ep`, connects to the server's. End it with [`bye`].
+pub async fn direct(ep: &Endpoint) -> Result<Endpoint> {
+    let mine = ep.worker().address()?;
+    let (r, _) = ep.send(command(ADDRESS, mine.len(), 0), CTRL_TAG).await;
+    r?;
+    let (r, _) = ep.send(mine, CTRL_TAG).await;
+    r?;
+    let theirs = ep.recv_vec(CTRL_TAG).await?;
+    Endpoint::connect_address(&ep.worker(), &theirs)
+}
+
+/// Tells the server this endpoint is done (needed for address-connected endpoints, whose
+/// close the peer may not notice).
+pub async fn bye(ep: &Endpoint) -> Result<()> {
+    let (r, _) = ep.send(command(BYE, 0, 0), CTRL_TAG).await;
+    r
+}
+
 /// Ping-pongs `size`-byte messages, checking every echoed byte on the first and last
 /// round trip; returns the summary of the `iters` measured round trips.
 pub async fn pingpong(ep: &Endpoint, size: usize, warmup: usize, iters: usize) -> Result<Summary> {
@@ -110,36 +158,46 @@ pub async fn pingpong(ep: &Endpoint, size: usize, warmup: usize, iters: usize) -
     Ok(Summary::from_round_trips(size, &mut rts))
 }
 
-/// Streams `count` messages of `size` bytes with `window` in flight; returns bytes per second
-/// measured until the server acknowledged the last one (like `ucx_perftest -t tag_bw`).
+/// Streams `count` messages of `size` bytes with `window` sends in flight, all from one buffer
+/// (shared `Bytes`, as `ucx_perftest -t tag_bw` reuses its buffer); returns bytes per second
+/// until the server acknowledged the last one. A short untimed stream warms up first.
 pub async fn stream_bandwidth(
     ep: &Endpoint,
     size: usize,
     count: usize,
     window: usize,
 ) -> Result<f64> {
-    let (r, _) = ep.send(command(SINK, size, count), CTRL_TAG).await;
-    r?;
-    let mut free: Vec<Vec<u8>> = (0..window.max(1)).map(|_| vec![7u8; size]).collect();
-    let mut inflight = FuturesUnordered::new();
-    let ack = ep.recv(vec![0u8; 1], CTRL_TAG);
+    let data = bytes::Bytes::from(vec![7u8; size]);
+    stream_once(ep, &data, (2 * window).max(4), window).await?;
     let t0 = Instant::now();
+    stream_once(ep, &data, count, window).await?;
+    let secs = t0.elapsed().as_secs_f64().max(1e-9);
+    Ok((size * count) as f64 / secs)
+}
+
+async fn stream_once(
+    ep: &Endpoint,
+    data: &bytes::Bytes,
+    count: usize,
+    window: usize,
+) -> Result<()> {
+    let (r, _) = ep.send(command(SINK, data.len(), count), CTRL_TAG).await;
+    r?;
+    let ack = ep.recv(vec![0u8; 1], CTRL_TAG);
+    let mut inflight = FuturesUnordered::new();
     let mut posted = 0;
     let mut done = 0;
     while done < count {
-        while posted < count && !free.is_empty() {
-            inflight.push(ep.send(free.pop().expect("non-empty"), DATA_TAG));
+        while posted < count && inflight.len() < window.max(1) {
+            inflight.push(ep.send(data.clone(), DATA_TAG));
             posted += 1;
         }
-        let (r, b) = inflight.next().await.expect("sends in flight");
+        let (r, _) = inflight.next().await.expect("sends in flight");
         r?;
-        free.push(b);
         done += 1;
     }
     let (r, _) = ack.await;
-    r?;
-    let secs = t0.elapsed().as_secs_f64().max(1e-9);
-    Ok((size * count) as f64 / secs)
+    r.map(drop)
 }
 
 /// Picks iteration counts so that each size takes a bounded time.

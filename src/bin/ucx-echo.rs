@@ -3,8 +3,13 @@
 //! ```text
 //! ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]
 //! ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N]
-//!                 [--bw] [--json]
-//! ucx-echo demo   [--sizes ...] [--iters N] [--mode M]   # server + client, two processes
+//!                 [--bw] [--json] [--direct]
+//! ucx-echo demo   [--sizes ...] [--iters N] [--mode M] [--direct]   # two processes
+//! ```
+//! `--direct` measures on an endpoint connected by worker address (exchanged over the first
+//! connection) instead of the client-server one: on one host that endpoint uses shared memory
+//! alone, as `ucx_perftest` does, while client-server endpoints also carry TCP lanes.
+//! ```text
 //! ```
 //! UCX options come from the environment (`UCX_TLS=tcp`, ...). The server prints
 //! `LISTENING <port>` once it accepts connections.
@@ -17,6 +22,8 @@ use std::time::Duration;
 use ucx::{Context, Endpoint, Listener, ProgressMode, Worker};
 use ucx_stack::echo;
 use ucx_stack::measure::{mbps, pin_to_cpu};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone)]
 struct Args {
@@ -31,13 +38,14 @@ struct Args {
     once: bool,
     bw: bool,
     json: bool,
+    direct: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]\n\
-         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N] [--bw] [--json]\n\
-         \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M]"
+         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N] [--bw] [--json] [--direct]\n\
+         \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M] [--direct]"
     );
     std::process::exit(2)
 }
@@ -77,6 +85,7 @@ fn parse() -> Args {
         once: false,
         bw: false,
         json: false,
+        direct: false,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
@@ -96,6 +105,7 @@ fn parse() -> Args {
             "--once" => a.once = true,
             "--bw" => a.bw = true,
             "--json" => a.json = true,
+            "--direct" => a.direct = true,
             _ => usage(),
         }
     }
@@ -133,15 +143,23 @@ fn main() {
     }
 }
 
-async fn server(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+async fn server(a: &Args) -> Result<(), BoxError> {
     let ctx = Context::new()?;
     let worker = Worker::new(&ctx, a.mode)?;
     let addr: SocketAddr = format!("{}:{}", a.bind, a.port)
         .parse()
         .or_else(|_| format!("[{}]:{}", a.bind, a.port).parse())?;
-    let mut listener = Listener::bind(&worker, addr)?;
+    let listener = Listener::bind(&worker, addr)?;
     println!("LISTENING {}", listener.port());
     std::io::stdout().flush()?;
+    // Spawned, not run by block_on: a polling future re-schedules itself on every poll, which
+    // costs a system call when it is the block_on future but not when it is a task.
+    let once = a.once;
+    tokio::spawn(accept_loop(listener, once)).await?;
+    Ok(())
+}
+
+async fn accept_loop(mut listener: Listener, once: bool) {
     let mut tasks = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
@@ -156,12 +174,12 @@ async fn server(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 }
                 Err(e) => eprintln!("rejected a connection: {e}"),
             },
-            Some(_) = tasks.join_next(), if a.once && !tasks.is_empty() => return Ok(()),
+            Some(_) = tasks.join_next(), if once && !tasks.is_empty() => return,
         }
     }
 }
 
-async fn client(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+async fn client(a: &Args) -> Result<(), BoxError> {
     let target = a
         .connect
         .clone()
@@ -169,12 +187,31 @@ async fn client(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let ctx = Context::new()?;
     let worker = Worker::new(&ctx, a.mode)?;
     let ep = Endpoint::connect(&worker, target.as_str()).await?;
-    run_client(&ep, a).await?;
-    ep.close().await?;
-    Ok(())
+    measure_in_task(ep, a.clone()).await
 }
 
-async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+/// Runs the measurements as a task (see `server` for why not in block_on).
+async fn measure_in_task(ep: Endpoint, a: Args) -> Result<(), BoxError> {
+    tokio::spawn(async move { measure_on(ep, &a).await }).await?
+}
+
+/// Measures on `ep`, or with `--direct` on an endpoint connected by worker address (the
+/// client-server endpoint is closed first, so its TCP lanes stop being progressed).
+async fn measure_on(ep: Endpoint, a: &Args) -> Result<(), BoxError> {
+    if !a.direct {
+        let r = run_client(&ep, a).await;
+        ep.close().await?;
+        return r;
+    }
+    let direct = echo::direct(&ep).await?;
+    ep.close().await?;
+    let r = run_client(&direct, a).await;
+    echo::bye(&direct).await?;
+    direct.close().await?;
+    r
+}
+
+async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), BoxError> {
     if !a.json {
         println!(
             "{:>10} {:>8} {:>12} {:>12} {:>12} {:>14}",
@@ -227,7 +264,7 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), Box<dyn std::error::E
 }
 
 /// The main job: an echo server in a child process (CPU 0) and this process as client (CPU 1).
-async fn demo(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+async fn demo(a: &Args) -> Result<(), BoxError> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
         .args([
@@ -270,8 +307,7 @@ async fn demo(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         bw: true,
         ..a.clone()
     };
-    let r = run_client(&ep, &args).await;
-    ep.close().await?;
+    let r = measure_in_task(ep, args).await;
     r?;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let status = loop {

@@ -1,6 +1,5 @@
 //! Endpoints: connecting, the UCXX handshake, tagged and stream messaging, closing.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::future::poll_fn;
@@ -21,6 +20,9 @@ use crate::worker::{as_void, Locked, ProgressMode, Worker, WorkerShared};
 
 /// Default time limit for connecting and for each side of the handshake (UCXX uses 5 s too).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// User tags whose raw tags an endpoint keeps.
+const TAG_CACHE: usize = 32;
 
 /// Largest message [`Endpoint::recv_vec`] and [`Endpoint::recv_obj`] allocate by default.
 pub const DEFAULT_MAX_MESSAGE: usize = 2 << 30;
@@ -48,6 +50,8 @@ pub(crate) enum Target {
     Sockaddr(SocketAddr),
     /// Server side: a connection request from a listener.
     ConnRequest(sys::ucp_conn_request_h, Option<SocketAddr>),
+    /// A worker address obtained out of band ([`Worker::address`]).
+    Address(Vec<u8>),
 }
 
 impl EpShared {
@@ -57,6 +61,7 @@ impl EpShared {
         let peer = match &target {
             Target::Sockaddr(a) => Some(*a),
             Target::ConnRequest(_, a) => *a,
+            Target::Address(_) => None,
         };
         let shared = Arc::new(EpShared {
             worker: Arc::clone(worker),
@@ -79,6 +84,7 @@ impl EpShared {
             ..Default::default()
         };
         let sockaddr;
+        let target = target;
         match target {
             Target::Sockaddr(addr) => {
                 sockaddr = socket2::SockAddr::from(addr);
@@ -93,6 +99,10 @@ impl EpShared {
             Target::ConnRequest(req, _) => {
                 params.field_mask |= sys::UCP_EP_PARAM_FIELD_CONN_REQUEST as u64;
                 params.conn_request = req;
+            }
+            Target::Address(ref bytes) => {
+                params.field_mask |= sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS as u64;
+                params.address = bytes.as_ptr() as *const sys::ucp_address_t;
             }
         }
         let locked = worker.lock();
@@ -470,7 +480,7 @@ pub struct Endpoint {
     send_base: u64,
     /// Base of receive tags: our handshake tag.
     recv_base: u64,
-    tag_cache: Mutex<HashMap<i128, (u64, u64)>>,
+    tag_cache: Mutex<Vec<(i128, u64, u64)>>,
     max_message: usize,
 }
 
@@ -526,12 +536,33 @@ impl Endpoint {
         }
     }
 
+    /// Connects to a worker by its UCP address (from [`Worker::address`], exchanged out of
+    /// band). There is no handshake: both tag bases are 0, so [`Tag::Default`] and user tags
+    /// match between two address-connected endpoints, and [`Tag::Forced`] works with anyone.
+    ///
+    /// Address-connected endpoints pick transports like `ucx_perftest` does (shared memory
+    /// alone on one host), while client-server endpoints also carry TCP lanes.
+    ///
+    /// UCX checks the address only as far as its own format goes: pass bytes that came from
+    /// [`Worker::address`].
+    pub fn connect_address(worker: &Worker, address: &[u8]) -> Result<Endpoint> {
+        if address.len() < 8 {
+            return Err(Error::InvalidArgument(format!(
+                "a UCP worker address of {} bytes is too short",
+                address.len()
+            )));
+        }
+        let shared = EpShared::create(&worker.shared, Target::Address(address.to_vec()))?;
+        tracing::debug!(len = address.len(), "connected by worker address");
+        Ok(Endpoint::from_parts(shared, 0, 0))
+    }
+
     fn from_parts(shared: Arc<EpShared>, send_base: u64, recv_base: u64) -> Endpoint {
         Endpoint {
             shared,
             send_base,
             recv_base,
-            tag_cache: Mutex::new(HashMap::new()),
+            tag_cache: Mutex::new(Vec::new()),
             max_message: DEFAULT_MAX_MESSAGE,
         }
     }
@@ -562,19 +593,22 @@ impl Endpoint {
         r.map_err(|e| handshake_error("sending", e))
     }
 
+    /// The raw (send, receive) tags for `tag`. User tags cost two SHA-1s, so the most recent
+    /// ones are cached (a short list: applications use few tags, and a scan beats hashing).
     fn tag_pair(&self, tag: Tag) -> (u64, u64) {
-        match tag {
-            Tag::User(t) => {
-                let mut cache = self.tag_cache.lock().unwrap_or_else(|e| e.into_inner());
-                if cache.len() >= 4096 {
-                    cache.clear();
-                }
-                *cache
-                    .entry(t)
-                    .or_insert_with(|| (tag.resolve(self.send_base), tag.resolve(self.recv_base)))
-            }
-            _ => (tag.resolve(self.send_base), tag.resolve(self.recv_base)),
+        let Tag::User(t) = tag else {
+            return (tag.resolve(self.send_base), tag.resolve(self.recv_base));
+        };
+        let mut cache = self.tag_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, s, r)) = cache.iter().find(|(k, _, _)| *k == t) {
+            return (s, r);
         }
+        let pair = (tag.resolve(self.send_base), tag.resolve(self.recv_base));
+        if cache.len() >= TAG_CACHE {
+            cache.remove(0);
+        }
+        cache.push((t, pair.0, pair.1));
+        pair
     }
 
     /// Sends `buf` as one tagged message. Completes when the buffer may be reused.
