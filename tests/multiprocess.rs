@@ -147,3 +147,30 @@ async fn peer_killed_mid_transfer_fails_pending_operations() {
     let (r, _) = ep.send(vec![0u8; 8], 1).await;
     assert!(r.is_err(), "send on a dead endpoint must fail");
 }
+
+/// CPU time (user + system) a process has used, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may contain spaces): utime is the 14th field.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+#[test]
+fn idle_blocking_and_thread_workers_do_not_spin() {
+    for mode in ["blocking", "thread"] {
+        let server = Server::spawn(mode, false);
+        std::thread::sleep(Duration::from_millis(300));
+        let before = cpu_seconds(server.child.id());
+        std::thread::sleep(Duration::from_secs(2));
+        let used = cpu_seconds(server.child.id()) - before;
+        // A spinning worker uses ~2 s here; an idle, sleeping one ~0.
+        assert!(
+            used < 0.5,
+            "{mode}: an idle server used {used:.2} s of CPU in 2 s"
+        );
+    }
+}

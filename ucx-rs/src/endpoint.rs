@@ -84,7 +84,6 @@ impl EpShared {
             ..Default::default()
         };
         let sockaddr;
-        let target = target;
         match target {
             Target::Sockaddr(addr) => {
                 sockaddr = socket2::SockAddr::from(addr);

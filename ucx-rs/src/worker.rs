@@ -370,15 +370,30 @@ async fn blocking_progress(
     fd: tokio::io::unix::AsyncFd<OwnedFd>,
     notify: Arc<tokio::sync::Notify>,
 ) {
+    let mut idle = 0u32;
     loop {
+        // After activity, poll for a few scheduler rounds before sleeping: a reply to what was
+        // just sent often arrives within microseconds, and a sleep/wake cycle through the event
+        // fd costs several system calls. Idle workers still sleep after BLOCKING_SPIN rounds.
+        if idle < BLOCKING_SPIN {
+            let progressed = match weak.upgrade() {
+                Some(shared) => shared.lock().progress() > 0,
+                None => return,
+            };
+            idle = if progressed { 0 } else { idle + 1 };
+            tokio::task::yield_now().await;
+            continue;
+        }
         let may_sleep = match weak.upgrade() {
             Some(shared) => progress_then_arm(&shared),
             None => return,
         };
         if !may_sleep {
+            idle = 0;
             tokio::task::yield_now().await;
             continue;
         }
+        idle = 0;
         tokio::select! {
             ready = fd.readable() => match ready {
                 Ok(mut guard) => guard.clear_ready(),
@@ -395,6 +410,9 @@ async fn blocking_progress(
         }
     }
 }
+
+/// Scheduler rounds without events before the blocking-mode task arms the fd and sleeps.
+const BLOCKING_SPIN: u32 = 64;
 
 /// Progress calls without events before the thread arms the fd and sleeps.
 const THREAD_SPIN: u32 = 2_000;
