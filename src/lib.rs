@@ -8,7 +8,8 @@
 //! * `SINK`: the client streams `count` messages of `size` bytes on [`DATA_TAG`] with many in
 //!   flight; the server receives them all and answers with one byte on [`CTRL_TAG`].
 //!
-//! The server serves commands until the client closes.
+//! The server serves commands until the client closes. The protocol trusts its peer: it is for
+//! benchmarks and tests (worker addresses it passes to UCX cannot be validated).
 
 pub mod echo;
 pub mod measure;

@@ -542,9 +542,12 @@ impl Endpoint {
     /// Address-connected endpoints pick transports like `ucx_perftest` does (shared memory
     /// alone on one host), while client-server endpoints also carry TCP lanes.
     ///
-    /// UCX checks the address only as far as its own format goes: pass bytes that came from
-    /// [`Worker::address`].
-    pub fn connect_address(worker: &Worker, address: &[u8]) -> Result<Endpoint> {
+    /// # Safety
+    /// `address` must be the unmodified bytes of [`Worker::address`] of some worker (in this
+    /// process or another). UCX parses addresses without validating them: corrupted bytes
+    /// make it abort the process (seen with UCX 1.13), so bytes from an untrusted peer must
+    /// not reach this call.
+    pub unsafe fn connect_address(worker: &Worker, address: &[u8]) -> Result<Endpoint> {
         if address.len() < 8 {
             return Err(Error::InvalidArgument(format!(
                 "a UCP worker address of {} bytes is too short",

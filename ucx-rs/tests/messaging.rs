@@ -160,3 +160,31 @@ async fn recv_vec_refuses_oversized_messages() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn endpoints_by_worker_address() {
+    let ctx = context();
+    let a = ucx::Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    let b = ucx::Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    // SAFETY: both addresses come straight from Worker::address of live workers.
+    let a_to_b = unsafe { ucx::Endpoint::connect_address(&a, &b.address().unwrap()) }.unwrap();
+    // SAFETY: as above.
+    let b_to_a = unsafe { ucx::Endpoint::connect_address(&b, &a.address().unwrap()) }.unwrap();
+    within("address endpoints", async {
+        for size in [1usize, 70_000, 4 << 20] {
+            let (sent, got) = tokio::join!(a_to_b.send(pattern(size, 2), 5), b_to_a.recv_vec(5));
+            sent.0.unwrap();
+            assert_eq!(got.unwrap(), pattern(size, 2));
+        }
+        let (sent, got) = tokio::join!(
+            b_to_a.send(b"forced".to_vec(), Tag::Forced(42)),
+            a_to_b.recv_vec(Tag::Forced(42))
+        );
+        sent.0.unwrap();
+        assert_eq!(got.unwrap(), b"forced");
+    })
+    .await;
+    // SAFETY: too short to reach UCX: rejected before any parsing.
+    let e = unsafe { ucx::Endpoint::connect_address(&a, &[1, 2, 3]) }.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+}
