@@ -60,7 +60,7 @@ def main():
     ap.add_argument("--criterion", action="store_true",
                     help="also run `cargo bench --bench tag_pingpong` (default TLS) in this run")
     a = ap.parse_args()
-    print(f"UCX {subprocess.run(['ucx_info', '-v'], capture_output=True, text=True).stdout.split()[3]}, "
+    print(f"{subprocess.run(['ucx_info', '-v'], capture_output=True, text=True).stdout.splitlines()[0].strip('# ')}, "
           f"{a.rounds} interleaved rounds, medians of rounds; bandwidth in MiB/s")
     port = 13337
     for tls in a.tls.split(","):

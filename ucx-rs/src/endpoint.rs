@@ -37,6 +37,9 @@ pub(crate) struct EpShared {
     /// The status UCX's error callback reported (0: none).
     error: AtomicI32,
     closed: AtomicBool,
+    /// A stream receive was dropped mid-flight: UCX cannot cancel it, so it will swallow the
+    /// next bytes and the stream's position is lost for later stream receives.
+    stream_abandoned: AtomicBool,
     /// In-flight receives, cancelled when the endpoint fails or closes. Weak: a finished
     /// operation (and a buffer parked in it) is freed as soon as UCX lets go of it.
     pending: Mutex<Vec<Weak<OpCore>>>,
@@ -68,6 +71,7 @@ impl EpShared {
             ep: AtomicPtr::new(ptr::null_mut()),
             error: AtomicI32::new(0),
             closed: AtomicBool::new(false),
+            stream_abandoned: AtomicBool::new(false),
             pending: Mutex::new(Vec::new()),
             on_close: Mutex::new(None),
             peer,
@@ -188,6 +192,9 @@ impl EpShared {
         if let Some(cb) = self.fail_pending(locked) {
             locked.defer(cb);
         }
+        // Receives of unknown size wait as probe waiters: wake them to see the close.
+        let worker = Arc::clone(&self.worker);
+        locked.defer(Box::new(move || worker.wake_probe_waiters()));
         let force = force || self.failure().is_some();
         // SAFETY: `create` handed UCX one strong reference as the error handler's argument; the
         // endpoint pointer was non-null (swapped out above), so this is the one and only time it
@@ -294,6 +301,9 @@ impl EpShared {
     }
 
     async fn stream_recv_exact<B: IoBufMut>(&self, mut buf: B) -> (Result<usize>, B) {
+        if self.stream_abandoned.load(Ordering::Acquire) {
+            return (Err(Error::StreamAbandoned), buf);
+        }
         let cap = buf.bytes_total();
         let posted = {
             let locked = self.worker.lock();
@@ -320,7 +330,11 @@ impl EpShared {
             }
             posted
         };
+        // ucp_request_cancel ignores stream receives: if this future is dropped mid-flight,
+        // mark the stream abandoned instead of letting a later receive read shifted bytes.
+        let guard = AbandonOnDrop(&self.stream_abandoned);
         let (c, mut buf) = self.complete(posted, buf, true).await;
+        std::mem::forget(guard);
         (self.received(&c, &mut buf, cap), buf)
     }
 
@@ -411,6 +425,16 @@ impl EpShared {
         }
         self.received(&c, &mut buf, cap)?;
         Ok(buf)
+    }
+}
+
+/// Marks the endpoint's stream abandoned when dropped (forgotten on completion).
+struct AbandonOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for AbandonOnDrop<'_> {
+    fn drop(&mut self) {
+        tracing::debug!("stream receive dropped in flight: the stream is abandoned");
+        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -507,6 +531,8 @@ impl Endpoint {
         addr: impl tokio::net::ToSocketAddrs,
         opts: ConnectOptions,
     ) -> Result<Endpoint> {
+        // Timers and name resolution are tokio's: fail cleanly instead of panicking without it.
+        tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime("Endpoint::connect"))?;
         let attempt = async {
             let addr = tokio::net::lookup_host(addr)
                 .await
@@ -517,11 +543,12 @@ impl Endpoint {
             let _g = span.enter();
             tracing::debug!("connecting");
             drop(_g);
-            let shared = EpShared::create(&worker.shared, Target::Sockaddr(addr))?;
+            let ep =
+                Endpoint::unhandshaken(EpShared::create(&worker.shared, Target::Sockaddr(addr))?);
             let ep = if opts.handshake {
-                Endpoint::handshake(shared, false).await?
+                Endpoint::handshake(ep, false).await?
             } else {
-                Endpoint::from_parts(shared, 0, 0)
+                ep
             };
             tracing::debug!(%addr, "connected");
             Ok(ep)
@@ -570,10 +597,16 @@ impl Endpoint {
     }
 
     /// Runs the UCXX handshake: the listener side sends first, the client receives first.
-    pub(crate) async fn handshake(shared: Arc<EpShared>, listener_side: bool) -> Result<Endpoint> {
+    /// An endpoint before its handshake: dropping it closes the UCP endpoint, so a handshake
+    /// that fails or is abandoned never leaks one.
+    pub(crate) fn unhandshaken(shared: Arc<EpShared>) -> Endpoint {
+        Endpoint::from_parts(shared, 0, 0)
+    }
+
+    /// Runs the UCXX handshake: the listener side sends first, the client receives first.
+    pub(crate) async fn handshake(mut ep: Endpoint, listener_side: bool) -> Result<Endpoint> {
         let ours = Handshake::new(rand::random::<u64>());
-        // Built first so that a failed handshake closes the UCP endpoint when it drops.
-        let mut ep = Endpoint::from_parts(shared, 0, ours.msg_tag);
+        ep.recv_base = ours.msg_tag;
         if listener_side {
             ep.send_handshake(&ours).await?;
         }
@@ -719,15 +752,19 @@ impl Endpoint {
     /// Calls `f` once when the endpoint closes: with `None` for a local close, or the error
     /// when the peer failed or closed. Called at once if it is already closed.
     pub fn on_close(&self, f: impl FnOnce(Option<Error>) + Send + 'static) {
-        if self.is_closed() {
-            f(self.shared.failure());
+        // Under the worker lock, so that a close or failure cannot slip between the check
+        // and the store (callbacks and closes run under it too).
+        let locked = self.shared.worker.lock();
+        if !self.is_closed() {
+            *self
+                .shared
+                .on_close
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
             return;
         }
-        *self
-            .shared
-            .on_close
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
+        drop(locked);
+        f(self.shared.failure());
     }
 
     /// The peer's socket address, when known.

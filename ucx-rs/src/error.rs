@@ -74,6 +74,10 @@ pub enum Error {
     /// The endpoint was closed locally (close, abort or drop) before or during the operation.
     #[error("endpoint closed")]
     Closed,
+    /// A stream receive was dropped while in flight earlier; UCX cannot cancel those, so the
+    /// stream's byte position is lost and further stream receives on this endpoint fail.
+    #[error("a stream receive was abandoned mid-flight: the stream position is lost")]
+    StreamAbandoned,
     /// The operation was canceled before it completed.
     #[error("operation canceled")]
     Canceled,

@@ -3,7 +3,6 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::fmt;
-use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::ptr;
@@ -38,7 +37,7 @@ unsafe extern "C" fn conn_cb(req: sys::ucp_conn_request_h, arg: *mut c_void) {
     incoming.waker.wake();
 }
 
-type Handshaking = Pin<Box<dyn Future<Output = Result<Endpoint>> + Send>>;
+type Handshaking = tokio::task::JoinHandle<Result<Endpoint>>;
 
 /// Accepts connections on a socket address. A [`Stream`] of handshaken [`Endpoint`]s.
 ///
@@ -62,6 +61,7 @@ pub struct Listener {
     local: SocketAddr,
     handshakes: FuturesUnordered<Handshaking>,
     handshake_timeout: Duration,
+    runtime: tokio::runtime::Handle,
 }
 
 // SAFETY: the listener handle is only used under the worker lock; the other fields are Send.
@@ -79,7 +79,13 @@ impl fmt::Debug for Listener {
 
 impl Listener {
     /// Listens on `addr` (IPv4 or IPv6; port 0 picks a free port).
+    ///
+    /// Needs a tokio runtime: connection requests are picked up whenever the listener is
+    /// polled, and from then on each handshake runs as its own task with a timer, so it
+    /// progresses even while nobody is awaiting [`accept`](Self::accept).
     pub fn bind(worker: &Worker, addr: SocketAddr) -> Result<Listener> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::NoRuntime("Listener::bind"))?;
         let incoming = Arc::new(Incoming {
             queue: Mutex::new(VecDeque::new()),
             waker: AtomicWaker::new(),
@@ -123,6 +129,7 @@ impl Listener {
             local,
             handshakes: FuturesUnordered::new(),
             handshake_timeout: DEFAULT_TIMEOUT,
+            runtime,
         })
     }
 
@@ -173,12 +180,18 @@ impl Listener {
         let mut first_err = None;
         for req in requests {
             let req = req as sys::ucp_conn_request_h;
-            let peer = conn_request_peer(req);
+            let peer = {
+                let _locked = self.worker.shared.lock();
+                conn_request_peer(req)
+            };
             tracing::debug!(?peer, "connection request");
             match EpShared::create(&self.worker.shared, Target::ConnRequest(req, peer)) {
-                Ok(ep) => {
+                Ok(shared) => {
                     let limit = self.handshake_timeout;
-                    self.handshakes.push(Box::pin(async move {
+                    // Owned by the task from here: dropped (and closed) if the handshake fails
+                    // or the task is aborted.
+                    let ep = Endpoint::unhandshaken(shared);
+                    self.handshakes.push(self.runtime.spawn(async move {
                         match tokio::time::timeout(limit, Endpoint::handshake(ep, true)).await {
                             Ok(Ok(ep)) => {
                                 tracing::debug!(?peer, "accepted");
@@ -214,8 +227,10 @@ impl Stream for Listener {
         if let Some(e) = self.start_handshakes() {
             return Poll::Ready(Some(Err(e)));
         }
-        if let Poll::Ready(Some(r)) = self.handshakes.poll_next_unpin(cx) {
-            return Poll::Ready(Some(r));
+        if let Poll::Ready(Some(joined)) = self.handshakes.poll_next_unpin(cx) {
+            return Poll::Ready(Some(joined.unwrap_or_else(|e| {
+                Err(Error::Handshake(format!("handshake task ended: {e}")))
+            })));
         }
         if polling {
             cx.waker().wake_by_ref();
@@ -226,6 +241,10 @@ impl Stream for Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
+        // Abandoned handshakes: their endpoints close as the aborted tasks drop them.
+        for h in self.handshakes.iter() {
+            h.abort();
+        }
         let locked = self.worker.shared.lock();
         for req in self
             .incoming

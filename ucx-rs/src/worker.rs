@@ -94,7 +94,7 @@ impl WorkerShared {
         }
     }
 
-    fn wake_probe_waiters(&self) {
+    pub(crate) fn wake_probe_waiters(&self) {
         if self.probe_count.load(Ordering::Acquire) == 0 {
             return;
         }

@@ -408,3 +408,47 @@ async fn connection_storm_4_listeners_50_clients_each() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_stream_receive_abandons_the_stream() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    // UCX cannot cancel stream receives: a dropped one must not let later receives read
+    // shifted bytes.
+    assert!(server
+        .stream_recv_exact(Vec::with_capacity(8))
+        .now_or_never()
+        .is_none());
+    let (r, _) = within("stream send", client.stream_send(vec![9u8; 8])).await;
+    r.unwrap();
+    let (r, _) = within(
+        "stream recv",
+        server.stream_recv_exact(Vec::with_capacity(8)),
+    )
+    .await;
+    assert_eq!(r.unwrap_err(), Error::StreamAbandoned);
+    // Tagged messaging on the endpoint is unaffected.
+    let (sent, got) = within("tagged", async {
+        tokio::join!(client.send(b"t".to_vec(), 1), server.recv_vec(1))
+    })
+    .await;
+    sent.0.unwrap();
+    assert_eq!(got.unwrap(), b"t");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_ends_a_pending_receive_of_unknown_size() {
+    for mode in [ProgressMode::Thread, ProgressMode::Blocking] {
+        let ctx = context();
+        let (_server, client, _sw, _cw) = pair(&ctx, mode).await;
+        let client = Arc::new(client);
+        let waiter = {
+            let c = Arc::clone(&client);
+            tokio::spawn(async move { c.recv_vec(5).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.abort();
+        let r = within("recv_vec after abort", waiter).await.unwrap();
+        assert_eq!(r.unwrap_err(), Error::Closed, "{mode:?}");
+    }
+}
