@@ -39,12 +39,13 @@ struct Args {
     bw: bool,
     json: bool,
     direct: bool,
+    window: usize,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]\n\
-         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N] [--bw] [--json] [--direct]\n\
+         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N] [--bw] [--window N] [--json] [--direct]\n\
          \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M] [--direct]"
     );
     std::process::exit(2)
@@ -86,6 +87,7 @@ fn parse() -> Args {
         bw: false,
         json: false,
         direct: false,
+        window: 16,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
@@ -106,6 +108,7 @@ fn parse() -> Args {
             "--bw" => a.bw = true,
             "--json" => a.json = true,
             "--direct" => a.direct = true,
+            "--window" => a.window = val().parse().unwrap_or_else(|_| usage()),
             _ => usage(),
         }
     }
@@ -231,7 +234,7 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), BoxError> {
             Some(
                 tokio::time::timeout(
                     echo::STEP_LIMIT,
-                    echo::stream_bandwidth(ep, size, count, 16),
+                    echo::stream_bandwidth(ep, size, count, a.window),
                 )
                 .await
                 .map_err(|_| "bandwidth run timed out")??,
