@@ -185,6 +185,10 @@ impl ContextBuilder {
             match st {
                 sys::UCS_OK => {}
                 sys::UCS_ERR_NO_ELEM => return Err(Error::UnknownOption(key.to_string())),
+                // UCX 1.22 checks keys here and says INVALID_PARAM for unknown ones too.
+                _ if !all_options()?.contains_key(key) => {
+                    return Err(Error::UnknownOption(key.to_string()))
+                }
                 st => {
                     return Err(Error::InvalidOption {
                         key: key.to_string(),
@@ -243,15 +247,14 @@ impl ContextBuilder {
 fn all_options() -> Result<BTreeMap<String, String>> {
     let prefix = cstring("UCX_")?;
     let text = capture_file(|f| {
-        // SAFETY: f is an open stream; the global list is UCX's own registry of config tables,
-        // and reading it after ucp_init (modules loaded) is what ucx_info does.
+        // SAFETY: f is an open stream and prefix a NUL-terminated string; the shim reads UCX's
+        // own registry of config tables, after ucp_init loaded the modules (as ucx_info does).
         unsafe {
-            sys::ucs_config_parser_print_all_opts(
+            sys::ucxrs_print_all_opts(
                 f,
                 prefix.as_ptr(),
                 (sys::UCS_CONFIG_PRINT_CONFIG | sys::UCS_CONFIG_PRINT_HIDDEN)
                     as sys::ucs_config_print_flags_t,
-                ptr::addr_of_mut!(sys::ucs_config_global_list),
             )
         }
     })?;

@@ -67,9 +67,30 @@ fn main() {
     };
 
     let mut build = cc::Build::new();
-    build.file("src/shim.c").warnings(true);
+    build
+        .file("src/shim.c")
+        .warnings(true)
+        .extra_warnings(false);
     for inc in &ucx.include_dirs {
         build.include(inc);
+    }
+    // ucs_config_parser_print_all_opts gained a `filter` argument between 1.13 and 1.22: read
+    // the installed header to know which one to call.
+    let parser_h = ucx
+        .include_dirs
+        .iter()
+        .map(|d| d.join("ucs/config/parser.h"))
+        .find(|p| p.exists());
+    if let Some(h) = parser_h {
+        let text = std::fs::read_to_string(&h).unwrap_or_default();
+        let decl = text
+            .split("ucs_config_parser_print_all_opts(")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .unwrap_or("");
+        if decl.contains("filter") {
+            build.define("UCXRS_PRINT_ALL_OPTS_FILTER", "1");
+        }
     }
     build.compile("ucxrs_shim");
 
@@ -77,8 +98,6 @@ fn main() {
         .header("src/wrapper.h")
         .allowlist_function("ucp_.*")
         .allowlist_function("ucs_status_string")
-        .allowlist_function("ucs_config_parser_print_all_opts")
-        .allowlist_var("ucs_config_global_list")
         .allowlist_function("ucxrs_.*")
         .allowlist_type("ucp_.*")
         .allowlist_type("ucs_.*")
