@@ -397,6 +397,27 @@ impl Context {
         })
     }
 
+    /// Refuses client-server connections over IPv6 unless UCX's TCP transport uses IPv6
+    /// addresses first. With the default `TCP_AF_PRIO=inet,inet6`, accepting an IPv6
+    /// connection makes UCX write past a heap buffer (`uct_tcp_ep_set_dest_addr`, seen under
+    /// valgrind with UCX 1.13.1 and 1.22.0), so we fail with an explanation instead. Only the
+    /// environment variable helps: set through `ucp_config_modify` the option does not reach
+    /// the TCP component (measured: the overflow remains).
+    pub(crate) fn check_address_family(&self, addr: &std::net::SocketAddr) -> Result<()> {
+        if !addr.is_ipv6() {
+            return Ok(());
+        }
+        let prio = std::env::var("UCX_TCP_AF_PRIO").unwrap_or_else(|_| "inet,inet6".into());
+        if prio.trim().starts_with("inet6") {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "IPv6 connection to {addr} needs UCX_TCP_AF_PRIO=inet6 in the environment of both \
+             processes (it is {prio}): UCX's TCP transport corrupts memory when its address \
+             family differs from the connection's"
+        )))
+    }
+
     pub(crate) fn handle(&self) -> sys::ucp_context_h {
         self.0.handle
     }

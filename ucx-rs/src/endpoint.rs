@@ -543,6 +543,7 @@ impl Endpoint {
             let _g = span.enter();
             tracing::debug!("connecting");
             drop(_g);
+            worker.context().check_address_family(&addr)?;
             let ep =
                 Endpoint::unhandshaken(EpShared::create(&worker.shared, Target::Sockaddr(addr))?);
             let ep = if opts.handshake {

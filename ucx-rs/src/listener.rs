@@ -78,7 +78,9 @@ impl fmt::Debug for Listener {
 }
 
 impl Listener {
-    /// Listens on `addr` (IPv4 or IPv6; port 0 picks a free port).
+    /// Listens on `addr` (IPv4 or IPv6; port 0 picks a free port). IPv6 needs
+    /// `UCX_TCP_AF_PRIO=inet6` in the environment: without it UCX's TCP transport corrupts
+    /// memory on IPv6 connections, so `bind` refuses with an explanation.
     ///
     /// Needs a tokio runtime: connection requests are picked up whenever the listener is
     /// polled, and from then on each handshake runs as its own task with a timer, so it
@@ -86,6 +88,7 @@ impl Listener {
     pub fn bind(worker: &Worker, addr: SocketAddr) -> Result<Listener> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::NoRuntime("Listener::bind"))?;
+        worker.context().check_address_family(&addr)?;
         let incoming = Arc::new(Incoming {
             queue: Mutex::new(VecDeque::new()),
             waker: AtomicWaker::new(),

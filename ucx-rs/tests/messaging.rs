@@ -188,3 +188,40 @@ async fn endpoints_by_worker_address() {
     let e = unsafe { ucx::Endpoint::connect_address(&a, &[1, 2, 3]) }.unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn all_interfaces_ipv4_and_ipv6_refusal() {
+    let ctx = context();
+    let sw = ucx::Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    let cw = ucx::Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    // All IPv4 interfaces, reached through 127.0.0.1.
+    let mut any = ucx::Listener::bind_port(&sw, 0).unwrap();
+    assert!(any.ip().is_unspecified());
+    let port = any.port();
+    let (s, c) = within("ipv4 any", async {
+        tokio::join!(
+            any.accept(),
+            ucx::Endpoint::connect(&cw, ("127.0.0.1", port))
+        )
+    })
+    .await;
+    let (s, c) = (s.unwrap(), c.unwrap());
+    let (sent, got) = within("echo v4", async {
+        tokio::join!(c.send(b"v4".to_vec(), 0), s.recv_vec(0))
+    })
+    .await;
+    sent.0.unwrap();
+    assert_eq!(got.unwrap(), b"v4");
+    // IPv6 with the default TCP address-family order is refused with a reason (UCX's TCP
+    // transport overflows a heap buffer otherwise: seen under valgrind with UCX 1.13.1 and
+    // 1.22.0). With UCX_TCP_AF_PRIO=inet6 the overflow is gone, but on this machine UCX then
+    // reports the IPv6 loopback peer unreachable, so no IPv6 echo is asserted here.
+    if std::env::var_os("UCX_TCP_AF_PRIO").is_none() {
+        let e = ucx::Listener::bind(&sw, "[::1]:0".parse().unwrap()).unwrap_err();
+        assert!(e.to_string().contains("UCX_TCP_AF_PRIO=inet6"), "{e}");
+        let e = within("v6 connect", ucx::Endpoint::connect(&cw, "[::1]:9"))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("UCX_TCP_AF_PRIO=inet6"), "{e}");
+    }
+}
