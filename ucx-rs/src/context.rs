@@ -384,6 +384,25 @@ impl Context {
         &self.0.config
     }
 
+    /// Whether the loaded UCX can move CUDA device memory (it has a CUDA memory domain, as the
+    /// PyPI `libucx-cu13` wheel does with a GPU present; Debian's build does not).
+    pub fn cuda_support(&self) -> bool {
+        self.memory_types() & (1 << sys::UCS_MEMORY_TYPE_CUDA) != 0
+    }
+
+    /// The memory types the context supports, as a bit mask of `ucs_memory_type_t`.
+    pub fn memory_types(&self) -> u64 {
+        let mut attr = sys::ucp_context_attr_t {
+            field_mask: sys::UCP_ATTR_FIELD_MEMORY_TYPES as u64,
+            ..Default::default()
+        };
+        // SAFETY: the context is alive; attr is a valid out-struct.
+        match check(unsafe { sys::ucp_context_query(self.0.handle, &mut attr) }) {
+            Ok(()) => attr.memory_types,
+            Err(_) => 1 << sys::UCS_MEMORY_TYPE_HOST,
+        }
+    }
+
     /// The version of the loaded UCX library, e.g. `"1.13.1"`.
     pub fn version(&self) -> String {
         version()

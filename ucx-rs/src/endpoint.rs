@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -14,6 +14,7 @@ use ucx_sys as sys;
 
 use crate::buffer::{IoBuf, IoBufMut, MemoryType};
 use crate::error::{Error, Result, Status};
+use crate::multi::{decode_header, encode_headers, FrameInfo, HEADER_LEN, MAX_FRAMES};
 use crate::request::{post, CbKind, Completion, InFlight, OpCore, Posted};
 use crate::wire::{Handshake, Tag, HANDSHAKE_LEN};
 use crate::worker::{as_void, Locked, ProgressMode, Worker, WorkerShared};
@@ -40,6 +41,9 @@ pub(crate) struct EpShared {
     /// A stream receive was dropped mid-flight: UCX cannot cancel it, so it will swallow the
     /// next bytes and the stream's position is lost for later stream receives.
     stream_abandoned: AtomicBool,
+    /// Receives completed through this endpoint, and the count at which it closes (0: never).
+    recv_count: AtomicU64,
+    close_after: AtomicU64,
     /// In-flight receives, cancelled when the endpoint fails or closes. Weak: a finished
     /// operation (and a buffer parked in it) is freed as soon as UCX lets go of it.
     pending: Mutex<Vec<Weak<OpCore>>>,
@@ -72,6 +76,8 @@ impl EpShared {
             error: AtomicI32::new(0),
             closed: AtomicBool::new(false),
             stream_abandoned: AtomicBool::new(false),
+            recv_count: AtomicU64::new(0),
+            close_after: AtomicU64::new(0),
             pending: Mutex::new(Vec::new()),
             on_close: Mutex::new(None),
             peer,
@@ -267,7 +273,11 @@ impl EpShared {
             posted
         };
         let (c, mut buf) = self.complete(posted, buf, true).await;
-        (self.received(&c, &mut buf, cap), buf)
+        let r = self.received(&c, &mut buf, cap);
+        if r.is_ok() {
+            self.count_recv();
+        }
+        (r, buf)
     }
 
     fn received<B: IoBufMut>(&self, c: &Completion, buf: &mut B, cap: usize) -> Result<usize> {
@@ -282,6 +292,15 @@ impl EpShared {
         // SAFETY: UCX reported writing n <= capacity bytes from the start of the buffer.
         unsafe { buf.set_init(n) };
         Ok(n)
+    }
+
+    /// Counts a completed tag receive (the handshake's stream receive does not count) and closes the endpoint when `close_after_n_recv` says so.
+    fn count_recv(&self) {
+        let done = self.recv_count.fetch_add(1, Ordering::AcqRel) + 1;
+        if done == self.close_after.load(Ordering::Acquire) {
+            tracing::debug!(peer = ?self.peer, receives = done, "closing after n receives");
+            self.start_close(&mut self.worker.lock(), false);
+        }
     }
 
     async fn stream_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
@@ -424,6 +443,7 @@ impl EpShared {
             });
         }
         self.received(&c, &mut buf, cap)?;
+        self.count_recv();
         Ok(buf)
     }
 }
@@ -706,6 +726,100 @@ impl Endpoint {
         Ok(body)
     }
 
+    /// UCXX's `send_multi`: sends the buffers as one logical message (headers, then one
+    /// transfer per buffer, all on `tag`) and hands them back in order.
+    pub async fn send_multi<B: IoBuf>(
+        &self,
+        bufs: Vec<B>,
+        tag: impl Into<Tag>,
+    ) -> (Result<()>, Vec<B>) {
+        let (t, _) = self.tag_pair(tag.into());
+        let frames: Vec<FrameInfo> = bufs
+            .iter()
+            .map(|b| FrameInfo {
+                size: b.bytes_init(),
+                cuda: b.memory_type() == MemoryType::Cuda,
+            })
+            .collect();
+        let headers = encode_headers(&frames);
+        // join_all polls in order on its first poll, so UCX sees the sends in this order.
+        let (hs, fs) = futures::join!(
+            futures::future::join_all(headers.into_iter().map(|h| self.shared.tag_send(h, t))),
+            futures::future::join_all(bufs.into_iter().map(|b| self.shared.tag_send(b, t)))
+        );
+        let mut result = Ok(());
+        for (r, _) in &hs {
+            if let (Ok(()), Err(e)) = (&result, r) {
+                result = Err(e.clone());
+            }
+        }
+        let mut bufs = Vec::with_capacity(fs.len());
+        for (r, b) in fs {
+            if let (Ok(()), Err(e)) = (&result, r) {
+                result = Err(e);
+            }
+            bufs.push(b);
+        }
+        (result, bufs)
+    }
+
+    /// UCXX's `recv_multi`: receives the headers, then every frame into host memory.
+    /// Announced sizes are checked before anything is allocated: at most
+    /// [`multi::MAX_FRAMES`](crate::multi::MAX_FRAMES) frames and
+    /// [`max_message`](Self::set_max_message) bytes in all.
+    pub async fn recv_multi(&self, tag: impl Into<Tag>) -> Result<Vec<Vec<u8>>> {
+        let (_, t) = self.tag_pair(tag.into());
+        let mut frames = Vec::new();
+        loop {
+            let (r, h) = self
+                .shared
+                .tag_recv(Vec::with_capacity(HEADER_LEN), t)
+                .await;
+            r?;
+            let (next, more) = decode_header(&h).map_err(Error::InvalidArgument)?;
+            frames.extend(more);
+            if frames.len() > MAX_FRAMES {
+                return Err(Error::InvalidArgument(format!(
+                    "multi-buffer message announces over {MAX_FRAMES} frames"
+                )));
+            }
+            if !next {
+                break;
+            }
+        }
+        let total = frames
+            .iter()
+            .try_fold(0usize, |acc, f| acc.checked_add(f.size));
+        if total.is_none_or(|t| t > self.max_message) {
+            return Err(Error::InvalidArgument(format!(
+                "multi-buffer message announces more than {} bytes",
+                self.max_message
+            )));
+        }
+        let mut bufs = Vec::with_capacity(frames.len());
+        for f in &frames {
+            let mut b: Vec<u8> = Vec::new();
+            b.try_reserve_exact(f.size).map_err(|_| {
+                Error::InvalidArgument(format!("cannot allocate a {}-byte frame", f.size))
+            })?;
+            bufs.push(b);
+        }
+        let got =
+            futures::future::join_all(bufs.into_iter().map(|b| self.shared.tag_recv(b, t))).await;
+        let mut out = Vec::with_capacity(got.len());
+        for ((r, b), f) in got.into_iter().zip(&frames) {
+            let n = r?;
+            if n != f.size {
+                return Err(Error::InvalidArgument(format!(
+                    "multi-buffer frame of {n} bytes, the header announced {}",
+                    f.size
+                )));
+            }
+            out.push(b);
+        }
+        Ok(out)
+    }
+
     /// Sends bytes on the endpoint's UCP stream (ordered byte stream, no tags).
     pub async fn stream_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
         self.shared.stream_send(buf).await
@@ -714,6 +828,48 @@ impl Endpoint {
     /// Receives exactly `buf.bytes_total()` bytes from the UCP stream.
     pub async fn stream_recv_exact<B: IoBufMut>(&self, buf: B) -> (Result<usize>, B) {
         self.shared.stream_recv_exact(buf).await
+    }
+
+    /// Probes for a message on `tag` (non-blocking). With `remove`, the message is taken out
+    /// of UCX's queue and must be received through [`Probed::message`]; a message that
+    /// arrived before the peer closed can still be received that way.
+    pub fn tag_probe(&self, tag: impl Into<Tag>, remove: bool) -> Option<crate::Probed> {
+        let (_, t) = self.tag_pair(tag.into());
+        crate::probe::probe_raw(&self.shared.worker, t, u64::MAX, remove)
+    }
+
+    /// Closes the endpoint (flushing) once `n` receives have completed on it, counted from its
+    /// creation or, with `count_from_now`, from this call (UCX-Py's `close_after_n_recv`).
+    /// `recv_obj` counts as two receives, as in UCX-Py.
+    pub fn close_after_n_recv(&self, n: u64, count_from_now: bool) -> Result<()> {
+        let now = self.shared.recv_count.load(Ordering::Acquire);
+        let target = if count_from_now {
+            now.saturating_add(n)
+        } else {
+            n
+        };
+        if target < now {
+            return Err(Error::InvalidArgument(format!(
+                "close_after_n_recv({n}): {now} receives already completed"
+            )));
+        }
+        self.shared.close_after.store(target, Ordering::Release);
+        if target == now {
+            self.shared
+                .start_close(&mut self.shared.worker.lock(), false);
+        }
+        Ok(())
+    }
+
+    /// UCX's description of this endpoint: its lanes and the transports they use
+    /// (`ucp_ep_print_info`).
+    pub fn transports(&self) -> Result<String> {
+        let locked = self.shared.worker.lock();
+        let ep = self.shared.live(&locked)?;
+        crate::context::capture_file(|f| {
+            // SAFETY: ep is live under the worker lock; f is an open stream.
+            unsafe { sys::ucp_ep_print_info(ep, f) }
+        })
     }
 
     /// Flushes outstanding sends, then closes. Pending receives fail with [`Error::Closed`].

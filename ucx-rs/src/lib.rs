@@ -48,6 +48,8 @@ mod context;
 mod endpoint;
 mod error;
 mod listener;
+pub mod multi;
+mod probe;
 mod request;
 pub mod wire;
 mod worker;
@@ -57,5 +59,6 @@ pub use context::{version, Context, ContextBuilder, Features, Precedence, DEFAUL
 pub use endpoint::{ConnectOptions, Endpoint, DEFAULT_MAX_MESSAGE, DEFAULT_TIMEOUT};
 pub use error::{Error, Result, Status};
 pub use listener::Listener;
+pub use probe::{Probed, ProbedMessage, TagInfo};
 pub use wire::Tag;
 pub use worker::{ProgressMode, Worker};

@@ -16,7 +16,7 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskCx, Poll};
 
@@ -31,6 +31,8 @@ pub(crate) struct Completion {
     pub status: sys::ucs_status_t,
     /// Received length (receives only).
     pub length: usize,
+    /// The sender's raw tag (tag receives only).
+    pub sender_tag: u64,
 }
 
 /// State of one operation, shared between its future and UCX's callback.
@@ -39,6 +41,7 @@ pub(crate) struct OpCore {
     done: AtomicBool,
     status: AtomicI32,
     length: AtomicUsize,
+    sender_tag: AtomicU64,
     req: AtomicPtr<c_void>,
     waker: AtomicWaker,
     parked: Mutex<Option<Box<dyn Any + Send>>>,
@@ -53,12 +56,14 @@ impl OpCore {
         Completion {
             status: self.status.load(Ordering::Relaxed) as sys::ucs_status_t,
             length: self.length.load(Ordering::Relaxed),
+            sender_tag: self.sender_tag.load(Ordering::Relaxed),
         }
     }
 
-    fn finish(&self, status: sys::ucs_status_t, length: usize) {
+    fn finish(&self, status: sys::ucs_status_t, length: usize, sender_tag: u64) {
         self.status.store(i32::from(status), Ordering::Relaxed);
         self.length.store(length, Ordering::Relaxed);
+        self.sender_tag.store(sender_tag, Ordering::Relaxed);
         self.done.store(true, Ordering::Release);
         self.waker.wake();
     }
@@ -143,6 +148,7 @@ pub(crate) fn post(
         Posted::Done(Completion {
             status,
             length: imm.length.max(imm.tag.length),
+            sender_tag: imm.tag.sender_tag,
         })
     }
 }
@@ -180,13 +186,14 @@ unsafe fn complete(
     user_data: *mut c_void,
     status: sys::ucs_status_t,
     length: usize,
+    sender_tag: u64,
 ) {
     // SAFETY: per this function's contract, user_data carries one strong reference for us.
     let op = unsafe { Arc::from_raw(user_data as *const OpCore) };
     // SAFETY: the request is live and nobody uses it after this (the op is marked done below,
     // under the same lock).
     unsafe { sys::ucp_request_free(request) };
-    op.finish(status, length);
+    op.finish(status, length, sender_tag);
 }
 
 unsafe extern "C" fn send_cb(
@@ -195,7 +202,7 @@ unsafe extern "C" fn send_cb(
     user_data: *mut c_void,
 ) {
     // SAFETY: UCX passes back the user_data `post` registered for this request.
-    unsafe { complete(request, user_data, status, 0) }
+    unsafe { complete(request, user_data, status, 0, 0) }
 }
 
 unsafe extern "C" fn tag_recv_cb(
@@ -205,9 +212,9 @@ unsafe extern "C" fn tag_recv_cb(
     user_data: *mut c_void,
 ) {
     // SAFETY: when non-null, UCX's info points to a valid record for the duration of the call.
-    let length = unsafe { info.as_ref() }.map_or(0, |i| i.length);
+    let (length, tag) = unsafe { info.as_ref() }.map_or((0, 0), |i| (i.length, i.sender_tag));
     // SAFETY: UCX passes back the user_data `post` registered for this request.
-    unsafe { complete(request, user_data, status, length) }
+    unsafe { complete(request, user_data, status, length, tag) }
 }
 
 unsafe extern "C" fn stream_recv_cb(
@@ -217,7 +224,7 @@ unsafe extern "C" fn stream_recv_cb(
     user_data: *mut c_void,
 ) {
     // SAFETY: UCX passes back the user_data `post` registered for this request.
-    unsafe { complete(request, user_data, status, length) }
+    unsafe { complete(request, user_data, status, length, 0) }
 }
 
 /// Owns an in-flight operation's buffer until the operation completes; see the module docs.

@@ -1,0 +1,188 @@
+//! The UCX-Py/UCXX surface beyond plain tagged messages: multi-buffer messages, probes,
+//! worker-level receives, close_after_n_recv and introspection.
+
+mod common;
+
+use common::*;
+use ucx::{Error, ProgressMode, Tag};
+
+#[tokio::test(flavor = "current_thread")]
+async fn multi_buffer_messages() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    for (count, big) in [(1usize, 16 << 20), (3, 1 << 20), (150, 4096), (0, 0)] {
+        let frames: Vec<Vec<u8>> = (0..count)
+            .map(|i| pattern(if i == 0 { big } else { i * 7 % 300 }, i as u8))
+            .collect();
+        let (sent, got) = within("multi", async {
+            tokio::join!(client.send_multi(frames.clone(), 11), server.recv_multi(11))
+        })
+        .await;
+        sent.0.unwrap();
+        assert_eq!(sent.1.len(), count, "buffers come back");
+        assert_eq!(got.unwrap(), frames, "{count} frames");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn bad_multi_header_is_rejected() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    // A header announcing 5 frames of 2^60 bytes: refused before anything is allocated.
+    let mut h = ucx::multi::encode_headers(
+        &[ucx::multi::FrameInfo {
+            size: 1,
+            cuda: false,
+        }; 5],
+    )
+    .remove(0);
+    for j in 0..5 {
+        let o = 9 + 4 * 100 + 8 * j;
+        h[o..o + 8].copy_from_slice(&(1u64 << 60).to_ne_bytes());
+    }
+    let (sent, got) = within("bad header", async {
+        tokio::join!(client.send(h, 3), server.recv_multi(3))
+    })
+    .await;
+    sent.0.unwrap();
+    assert!(matches!(got, Err(Error::InvalidArgument(_))), "{got:?}");
+    // A short message where a header belongs.
+    let (sent, got) = within("short header", async {
+        tokio::join!(client.send(vec![1u8; 20], 4), server.recv_multi(4))
+    })
+    .await;
+    sent.0.unwrap();
+    assert!(got.is_err(), "{got:?}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn probe_then_receive_even_after_the_peer_closed() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    let (r, _) = within("send", client.send(pattern(5000, 1), 8)).await;
+    r.unwrap();
+    let (r, _) = within("send", client.send(pattern(10, 2), 9)).await;
+    r.unwrap();
+    // Wait until both arrived, without removing them.
+    let info = within("probe", async {
+        loop {
+            if let Some(p) = server.tag_probe(8, false) {
+                assert!(p.message.is_none());
+                break p.info;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert_eq!(info.length, 5000);
+    let probed9 = within("probe 9", async {
+        loop {
+            if let Some(p) = server.tag_probe(9, true) {
+                break p;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    client.close().await.unwrap();
+    // Removed from the queue before the close: still receivable.
+    let msg = probed9.message.expect("removed");
+    let (n, buf) = within("recv probed", msg.recv(Vec::with_capacity(10))).await;
+    assert_eq!(n.unwrap(), 10);
+    assert_eq!(buf, pattern(10, 2));
+    // Dropping a removed message unreceived discards it; a too-small buffer is refused.
+    let p8 = server
+        .tag_probe(8, true)
+        .expect("still queued")
+        .message
+        .unwrap();
+    let (r, _) = within("too small", p8.recv(Vec::with_capacity(100))).await;
+    assert!(
+        matches!(
+            r,
+            Err(Error::Truncated {
+                message: 5000,
+                buffer: 100
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(server.tag_probe(8, false).is_none(), "discarded");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn worker_level_receive_reports_the_sender_tag() {
+    let ctx = context();
+    let (server, client, sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    let raw = 0xabcd_0000_0000_0042u64;
+    let (sent, (r, buf)) = within("worker recv", async {
+        tokio::join!(
+            client.send(b"any".to_vec(), Tag::Forced(raw)),
+            sw.tag_recv(
+                Vec::with_capacity(16),
+                0xabcd_0000_0000_0000,
+                0xffff_0000_0000_0000
+            )
+        )
+    })
+    .await;
+    sent.0.unwrap();
+    let info = r.unwrap();
+    assert_eq!(info.sender_tag, raw);
+    assert_eq!(info.length, 3);
+    assert_eq!(buf, b"any");
+    drop(server);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn close_after_n_receives() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    within("one receive", async {
+        let (sent, got) = tokio::join!(client.send(vec![7u8], 1), server.recv_vec(1));
+        sent.0.unwrap();
+        got.unwrap();
+    })
+    .await;
+    // Fewer than already received is an error; counting from now works.
+    assert!(matches!(
+        server.close_after_n_recv(0, false),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(!server.is_closed());
+    server.close_after_n_recv(2, true).unwrap();
+    within("two more receives", async {
+        for i in 0..2u8 {
+            assert!(!server.is_closed(), "closed too early");
+            let (sent, got) = tokio::join!(client.send(vec![i], 1), server.recv_vec(1));
+            sent.0.unwrap();
+            assert_eq!(got.unwrap(), vec![i]);
+        }
+    })
+    .await;
+    assert!(server.is_closed(), "closed after the second receive");
+    // The peer notices: its pending receive fails.
+    let (r, _) = within("peer sees close", client.recv(vec![0u8; 4], 1)).await;
+    assert!(r.unwrap_err().is_disconnect());
+    // n equal to what is already done closes at once.
+    let (server, _client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    server.close_after_n_recv(0, false).unwrap();
+    assert!(server.is_closed());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn introspection() {
+    let ctx = context();
+    let (server, _client, sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    let t = server.transports().unwrap();
+    assert!(t.contains("lane"), "{t}");
+    assert!(!sw.info().unwrap().is_empty());
+    assert!(
+        ctx.memory_types() & 1 != 0,
+        "host memory is always supported"
+    );
+    // Debian's UCX has no CUDA support; the wheel's has it only with a GPU.
+    eprintln!("cuda_support: {}", ctx.cuda_support());
+    server.abort();
+    assert_eq!(server.transports().unwrap_err(), Error::Closed);
+}
