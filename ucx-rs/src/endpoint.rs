@@ -198,6 +198,7 @@ impl EpShared {
         if let Some(cb) = self.fail_pending(locked) {
             locked.defer(cb);
         }
+        self.worker.am_queue().drop_for(ep as usize, locked);
         // Receives of unknown size wait as probe waiters: wake them to see the close.
         let worker = Arc::clone(&self.worker);
         locked.defer(Box::new(move || worker.wake_probe_waiters()));
@@ -233,6 +234,102 @@ impl EpShared {
     }
 
     // ---- operations ------------------------------------------------------------------------
+
+    async fn am_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
+        let posted = {
+            let locked = self.worker.lock();
+            let ep = match self.live(&locked) {
+                Ok(ep) => ep,
+                Err(e) => return (Err(e), buf),
+            };
+            let (ptr, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
+            post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
+                param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
+                param.flags = sys::UCP_AM_SEND_FLAG_REPLY;
+                // SAFETY: as in tag_send; no header.
+                unsafe {
+                    sys::ucp_am_send_nbx(
+                        ep,
+                        crate::am::AM_ID,
+                        ptr::null(),
+                        0,
+                        ptr.cast(),
+                        len,
+                        param,
+                    )
+                }
+            })
+        };
+        self.finish(posted, buf, false).await
+    }
+
+    async fn am_recv(&self, max: usize) -> Result<Vec<u8>> {
+        let msg = poll_fn(|cx| {
+            let mut locked = self.worker.lock();
+            if self.worker.mode() == ProgressMode::Polling {
+                locked.progress();
+            }
+            let ep = self.ep.load(Ordering::Acquire) as usize;
+            if ep != 0 {
+                if let Some(m) = self.worker.am_queue().take(ep) {
+                    return Poll::Ready(Ok(m));
+                }
+            }
+            if let Err(e) = self.live(&locked) {
+                return Poll::Ready(Err(e));
+            }
+            if self.worker.mode() == ProgressMode::Polling {
+                cx.waker().wake_by_ref();
+            } else {
+                self.worker.add_probe_waiter(cx.waker());
+            }
+            Poll::Pending
+        })
+        .await?;
+        let (desc, length) = match msg.body {
+            crate::am::AmBody::Data(v) => return Ok(v),
+            crate::am::AmBody::Rndv { desc, length } => (desc, length),
+        };
+        let mut buf: Vec<u8> = Vec::new();
+        if length > max || buf.try_reserve_exact(length).is_err() {
+            let locked = self.worker.lock();
+            // SAFETY: the descriptor came from the AM handler and was taken out of the queue,
+            // so it is released exactly once.
+            unsafe { sys::ucp_am_data_release(locked.handle(), desc as *mut c_void) };
+            return Err(Error::Truncated {
+                message: length,
+                buffer: max.min(length.saturating_sub(1)),
+            });
+        }
+        let posted = {
+            let locked = self.worker.lock();
+            let p = buf.as_mut_ptr();
+            post(
+                &locked,
+                CbKind::AmRecv,
+                Some(MemoryType::Host.to_ucs()),
+                |param, imm| {
+                    param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_RECV_INFO;
+                    param.recv_info.length = imm.stream_length();
+                    // SAFETY: desc came from the AM handler (taken out of the queue, received once);
+                    // the buffer has `length` writable bytes until completion.
+                    unsafe {
+                        sys::ucp_am_recv_data_nbx(
+                            locked.handle(),
+                            desc as *mut c_void,
+                            p.cast(),
+                            length,
+                            param,
+                        )
+                    }
+                },
+            )
+        };
+        let (mut c, mut buf) = self.complete(posted, buf, true).await;
+        c.length = length;
+        self.received(&c, &mut buf, length)?;
+        Ok(buf)
+    }
 
     async fn tag_send<B: IoBuf>(&self, buf: B, tag: u64) -> (Result<()>, B) {
         let posted = {
@@ -818,6 +915,19 @@ impl Endpoint {
             out.push(b);
         }
         Ok(out)
+    }
+
+    /// Sends `buf` as one active message. The receiver allocates ([`am_recv`](Self::am_recv));
+    /// small messages go eagerly, large ones by rendezvous.
+    pub async fn am_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
+        self.shared.am_send(buf).await
+    }
+
+    /// Receives the next active message sent through this connection, allocating exactly its
+    /// size (rendezvous messages over [`max_message`](Self::set_max_message) are refused).
+    /// Messages that arrived before the peer failed are still delivered.
+    pub async fn am_recv(&self) -> Result<Vec<u8>> {
+        self.shared.am_recv(self.max_message).await
     }
 
     /// Sends bytes on the endpoint's UCP stream (ordered byte stream, no tags).

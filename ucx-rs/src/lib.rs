@@ -43,6 +43,7 @@
 //! ```
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod am;
 mod buffer;
 mod context;
 mod endpoint;

@@ -96,6 +96,8 @@ pub(crate) enum CbKind {
     TagRecv,
     /// `ucp_stream_recv_nbx_callback_t`.
     StreamRecv,
+    /// `ucp_am_recv_data_nbx_callback_t` (same shape as the stream one).
+    AmRecv,
 }
 
 /// The outcome of posting an operation.
@@ -126,6 +128,7 @@ pub(crate) fn post(
         CbKind::Send => param.cb.send = Some(send_cb),
         CbKind::TagRecv => param.cb.recv = Some(tag_recv_cb),
         CbKind::StreamRecv => param.cb.recv_stream = Some(stream_recv_cb),
+        CbKind::AmRecv => param.cb.recv_am = Some(stream_recv_cb),
     }
     if let Some(mt) = memory_type {
         param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE;

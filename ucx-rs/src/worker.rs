@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use ucx_sys as sys;
 
+use crate::am::AmQueue;
 use crate::context::{capture_file, Context, Features};
 use crate::endpoint::EpShared;
 use crate::error::{check, Error, Result};
@@ -60,6 +61,8 @@ pub(crate) struct WorkerShared {
     /// Tasks waiting for an unexpected message to probe (receives of unknown size).
     probe_waiters: Mutex<Vec<Waker>>,
     probe_count: AtomicUsize,
+    /// Arrived active messages (filled by the AM handler under the worker lock).
+    am: Mutex<AmQueue>,
 }
 
 impl WorkerShared {
@@ -83,6 +86,11 @@ impl WorkerShared {
             .unwrap_or_else(|e| e.into_inner())
             .push(ep);
         self.has_failed.store(true, Ordering::Release);
+    }
+
+    /// The queue of arrived active messages.
+    pub(crate) fn am_queue(&self) -> MutexGuard<'_, AmQueue> {
+        self.am.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Registers a task to be woken after the next progress that did something.
@@ -253,7 +261,11 @@ impl Worker {
             has_failed: AtomicBool::new(false),
             probe_waiters: Mutex::new(Vec::new()),
             probe_count: AtomicUsize::new(0),
+            am: Mutex::new(AmQueue::default()),
         });
+        if context.features().contains(Features::AM) {
+            crate::am::register(&shared)?;
+        }
         match mode {
             ProgressMode::Polling => {}
             ProgressMode::Blocking => {

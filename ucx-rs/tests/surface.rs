@@ -186,3 +186,62 @@ async fn introspection() {
     server.abort();
     assert_eq!(server.transports().unwrap_err(), Error::Closed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_messages_eager_and_rendezvous() {
+    for mode in MODES {
+        let ctx = context();
+        let (server, client, _sw, _cw) = pair(&ctx, mode).await;
+        let sizes = [0usize, 1, 100, 8 << 10, 1 << 20, 16 << 20];
+        within("am", async {
+            for (i, &size) in sizes.iter().enumerate() {
+                let data = pattern(size, i as u8);
+                let (sent, got) = tokio::join!(client.am_send(data.clone()), server.am_recv());
+                sent.0.unwrap();
+                assert_eq!(got.unwrap(), data, "{mode:?} {size} bytes");
+                // And back, on the other endpoint.
+                let (sent, got) = tokio::join!(server.am_send(data.clone()), client.am_recv());
+                sent.0.unwrap();
+                assert!(got.unwrap() == data, "{mode:?} {size} bytes back");
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn active_messages_keep_order_per_connection_and_end_on_close() {
+    let ctx = context();
+    let (server, client, sw, cw) = pair(&ctx, ProgressMode::Blocking).await;
+    // A second connection on the same workers: its messages are not mixed in.
+    let mut l2 = ucx::Listener::bind(&sw, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let a2 = l2.local_addr();
+    let (s2, c2) = within("second pair", async {
+        tokio::join!(l2.accept(), ucx::Endpoint::connect(&cw, a2))
+    })
+    .await;
+    let (s2, c2) = (s2.unwrap(), c2.unwrap());
+    within("order", async {
+        for i in 0..5u8 {
+            let (r, _) = client.am_send(vec![i; 3]).await;
+            r.unwrap();
+            let (r, _) = c2.am_send(vec![100 + i; 2]).await;
+            r.unwrap();
+        }
+        for i in 0..5u8 {
+            assert_eq!(server.am_recv().await.unwrap(), vec![i; 3]);
+        }
+        for i in 0..5u8 {
+            assert_eq!(s2.am_recv().await.unwrap(), vec![100 + i; 2]);
+        }
+    })
+    .await;
+    // A message that arrived before the peer closed is still delivered; then the error.
+    let (r, _) = within("last", client.am_send(b"last".to_vec())).await;
+    r.unwrap();
+    client.close().await.unwrap();
+    let got = within("after close", server.am_recv()).await;
+    assert_eq!(got.unwrap(), b"last");
+    let e = within("closed", server.am_recv()).await.unwrap_err();
+    assert!(e.is_disconnect(), "{e:?}");
+}

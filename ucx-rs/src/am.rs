@@ -1,0 +1,128 @@
+//! Active messages: `am_send` on an endpoint, `am_recv` where the receiver allocates.
+//!
+//! One UCP AM handler per worker queues arriving messages by the endpoint they came from
+//! (senders set `UCP_AM_SEND_FLAG_REPLY`, so UCX names the receiving side's endpoint). Eager
+//! data is copied out in the handler; a rendezvous message is kept as UCX's descriptor until
+//! `am_recv` allocates its buffer and calls `ucp_am_recv_data_nbx`. Descriptors nobody will
+//! receive (their endpoint closed) are released with `ucp_am_data_release`.
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use ucx_sys as sys;
+
+use crate::endpoint::DEFAULT_MAX_MESSAGE;
+use crate::error::{check, Result};
+use crate::worker::{Locked, WorkerShared};
+
+/// The AM id this crate sends and handles.
+pub const AM_ID: u32 = 0;
+
+/// A message waiting in the worker's queue.
+pub(crate) struct AmMessage {
+    /// The receiving side's `ucp_ep_h` for the sender (0 when the sender asked no reply).
+    pub ep: usize,
+    pub body: AmBody,
+}
+
+pub(crate) enum AmBody {
+    /// Eager data, already copied.
+    Data(Vec<u8>),
+    /// A rendezvous descriptor for `length` bytes, to receive with `ucp_am_recv_data_nbx`.
+    Rndv { desc: usize, length: usize },
+}
+
+/// The worker's queue of arrived active messages.
+#[derive(Default)]
+pub(crate) struct AmQueue {
+    messages: VecDeque<AmMessage>,
+}
+
+impl AmQueue {
+    /// Takes the oldest message that came through endpoint `ep`.
+    pub(crate) fn take(&mut self, ep: usize) -> Option<AmMessage> {
+        let i = self.messages.iter().position(|m| m.ep == ep)?;
+        self.messages.remove(i)
+    }
+
+    /// Releases what endpoint `ep` left behind (rendezvous descriptors go back to UCX).
+    pub(crate) fn drop_for(&mut self, ep: usize, locked: &Locked<'_>) {
+        self.messages.retain(|m| {
+            if m.ep != ep {
+                return true;
+            }
+            if let AmBody::Rndv { desc, .. } = m.body {
+                // SAFETY: the descriptor came from the AM handler (returned UCS_INPROGRESS)
+                // and is released exactly once, here, with the worker locked.
+                unsafe { sys::ucp_am_data_release(locked.handle(), desc as *mut c_void) };
+            }
+            false
+        });
+    }
+}
+
+/// Registers the crate's AM handler on a freshly created worker.
+pub(crate) fn register(worker: &Arc<WorkerShared>) -> Result<()> {
+    let locked = worker.lock();
+    let param = sys::ucp_am_handler_param_t {
+        field_mask: (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+            | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+            | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG
+            | sys::UCP_AM_HANDLER_PARAM_FIELD_FLAGS) as u64,
+        id: AM_ID,
+        flags: sys::UCP_AM_FLAG_WHOLE_MSG,
+        cb: Some(am_recv_cb),
+        arg: Arc::as_ptr(worker) as *mut c_void,
+    };
+    // SAFETY: the worker is alive and locked; `arg` points to the WorkerShared that owns this
+    // worker, so it is valid whenever UCX calls the handler (only inside calls on the worker).
+    check(unsafe { sys::ucp_worker_set_am_recv_handler(locked.handle(), &param) })
+}
+
+unsafe extern "C" fn am_recv_cb(
+    arg: *mut c_void,
+    _header: *const c_void,
+    _header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: arg is the WorkerShared this handler was registered for (see `register`).
+    let worker = unsafe { &*(arg as *const WorkerShared) };
+    // SAFETY: UCX passes a valid parameter record for the duration of the call.
+    let param = unsafe { &*param };
+    let rndv = param.recv_attr & u64::from(sys::UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    let body = if rndv {
+        if length > DEFAULT_MAX_MESSAGE {
+            tracing::warn!(length, "refusing an oversized active message");
+            // The sender's am_send completes with this status.
+            return sys::UCS_ERR_MESSAGE_TRUNCATED;
+        }
+        AmBody::Rndv {
+            desc: data as usize,
+            length,
+        }
+    } else if length == 0 || data.is_null() {
+        AmBody::Data(Vec::new())
+    } else {
+        // SAFETY: for eager messages UCX passes `length` readable bytes at `data`, valid until
+        // the callback returns; they are copied here.
+        AmBody::Data(unsafe { std::slice::from_raw_parts(data as *const u8, length) }.to_vec())
+    };
+    worker.am_queue().push_back(AmMessage {
+        ep: param.reply_ep as usize,
+        body,
+    });
+    if rndv {
+        sys::UCS_INPROGRESS
+    } else {
+        sys::UCS_OK
+    }
+}
+
+impl AmQueue {
+    fn push_back(&mut self, m: AmMessage) {
+        self.messages.push_back(m);
+    }
+}
