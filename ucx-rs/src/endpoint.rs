@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ucx_sys as sys;
 
 use crate::buffer::{IoBuf, IoBufMut, MemoryType};
-use crate::error::{Error, Result, Status};
+use crate::error::{check, Error, Result, Status};
 use crate::multi::{decode_header, encode_headers, FrameInfo, HEADER_LEN, MAX_FRAMES};
 use crate::request::{post, CbKind, Completion, InFlight, OpCore, Posted};
 use crate::wire::{Handshake, Tag, HANDSHAKE_LEN};
@@ -928,6 +928,95 @@ impl Endpoint {
     /// Messages that arrived before the peer failed are still delivered.
     pub async fn am_recv(&self) -> Result<Vec<u8>> {
         self.shared.am_recv(self.max_message).await
+    }
+
+    /// Unpacks a peer's key (from [`MemoryHandle::pack_rkey`](crate::MemoryHandle::pack_rkey))
+    /// for puts and gets through this endpoint. Truncated or corrupted keys are refused.
+    pub fn unpack_rkey(&self, packed: &[u8]) -> Result<crate::RemoteKey<'_>> {
+        let (raw, addr, len) = crate::rma::parse_packed(packed)?;
+        let locked = self.shared.worker.lock();
+        let ep = self.shared.live(&locked)?;
+        let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
+        // SAFETY: ep is live under the lock; `raw` is a key blob produced by ucp_rkey_pack
+        // (magic, length and checksum verified above); rkey is an out-pointer.
+        check(unsafe { sys::ucp_ep_rkey_unpack(ep, raw.as_ptr().cast(), &mut rkey) })?;
+        drop(locked);
+        let inner = crate::RemoteKey::make_inner(rkey, Arc::clone(&self.shared.worker));
+        Ok(crate::RemoteKey::new(inner, self, addr, len))
+    }
+
+    pub(crate) async fn rma_put<B: IoBuf>(
+        &self,
+        buf: B,
+        remote: u64,
+        key: &Arc<crate::rma::RkeyInner>,
+    ) -> (Result<()>, B) {
+        let posted = {
+            let locked = self.shared.worker.lock();
+            let ep = match self.shared.live(&locked) {
+                Ok(ep) => ep,
+                Err(e) => return (Err(e), buf),
+            };
+            let rkey = crate::RemoteKey::raw(key);
+            let (p, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
+            post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
+                // SAFETY: ep live under the lock; the buffer and the rkey stay alive until the
+                // operation completes (both owned by InFlight or parked in the op).
+                unsafe { sys::ucp_put_nbx(ep, p.cast(), len, remote, rkey, param) }
+            })
+        };
+        let (c, (buf, _key)) = self
+            .shared
+            .complete(posted, (buf, Arc::clone(key)), false)
+            .await;
+        (self.shared.outcome(&c), buf)
+    }
+
+    pub(crate) async fn rma_get<B: IoBufMut>(
+        &self,
+        mut buf: B,
+        remote: u64,
+        key: &Arc<crate::rma::RkeyInner>,
+    ) -> (Result<usize>, B) {
+        let len = buf.bytes_total();
+        let posted = {
+            let locked = self.shared.worker.lock();
+            let ep = match self.shared.live(&locked) {
+                Ok(ep) => ep,
+                Err(e) => return (Err(e), buf),
+            };
+            let rkey = crate::RemoteKey::raw(key);
+            let (p, mt) = (buf.stable_mut_ptr(), buf.memory_type());
+            post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
+                // SAFETY: as in rma_put; the buffer is writable for `len` bytes.
+                unsafe { sys::ucp_get_nbx(ep, p.cast(), len, remote, rkey, param) }
+            })
+        };
+        let (c, (mut buf, _key)) = self
+            .shared
+            .complete(posted, (buf, Arc::clone(key)), false)
+            .await;
+        if let Err(e) = self.shared.outcome(&c) {
+            return (Err(e), buf);
+        }
+        // SAFETY: the get completed: UCX wrote `len` bytes from the start of the buffer.
+        unsafe { buf.set_init(len) };
+        (Ok(len), buf)
+    }
+
+    /// Waits until every operation posted on this endpoint (puts included) has completed
+    /// remotely (`ucp_ep_flush_nbx`).
+    pub async fn flush(&self) -> Result<()> {
+        let posted = {
+            let locked = self.shared.worker.lock();
+            let ep = self.shared.live(&locked)?;
+            post(&locked, CbKind::Send, None, |param, _| {
+                // SAFETY: ep is live under the lock.
+                unsafe { sys::ucp_ep_flush_nbx(ep, param) }
+            })
+        };
+        let (c, ()) = self.shared.complete(posted, (), false).await;
+        self.shared.outcome(&c)
     }
 
     /// Sends bytes on the endpoint's UCP stream (ordered byte stream, no tags).

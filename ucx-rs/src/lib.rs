@@ -52,6 +52,7 @@ mod listener;
 pub mod multi;
 mod probe;
 mod request;
+mod rma;
 pub mod wire;
 mod worker;
 
@@ -61,5 +62,6 @@ pub use endpoint::{ConnectOptions, Endpoint, DEFAULT_MAX_MESSAGE, DEFAULT_TIMEOU
 pub use error::{Error, Result, Status};
 pub use listener::Listener;
 pub use probe::{Probed, ProbedMessage, TagInfo};
+pub use rma::{MemoryHandle, RemoteKey};
 pub use wire::Tag;
 pub use worker::{ProgressMode, Worker};

@@ -317,6 +317,34 @@ impl Worker {
         self.shared.lock().progress()
     }
 
+    /// Waits until every operation posted on this worker has completed remotely
+    /// (`ucp_worker_flush_nbx`).
+    pub async fn flush(&self) -> Result<()> {
+        let posted = {
+            let locked = self.shared.lock();
+            crate::request::post(&locked, crate::request::CbKind::Send, None, |param, _| {
+                // SAFETY: the worker is alive and locked.
+                unsafe { sys::ucp_worker_flush_nbx(locked.handle(), param) }
+            })
+        };
+        let status = match posted {
+            crate::request::Posted::Done(c) => c.status,
+            crate::request::Posted::Pending(op) => {
+                crate::request::wait(&op, &self.shared).await;
+                op.completion().status
+            }
+        };
+        check(status)
+    }
+
+    /// Orders the worker's operations: those posted after the fence complete remotely after
+    /// those posted before (`ucp_worker_fence`).
+    pub fn fence(&self) -> Result<()> {
+        let locked = self.shared.lock();
+        // SAFETY: the worker is alive and locked.
+        check(unsafe { sys::ucp_worker_fence(locked.handle()) })
+    }
+
     /// The worker's UCP address, for connecting to it out of band.
     pub fn address(&self) -> Result<Vec<u8>> {
         let locked = self.shared.lock();

@@ -245,3 +245,87 @@ async fn active_messages_keep_order_per_connection_and_end_on_close() {
     let e = within("closed", server.am_recv()).await.unwrap_err();
     assert!(e.is_disconnect(), "{e:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rma_put_get_checked_byte_for_byte() {
+    for mode in MODES {
+        let ctx = context();
+        let (server, client, _sw, cw) = pair(&ctx, mode).await;
+        // The server exposes 16 MiB; the key travels over the connection.
+        let mut region = ucx::MemoryHandle::alloc(&ctx, 16 << 20).unwrap();
+        let seed = pattern(4096, 77);
+        region.write(8192, &seed).unwrap();
+        let packed = region.pack_rkey().unwrap();
+        let (sent, got) = within("key", async {
+            tokio::join!(server.send(packed, 1), client.recv_vec(1))
+        })
+        .await;
+        sent.0.unwrap();
+        let key = client.unpack_rkey(&got.unwrap()).unwrap();
+        assert_eq!(key.len(), 16 << 20);
+        // The target must progress for software RMA (TCP lanes) and for flush acknowledgements:
+        // keep a receive pending on the server until the client is done.
+        let serve = async {
+            let done = server.recv_vec(2).await.unwrap();
+            assert_eq!(done, b"done");
+        };
+        let work = async {
+            for (size, offset) in [(1usize, 0usize), (4096, 100), (16 << 20, 0)] {
+                let data = pattern(size, size as u8);
+                let (r, _) = key.put(data.clone(), offset).await;
+                r.unwrap();
+                client.flush().await.unwrap();
+                let back = region.read();
+                assert!(
+                    back[offset..offset + size] == data[..],
+                    "{mode:?}: put of {size}"
+                );
+                let (n, got) = key.get(Vec::with_capacity(size), offset).await;
+                assert_eq!(n.unwrap(), size);
+                assert!(got == data, "{mode:?}: get of {size}");
+            }
+            cw.flush().await.unwrap();
+            cw.fence().unwrap();
+            let (r, _) = client.send(b"done".to_vec(), 2).await;
+            r.unwrap();
+        };
+        within("rma", async { tokio::join!(serve, work) }).await;
+        // Out of bounds is refused locally.
+        let (r, _) = key.put(vec![0u8; 10], (16 << 20) - 5).await;
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+        drop(key);
+        let buf = region.unmap().unwrap();
+        assert_eq!(buf.len(), 16 << 20);
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn rma_rejects_bad_keys_and_fails_after_the_peer_closes() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    let region = ucx::MemoryHandle::alloc(&ctx, 4096).unwrap();
+    let packed = region.pack_rkey().unwrap();
+    assert!(
+        client.unpack_rkey(&packed[..packed.len() - 3]).is_err(),
+        "truncated"
+    );
+    let mut bad = packed.clone();
+    bad[26] ^= 0x40;
+    let e = client.unpack_rkey(&bad).unwrap_err();
+    assert!(e.to_string().contains("checksum"), "{e}");
+    assert!(client.unpack_rkey(b"garbage").is_err());
+    let key = client.unpack_rkey(&packed).unwrap();
+    server.close().await.unwrap();
+    // Wait for the client to notice, then puts fail instead of hanging.
+    within("notice", async {
+        while !client.is_closed() {
+            let _ = client.tag_probe(0, false);
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let (r, _) = within("put after close", key.put(vec![1u8; 64], 0)).await;
+    assert!(r.is_err());
+    drop(key);
+    drop(region);
+}
