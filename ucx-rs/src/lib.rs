@@ -8,6 +8,13 @@
 //!    `send_obj`/`recv_obj`, the stream API →
 //! 5. [`Endpoint::close`].
 //!
+//! Beyond tagged messages: [`Endpoint::send_multi`]/[`Endpoint::recv_multi`] (UCXX's
+//! multi-buffer format, [`multi`]), [`Endpoint::am_send`]/[`Endpoint::am_recv`] (active
+//! messages, [`am`]), probes ([`Endpoint::tag_probe`], [`Worker::tag_recv`]), RMA
+//! ([`MemoryHandle`], [`Endpoint::unpack_rkey`], [`RemoteKey::put`]/[`RemoteKey::get`],
+//! [`Endpoint::flush`], [`Worker::fence`]), [`Endpoint::close_after_n_recv`] and introspection
+//! ([`Endpoint::transports`], [`Context::cuda_support`]).
+//!
 //! Endpoints speak UCXX's wire format (handshake and tags), so a Python UCXX peer can connect to
 //! a Rust listener and the other way round.
 //!
