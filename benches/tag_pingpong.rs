@@ -4,13 +4,13 @@
 //! `cargo bench --bench tag_pingpong`. Compare with `scripts/bench-vs-perftest.sh`, which runs
 //! `ucx_perftest` in the same run and prints ratios.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ucx::{Context, Endpoint, ProgressMode, Worker};
+use ucx_stack::child::listening_port;
 use ucx_stack::{echo, measure::pin_to_cpu};
 
 struct Server(Child, u16);
@@ -30,16 +30,7 @@ impl Server {
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn ucx-echo server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("LISTENING ")
-            .unwrap()
-            .parse()
-            .unwrap();
+        let port = listening_port(&mut child).expect("server port");
         Server(child, port)
     }
 }

@@ -1,10 +1,10 @@
 //! Real multi-process behaviour: an `ucx-echo server` child process and this test as client.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ucx::{Context, Endpoint, ProgressMode, Worker};
+use ucx_stack::child::listening_port;
 use ucx_stack::echo;
 
 const STEP: Duration = Duration::from_secs(60);
@@ -27,14 +27,7 @@ impl Server {
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn ucx-echo server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("server output");
-        let port = line
-            .strip_prefix("LISTENING ")
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or_else(|| panic!("server said {line:?}"));
+        let port = listening_port(&mut child).expect("server port");
         Server { child, port }
     }
 

@@ -282,15 +282,7 @@ async fn demo(a: &Args) -> Result<(), BoxError> {
         .arg(format!("{:?}", a.mode).to_lowercase())
         .stdout(Stdio::piped())
         .spawn()?;
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().ok_or("no server stdout")?),
-        &mut line,
-    )?;
-    let port: u16 = line
-        .strip_prefix("LISTENING ")
-        .and_then(|p| p.trim().parse().ok())
-        .ok_or_else(|| format!("server said {line:?}"))?;
+    let port = ucx_stack::child::listening_port(&mut child)?;
     // The child is killed on every early return below (a std Child is not killed on drop).
     let mut child = KillOnDrop(child);
     if let Err(e) = pin_to_cpu(1) {

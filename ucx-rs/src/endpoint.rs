@@ -235,7 +235,21 @@ impl EpShared {
 
     // ---- operations ------------------------------------------------------------------------
 
-    async fn am_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
+    /// Posts a send-like operation of `buf` (tag, stream, active message) on the live
+    /// endpoint and waits for it. `op` makes the one UCX call: it gets the endpoint (live,
+    /// under the worker lock) and the buffer's pointer and length, which stay valid until the
+    /// operation completes (the buffer is owned by `InFlight`, or parked in the op).
+    async fn send_like<B: IoBuf>(
+        &self,
+        buf: B,
+        flags: u32,
+        op: impl FnOnce(
+            sys::ucp_ep_h,
+            *const u8,
+            usize,
+            &sys::ucp_request_param_t,
+        ) -> sys::ucs_status_ptr_t,
+    ) -> (Result<()>, B) {
         let posted = {
             let locked = self.worker.lock();
             let ep = match self.live(&locked) {
@@ -244,23 +258,24 @@ impl EpShared {
             };
             let (ptr, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
             post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
-                param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
-                param.flags = sys::UCP_AM_SEND_FLAG_REPLY;
-                // SAFETY: as in tag_send; no header.
-                unsafe {
-                    sys::ucp_am_send_nbx(
-                        ep,
-                        crate::am::AM_ID,
-                        ptr::null(),
-                        0,
-                        ptr.cast(),
-                        len,
-                        param,
-                    )
+                if flags != 0 {
+                    param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
+                    param.flags = flags;
                 }
+                op(ep, ptr, len, param)
             })
         };
         self.finish(posted, buf, false).await
+    }
+
+    async fn am_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
+        self.send_like(buf, sys::UCP_AM_SEND_FLAG_REPLY, |ep, p, n, param| {
+            // SAFETY: see send_like; no AM header.
+            unsafe {
+                sys::ucp_am_send_nbx(ep, crate::am::AM_ID, ptr::null(), 0, p.cast(), n, param)
+            }
+        })
+        .await
     }
 
     async fn am_recv(&self, max: usize) -> Result<Vec<u8>> {
@@ -332,20 +347,11 @@ impl EpShared {
     }
 
     async fn tag_send<B: IoBuf>(&self, buf: B, tag: u64) -> (Result<()>, B) {
-        let posted = {
-            let locked = self.worker.lock();
-            let ep = match self.live(&locked) {
-                Ok(ep) => ep,
-                Err(e) => return (Err(e), buf),
-            };
-            let (ptr, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
-            post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
-                // SAFETY: ep is live under the lock; the buffer's memory stays valid until the
-                // operation completes (owned by InFlight or parked in the op).
-                unsafe { sys::ucp_tag_send_nbx(ep, ptr.cast(), len, tag, param) }
-            })
-        };
-        self.finish(posted, buf, false).await
+        self.send_like(buf, 0, |ep, p, n, param| {
+            // SAFETY: see send_like.
+            unsafe { sys::ucp_tag_send_nbx(ep, p.cast(), n, tag, param) }
+        })
+        .await
     }
 
     async fn tag_recv<B: IoBufMut>(&self, mut buf: B, tag: u64) -> (Result<usize>, B) {
@@ -401,19 +407,11 @@ impl EpShared {
     }
 
     async fn stream_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
-        let posted = {
-            let locked = self.worker.lock();
-            let ep = match self.live(&locked) {
-                Ok(ep) => ep,
-                Err(e) => return (Err(e), buf),
-            };
-            let (ptr, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
-            post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
-                // SAFETY: as in tag_send.
-                unsafe { sys::ucp_stream_send_nbx(ep, ptr.cast(), len, param) }
-            })
-        };
-        self.finish(posted, buf, false).await
+        self.send_like(buf, 0, |ep, p, n, param| {
+            // SAFETY: see send_like.
+            unsafe { sys::ucp_stream_send_nbx(ep, p.cast(), n, param) }
+        })
+        .await
     }
 
     async fn stream_recv_exact<B: IoBufMut>(&self, mut buf: B) -> (Result<usize>, B) {
