@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use ucx::{Endpoint, Error, Result, Tag};
+use ucx::{Endpoint, Error, MemoryHandle, Result, Tag};
 
 use crate::measure::Summary;
 
@@ -18,6 +18,15 @@ const SINK: u64 = 2;
 /// its own address and serves that address-connected endpoint until `BYE`.
 const ADDRESS: u64 = 3;
 const BYE: u64 = 4;
+/// `count` times: receive an active message and send it back.
+const AM_ECHO: u64 = 5;
+/// `count` times: receive a multi-buffer message on DATA_TAG and send it back.
+const MULTI_ECHO: u64 = 6;
+/// `count` times: receive exactly `size` stream bytes and send them back.
+const STREAM_ECHO: u64 = 7;
+/// Expose a `size`-byte region: send its packed key on CTRL_TAG, wait for a CTRL_TAG message
+/// (the client flushed its puts), answer with the region's contents on DATA_TAG.
+const RMA_REGION: u64 = 8;
 /// Longest worker address accepted.
 const MAX_ADDRESS: u64 = 64 << 10;
 /// Largest message the server accepts in a command (guards its allocation).
@@ -104,6 +113,39 @@ async fn serve_inner(ep: Endpoint) -> Result<u64> {
                 }
                 let (r, _) = ep.send(vec![1u8], CTRL_TAG).await;
                 r?;
+            }
+            AM_ECHO => {
+                for _ in 0..count {
+                    let msg = ep.am_recv().await?;
+                    let (r, _) = ep.am_send(msg).await;
+                    r?;
+                }
+            }
+            MULTI_ECHO => {
+                for _ in 0..count {
+                    let frames = ep.recv_multi(DATA_TAG).await?;
+                    let (r, _) = ep.send_multi(frames, DATA_TAG).await;
+                    r?;
+                }
+            }
+            STREAM_ECHO => {
+                for _ in 0..count {
+                    let (r, buf) = ep.stream_recv_exact(Vec::with_capacity(size)).await;
+                    r?;
+                    let (r, _) = ep.stream_send(buf).await;
+                    r?;
+                }
+            }
+            RMA_REGION => {
+                let region = MemoryHandle::alloc(ep.worker().context(), size.max(1))?;
+                let (r, _) = ep.send(region.pack_rkey()?, CTRL_TAG).await;
+                r?;
+                ep.recv_vec(CTRL_TAG).await?;
+                let (r, _) = ep.send(region.read(), DATA_TAG).await;
+                r?;
+                // The client is done with the region once it has our answer.
+                ep.recv_vec(CTRL_TAG).await?;
+                region.unmap()?;
             }
             other => return Err(Error::InvalidArgument(format!("unknown command {other}"))),
         }
@@ -202,6 +244,63 @@ async fn stream_once(
     }
     let (r, _) = ack.await;
     r.map(drop)
+}
+
+/// Active-message round trip through the server; returns what came back.
+pub async fn am_echo(ep: &Endpoint, data: Vec<u8>) -> Result<Vec<u8>> {
+    let (r, _) = ep.send(command(AM_ECHO, data.len(), 1), CTRL_TAG).await;
+    r?;
+    let (r, _) = ep.am_send(data).await;
+    r?;
+    ep.am_recv().await
+}
+
+/// Multi-buffer round trip through the server; returns the frames that came back.
+pub async fn multi_echo(ep: &Endpoint, frames: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+    let (r, _) = ep.send(command(MULTI_ECHO, 0, 1), CTRL_TAG).await;
+    r?;
+    let (r, _) = ep.send_multi(frames, DATA_TAG).await;
+    r?;
+    ep.recv_multi(DATA_TAG).await
+}
+
+/// Stream round trip through the server; returns the bytes that came back.
+pub async fn stream_echo(ep: &Endpoint, data: Vec<u8>) -> Result<Vec<u8>> {
+    let (r, _) = ep.send(command(STREAM_ECHO, data.len(), 1), CTRL_TAG).await;
+    r?;
+    let n = data.len();
+    let (r, _) = ep.stream_send(data).await;
+    r?;
+    let (r, back) = ep.stream_recv_exact(Vec::with_capacity(n)).await;
+    r?;
+    Ok(back)
+}
+
+/// Puts `data` at `offset` into a `size`-byte region the server exposes, reads it back with a
+/// get, and returns (what the get read, what the server saw in its region).
+pub async fn rma_roundtrip(
+    ep: &Endpoint,
+    size: usize,
+    offset: usize,
+    data: Vec<u8>,
+) -> Result<(Vec<u8>, Vec<u8>)> {
+    let (r, _) = ep.send(command(RMA_REGION, size, 1), CTRL_TAG).await;
+    r?;
+    let packed = ep.recv_vec(CTRL_TAG).await?;
+    let key = ep.unpack_rkey(&packed)?;
+    let n = data.len();
+    let (r, _) = key.put(data, offset).await;
+    r?;
+    ep.flush().await?;
+    let (r, got) = key.get(Vec::with_capacity(n), offset).await;
+    r?;
+    let (r, _) = ep.send(vec![1u8], CTRL_TAG).await;
+    r?;
+    let seen = ep.recv_vec(DATA_TAG).await?;
+    drop(key);
+    let (r, _) = ep.send(vec![2u8], CTRL_TAG).await;
+    r?;
+    Ok((got, seen))
 }
 
 /// Picks iteration counts so that each size takes a bounded time.

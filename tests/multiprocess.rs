@@ -117,11 +117,20 @@ async fn peer_killed_mid_transfer_fails_pending_operations() {
         server.child.kill().unwrap();
         Instant::now()
     };
+    // An active message and a multi-buffer message nobody will send.
+    let am = ep.am_recv();
+    let multi = ep.recv_multi(555);
     let started = Instant::now();
-    let (transfer_result, (orphan_result, _), killed_at) =
-        tokio::time::timeout(STEP, async { tokio::join!(transfer, orphan, killer) })
-            .await
-            .expect("pending operations ended after the peer died");
+    let (transfer_result, (orphan_result, _), am_result, multi_result, killed_at) =
+        tokio::time::timeout(STEP, async {
+            tokio::join!(transfer, orphan, am, multi, killer)
+        })
+        .await
+        .expect("pending operations ended after the peer died");
+    assert!(am_result.expect_err("am_recv must fail").is_disconnect());
+    assert!(multi_result
+        .expect_err("recv_multi must fail")
+        .is_disconnect());
     let e = transfer_result.expect_err("the transfer cannot succeed with a dead peer");
     assert!(e.is_disconnect(), "transfer error: {e:?}");
     let e = orphan_result.expect_err("the orphan receive must fail");
@@ -166,4 +175,62 @@ fn idle_blocking_and_thread_workers_do_not_spin() {
             "{mode}: an idle server used {used:.2} s of CPU in 2 s"
         );
     }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn stream_am_multi_and_rma_across_processes() {
+    let mut server = Server::spawn("blocking", true);
+    let ctx = context();
+    let w = Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    let ep = connect(&w, server.port).await;
+    let pattern = |n: usize, seed: u8| -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+            .collect()
+    };
+    tokio::time::timeout(STEP, async {
+        for size in [0usize, 1, 4096, 1 << 20, 16 << 20] {
+            let d = pattern(size, 1);
+            assert!(
+                echo::am_echo(&ep, d.clone()).await.unwrap() == d,
+                "AM {size}"
+            );
+            if size > 0 {
+                let d = pattern(size, 2);
+                assert!(
+                    echo::stream_echo(&ep, d.clone()).await.unwrap() == d,
+                    "stream {size}"
+                );
+            }
+        }
+        for count in [1usize, 3, 150] {
+            let frames: Vec<Vec<u8>> = (0..count)
+                .map(|i| pattern(i * 997 % 70_000, i as u8))
+                .collect();
+            assert_eq!(
+                echo::multi_echo(&ep, frames.clone()).await.unwrap(),
+                frames,
+                "{count} frames"
+            );
+        }
+        for (size, offset, n) in [
+            (64usize, 3usize, 1usize),
+            (1 << 20, 4096, 4096),
+            (16 << 20, 0, 16 << 20),
+        ] {
+            let d = pattern(n, 9);
+            let (got, seen) = echo::rma_roundtrip(&ep, size, offset, d.clone())
+                .await
+                .unwrap();
+            assert!(got == d, "get of {n} bytes");
+            assert!(
+                seen[offset..offset + n] == d[..],
+                "the server's region after a put of {n} bytes"
+            );
+        }
+    })
+    .await
+    .expect("within the step limit");
+    ep.close().await.unwrap();
+    assert!(server.wait_exit(STEP).success());
 }
