@@ -3,73 +3,13 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use futures::FutureExt;
-use ucx::{ConnectOptions, Endpoint, Error, IoBuf, IoBufMut, Listener, ProgressMode, Worker};
-
-/// A receive/send buffer over test-owned memory that is never freed. Dropping it fills the
-/// memory with a canary and records the drop, so a test can see whether UCX wrote into (or
-/// read from) the memory after the buffer was given up.
-struct Canary {
-    mem: *mut u8,
-    len: usize,
-    dropped: Arc<AtomicBool>,
-}
-
-// SAFETY: the memory is leaked (never freed) and only reached through this value.
-unsafe impl Send for Canary {}
-
-const CANARY: u8 = 0xAA;
-
-impl Canary {
-    fn new(contents: Vec<u8>) -> (Canary, &'static [u8], Arc<AtomicBool>) {
-        let mem: &'static mut [u8] = Box::leak(contents.into_boxed_slice());
-        let dropped = Arc::new(AtomicBool::new(false));
-        let view: &'static [u8] =
-            // SAFETY: the leaked memory lives forever; the test only reads it after the buffer
-            // has been dropped (or to compare), which is exactly what it checks.
-            unsafe { std::slice::from_raw_parts(mem.as_ptr(), mem.len()) };
-        let c = Canary {
-            mem: mem.as_mut_ptr(),
-            len: mem.len(),
-            dropped: Arc::clone(&dropped),
-        };
-        (c, view, dropped)
-    }
-}
-
-impl Drop for Canary {
-    fn drop(&mut self) {
-        // SAFETY: mem is valid for len bytes for the whole program (leaked).
-        unsafe { std::ptr::write_bytes(self.mem, CANARY, self.len) };
-        self.dropped.store(true, Ordering::SeqCst);
-    }
-}
-
-// SAFETY: the pointer is stable (leaked heap memory) and valid for len bytes.
-unsafe impl IoBuf for Canary {
-    fn stable_ptr(&self) -> *const u8 {
-        self.mem
-    }
-    fn bytes_init(&self) -> usize {
-        self.len
-    }
-}
-
-// SAFETY: as above, writable for len bytes.
-unsafe impl IoBufMut for Canary {
-    fn stable_mut_ptr(&mut self) -> *mut u8 {
-        self.mem
-    }
-    fn bytes_total(&self) -> usize {
-        self.len
-    }
-    unsafe fn set_init(&mut self, _n: usize) {}
-}
+use ucx::{ConnectOptions, Endpoint, Error, Listener, ProgressMode, Worker};
 
 async fn eventually(what: &str, cond: impl Fn() -> bool) {
     within(what, async {
@@ -451,4 +391,43 @@ async fn abort_ends_a_pending_receive_of_unknown_size() {
         let r = within("recv_vec after abort", waiter).await.unwrap();
         assert_eq!(r.unwrap_err(), Error::Closed, "{mode:?}");
     }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_active_message_and_multi_sends_keep_their_buffers() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    // 8 MiB active message: rendezvous, so UCX reads the sender's memory later.
+    let data = pattern(8 << 20, 6);
+    let (buf, _view, dropped) = Canary::new(data.clone());
+    assert!(
+        client.am_send(buf).now_or_never().is_none(),
+        "8 MiB cannot complete at once"
+    );
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "buffer freed while UCX still owns it"
+    );
+    let got = within("am receive", server.am_recv()).await.unwrap();
+    assert!(got == data, "receiver saw freed (canary) memory");
+    eventually("parked AM buffer released", || {
+        dropped.load(Ordering::SeqCst)
+    })
+    .await;
+    // A multi-buffer send dropped after its first poll: every frame still arrives intact.
+    let frames: Vec<(Canary, Vec<u8>)> = (0..3)
+        .map(|i| {
+            let d = pattern(4 << 20, i);
+            (Canary::new(d.clone()).0, d)
+        })
+        .collect();
+    let (bufs, expected): (Vec<Canary>, Vec<Vec<u8>>) = frames.into_iter().unzip();
+    assert!(client.send_multi(bufs, 21).now_or_never().is_none());
+    let got = within("multi receive", server.recv_multi(21))
+        .await
+        .unwrap();
+    assert!(
+        got == expected,
+        "a frame was read after its buffer was freed"
+    );
 }

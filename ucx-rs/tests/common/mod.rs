@@ -1,9 +1,11 @@
 //! Helpers shared by the in-process integration tests.
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ucx::{Context, Endpoint, Listener, ProgressMode, Worker};
+use ucx::{Context, Endpoint, IoBuf, IoBufMut, Listener, ProgressMode, Worker};
 
 pub const MODES: [ProgressMode; 3] = [
     ProgressMode::Polling,
@@ -56,4 +58,64 @@ pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T
     tokio::time::timeout(STEP, f)
         .await
         .unwrap_or_else(|_| panic!("{what} did not finish within {STEP:?}"))
+}
+
+/// A receive/send buffer over test-owned memory that is never freed. Dropping it fills the
+/// memory with a canary and records the drop, so a test can see whether UCX wrote into (or
+/// read from) the memory after the buffer was given up.
+pub struct Canary {
+    mem: *mut u8,
+    len: usize,
+    dropped: Arc<AtomicBool>,
+}
+
+// SAFETY: the memory is leaked (never freed) and only reached through this value.
+unsafe impl Send for Canary {}
+
+pub const CANARY: u8 = 0xAA;
+
+impl Canary {
+    pub fn new(contents: Vec<u8>) -> (Canary, &'static [u8], Arc<AtomicBool>) {
+        let mem: &'static mut [u8] = Box::leak(contents.into_boxed_slice());
+        let dropped = Arc::new(AtomicBool::new(false));
+        let view: &'static [u8] =
+            // SAFETY: the leaked memory lives forever; the test only reads it after the buffer
+            // has been dropped (or to compare), which is exactly what it checks.
+            unsafe { std::slice::from_raw_parts(mem.as_ptr(), mem.len()) };
+        let c = Canary {
+            mem: mem.as_mut_ptr(),
+            len: mem.len(),
+            dropped: Arc::clone(&dropped),
+        };
+        (c, view, dropped)
+    }
+}
+
+impl Drop for Canary {
+    fn drop(&mut self) {
+        // SAFETY: mem is valid for len bytes for the whole program (leaked).
+        unsafe { std::ptr::write_bytes(self.mem, CANARY, self.len) };
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+// SAFETY: the pointer is stable (leaked heap memory) and valid for len bytes.
+unsafe impl IoBuf for Canary {
+    fn stable_ptr(&self) -> *const u8 {
+        self.mem
+    }
+    fn bytes_init(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: as above, writable for len bytes.
+unsafe impl IoBufMut for Canary {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.mem
+    }
+    fn bytes_total(&self) -> usize {
+        self.len
+    }
+    unsafe fn set_init(&mut self, _n: usize) {}
 }
