@@ -431,3 +431,51 @@ async fn dropped_active_message_and_multi_sends_keep_their_buffers() {
         "a frame was read after its buffer was freed"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropped_puts_and_gets_keep_their_buffers() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    let mut region = ucx::MemoryHandle::alloc(&ctx, 8 << 20).unwrap();
+    let original = pattern(8 << 20, 3);
+    region.write(0, &original).unwrap();
+    let key = client.unpack_rkey(&region.pack_rkey().unwrap()).unwrap();
+    // The server keeps a receive pending so that its worker progresses (software RMA).
+    let serve = async { server.recv_vec(9).await.unwrap() };
+    let work = async {
+        // A get dropped after its first poll: its buffer may only be dropped (and filled with
+        // the canary) after UCX finished writing into it.
+        let (buf, view, dropped) = Canary::new(vec![0u8; 8 << 20]);
+        let pending = key.get(buf, 0).now_or_never();
+        if pending.is_none() {
+            eventually("parked get buffer released", || {
+                client.worker().progress();
+                dropped.load(Ordering::SeqCst)
+            })
+            .await;
+            assert!(
+                view.iter().all(|&b| b == CANARY),
+                "written after the get's buffer was dropped"
+            );
+        }
+        // A put dropped after its first poll: the region must get the put's bytes, never the
+        // canary its buffer is filled with once freed.
+        let data = pattern(8 << 20, 4);
+        let (buf, _view, dropped) = Canary::new(data.clone());
+        let _ = key.put(buf, 0).now_or_never();
+        client.flush().await.unwrap();
+        eventually("parked put buffer released", || {
+            dropped.load(Ordering::SeqCst)
+        })
+        .await;
+        let (r, _) = client.send(b"done".to_vec(), 9).await;
+        r.unwrap();
+        data
+    };
+    let (_, data) = within("rma drop-safety", async { tokio::join!(serve, work) }).await;
+    assert!(
+        region.read() == data,
+        "the region holds freed (canary) bytes"
+    );
+    drop(key);
+}
