@@ -12,17 +12,66 @@ use std::sync::Arc;
 
 use ucx_sys as sys;
 
+use crate::buffer::{IoBufMut, MemoryType};
 use crate::endpoint::DEFAULT_MAX_MESSAGE;
-use crate::error::{check, Result};
+use crate::error::{check, Error, Result};
 use crate::worker::{Locked, WorkerShared};
 
 /// The AM id this crate sends and handles.
 pub const AM_ID: u32 = 0;
 
+/// Allocates receive buffers for active messages of one memory type (see
+/// [`Worker::set_am_allocator`](crate::Worker::set_am_allocator)).
+pub trait AmAllocator: Send + Sync {
+    /// A buffer with at least `len` writable bytes (`bytes_total() >= len`).
+    fn allocate(&self, len: usize) -> Result<Box<dyn IoBufMut>>;
+}
+
+/// The default allocator: host memory (`Vec<u8>`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostAllocator;
+
+impl AmAllocator for HostAllocator {
+    fn allocate(&self, len: usize) -> Result<Box<dyn IoBufMut>> {
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(len)
+            .map_err(|_| Error::InvalidArgument(format!("cannot allocate {len} bytes")))?;
+        Ok(Box::new(v))
+    }
+}
+
+/// An active message received with [`Endpoint::am_recv_buf`](crate::Endpoint::am_recv_buf).
+pub struct AmBuffer {
+    /// The memory type the sender's buffer had.
+    pub sender_memory: MemoryType,
+    /// The data: from the allocator registered for `sender_memory` (rendezvous messages, which
+    /// UCX writes straight into it), or a host `Vec` (eager messages, which UCX delivers in
+    /// host memory).
+    pub buffer: Box<dyn IoBufMut>,
+    /// Message size in bytes.
+    pub len: usize,
+}
+
+impl std::fmt::Debug for AmBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmBuffer")
+            .field("sender_memory", &self.sender_memory)
+            .field("buffer_memory", &self.buffer.memory_type())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Header bytes for each memory type, static so they outlive every send (UCX 1.13 has no
+/// `UCP_AM_SEND_FLAG_COPY_HEADER`).
+pub(crate) static HEADERS: [u8; 2] = [0, 1];
+
 /// A message waiting in the worker's queue.
 pub(crate) struct AmMessage {
     /// The receiving side's `ucp_ep_h` for the sender (0 when the sender asked no reply).
     pub ep: usize,
+    /// The sender's memory type, from the header.
+    pub mem: MemoryType,
     pub body: AmBody,
 }
 
@@ -82,8 +131,8 @@ pub(crate) fn register(worker: &Arc<WorkerShared>) -> Result<()> {
 
 unsafe extern "C" fn am_recv_cb(
     arg: *mut c_void,
-    _header: *const c_void,
-    _header_length: usize,
+    header: *const c_void,
+    header_length: usize,
     data: *mut c_void,
     length: usize,
     param: *const sys::ucp_am_recv_param_t,
@@ -110,8 +159,15 @@ unsafe extern "C" fn am_recv_cb(
         // the callback returns; they are copied here.
         AmBody::Data(unsafe { std::slice::from_raw_parts(data as *const u8, length) }.to_vec())
     };
+    let mem = if header_length >= 1 && !header.is_null() {
+        // SAFETY: UCX passes `header_length` readable header bytes.
+        MemoryType::from_byte(unsafe { *(header as *const u8) })
+    } else {
+        MemoryType::Host
+    };
     worker.am_queue().push_back(AmMessage {
         ep: param.reply_ep as usize,
+        mem,
         body,
     });
     if rndv {

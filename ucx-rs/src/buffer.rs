@@ -8,7 +8,7 @@
 use bytes::{Bytes, BytesMut};
 
 /// Where a buffer's memory lives. Passed to UCX explicitly so it need not detect it per message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum MemoryType {
     /// Ordinary host memory.
     #[default]
@@ -18,6 +18,22 @@ pub enum MemoryType {
 }
 
 impl MemoryType {
+    /// The one-byte tag this crate puts in active-message headers.
+    pub(crate) fn to_byte(self) -> u8 {
+        match self {
+            MemoryType::Host => 0,
+            MemoryType::Cuda => 1,
+        }
+    }
+
+    /// Reads the one-byte tag; anything unknown is treated as host memory.
+    pub(crate) fn from_byte(b: u8) -> MemoryType {
+        match b {
+            1 => MemoryType::Cuda,
+            _ => MemoryType::Host,
+        }
+    }
+
     pub(crate) fn to_ucs(self) -> ucx_sys::ucs_memory_type_t {
         match self {
             MemoryType::Host => ucx_sys::UCS_MEMORY_TYPE_HOST,
@@ -150,6 +166,34 @@ unsafe impl IoBuf for &'static [u8] {
     }
     fn bytes_init(&self) -> usize {
         self.len()
+    }
+}
+
+// SAFETY: delegates to the boxed buffer, whose own contract (stable pointer across moves) holds
+// because moving the Box does not move the buffer value it points to.
+unsafe impl IoBuf for Box<dyn IoBufMut> {
+    fn stable_ptr(&self) -> *const u8 {
+        (**self).stable_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        (**self).bytes_init()
+    }
+    fn memory_type(&self) -> MemoryType {
+        (**self).memory_type()
+    }
+}
+
+// SAFETY: as above.
+unsafe impl IoBufMut for Box<dyn IoBufMut> {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        (**self).stable_mut_ptr()
+    }
+    fn bytes_total(&self) -> usize {
+        (**self).bytes_total()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: forwarded with the caller's guarantee.
+        unsafe { (**self).set_init(n) }
     }
 }
 

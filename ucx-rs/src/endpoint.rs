@@ -269,17 +269,21 @@ impl EpShared {
     }
 
     async fn am_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
+        // One header byte: the sender's memory type, so the receiver can pick an allocator.
+        let header = &crate::am::HEADERS[usize::from(buf.memory_type().to_byte())];
+        let header: *const u8 = header;
         self.send_like(buf, sys::UCP_AM_SEND_FLAG_REPLY, |ep, p, n, param| {
-            // SAFETY: see send_like; no AM header.
+            // SAFETY: see send_like; the header is a static byte, valid for ever.
             unsafe {
-                sys::ucp_am_send_nbx(ep, crate::am::AM_ID, ptr::null(), 0, p.cast(), n, param)
+                sys::ucp_am_send_nbx(ep, crate::am::AM_ID, header.cast(), 1, p.cast(), n, param)
             }
         })
         .await
     }
 
-    async fn am_recv(&self, max: usize) -> Result<Vec<u8>> {
-        let msg = poll_fn(|cx| {
+    /// The next active message that came through this endpoint.
+    async fn am_next(&self) -> Result<crate::am::AmMessage> {
+        poll_fn(|cx| {
             let mut locked = self.worker.lock();
             if self.worker.mode() == ProgressMode::Polling {
                 locked.progress();
@@ -300,50 +304,109 @@ impl EpShared {
             }
             Poll::Pending
         })
-        .await?;
-        let (desc, length) = match msg.body {
-            crate::am::AmBody::Data(v) => return Ok(v),
-            crate::am::AmBody::Rndv { desc, length } => (desc, length),
+        .await
+    }
+
+    /// Receives a rendezvous active message into `buf` (which UCX writes directly, whatever
+    /// its memory type), or releases the descriptor when `buf` is `None` or too small.
+    async fn am_recv_rndv<B: IoBufMut>(
+        &self,
+        desc: usize,
+        length: usize,
+        buf: Result<B>,
+    ) -> Result<B> {
+        let refused = match &buf {
+            Ok(b) if b.bytes_total() >= length => None,
+            Ok(b) => Some(Error::Truncated {
+                message: length,
+                buffer: b.bytes_total(),
+            }),
+            Err(e) => Some(e.clone()),
         };
-        let mut buf: Vec<u8> = Vec::new();
-        if length > max || buf.try_reserve_exact(length).is_err() {
+        if let Some(e) = refused {
             let locked = self.worker.lock();
             // SAFETY: the descriptor came from the AM handler and was taken out of the queue,
             // so it is released exactly once.
             unsafe { sys::ucp_am_data_release(locked.handle(), desc as *mut c_void) };
-            return Err(Error::Truncated {
-                message: length,
-                buffer: max.min(length.saturating_sub(1)),
-            });
+            return Err(e);
         }
+        let mut buf = buf?;
         let posted = {
             let locked = self.worker.lock();
-            let p = buf.as_mut_ptr();
-            post(
-                &locked,
-                CbKind::AmRecv,
-                Some(MemoryType::Host.to_ucs()),
-                |param, imm| {
-                    param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_RECV_INFO;
-                    param.recv_info.length = imm.stream_length();
-                    // SAFETY: desc came from the AM handler (taken out of the queue, received once);
-                    // the buffer has `length` writable bytes until completion.
-                    unsafe {
-                        sys::ucp_am_recv_data_nbx(
-                            locked.handle(),
-                            desc as *mut c_void,
-                            p.cast(),
-                            length,
-                            param,
-                        )
-                    }
-                },
-            )
+            let (p, mt) = (buf.stable_mut_ptr(), buf.memory_type());
+            post(&locked, CbKind::AmRecv, Some(mt.to_ucs()), |param, imm| {
+                param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_RECV_INFO;
+                param.recv_info.length = imm.stream_length();
+                // SAFETY: desc came from the AM handler (taken out of the queue, received
+                // once); the buffer has at least `length` writable bytes until completion.
+                unsafe {
+                    sys::ucp_am_recv_data_nbx(
+                        locked.handle(),
+                        desc as *mut c_void,
+                        p.cast(),
+                        length,
+                        param,
+                    )
+                }
+            })
         };
         let (mut c, mut buf) = self.complete(posted, buf, true).await;
         c.length = length;
         self.received(&c, &mut buf, length)?;
         Ok(buf)
+    }
+
+    fn am_capped<T>(
+        &self,
+        length: usize,
+        max: usize,
+        alloc: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        if length > max {
+            return Err(Error::Truncated {
+                message: length,
+                buffer: max,
+            });
+        }
+        alloc()
+    }
+
+    async fn am_recv(&self, max: usize) -> Result<Vec<u8>> {
+        let msg = self.am_next().await?;
+        let (desc, length) = match msg.body {
+            crate::am::AmBody::Data(v) => return Ok(v),
+            crate::am::AmBody::Rndv { desc, length } => (desc, length),
+        };
+        let buf = self.am_capped(length, max, || {
+            let mut v: Vec<u8> = Vec::new();
+            v.try_reserve_exact(length)
+                .map_err(|_| Error::InvalidArgument(format!("cannot allocate {length} bytes")))?;
+            Ok(v)
+        });
+        self.am_recv_rndv(desc, length, buf).await
+    }
+
+    async fn am_recv_buf(&self, max: usize) -> Result<crate::am::AmBuffer> {
+        let msg = self.am_next().await?;
+        let (desc, length) = match msg.body {
+            crate::am::AmBody::Data(v) => {
+                let len = v.len();
+                return Ok(crate::am::AmBuffer {
+                    sender_memory: msg.mem,
+                    buffer: Box::new(v),
+                    len,
+                });
+            }
+            crate::am::AmBody::Rndv { desc, length } => (desc, length),
+        };
+        let allocator = self.worker.am_allocator(msg.mem);
+        let buf = self.am_capped(length, max, || allocator.allocate(length));
+        let buffer = self.am_recv_rndv(desc, length, buf).await?;
+        Ok(crate::am::AmBuffer {
+            sender_memory: msg.mem,
+            buffer,
+            len: length,
+        })
     }
 
     async fn tag_send<B: IoBuf>(&self, buf: B, tag: u64) -> (Result<()>, B) {
@@ -1015,6 +1078,13 @@ impl Endpoint {
         };
         let (c, ()) = self.shared.complete(posted, (), false).await;
         self.shared.outcome(&c)
+    }
+
+    /// Like [`am_recv`](Self::am_recv), but a rendezvous message is received into a buffer
+    /// from the allocator registered for the sender's memory type
+    /// ([`Worker::set_am_allocator`]); UCX writes it there directly.
+    pub async fn am_recv_buf(&self) -> Result<crate::am::AmBuffer> {
+        self.shared.am_recv_buf(self.max_message).await
     }
 
     /// Sends bytes on the endpoint's UCP stream (ordered byte stream, no tags).

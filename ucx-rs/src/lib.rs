@@ -63,6 +63,7 @@ mod rma;
 pub mod wire;
 mod worker;
 
+pub use am::{AmAllocator, AmBuffer, HostAllocator};
 pub use buffer::{IoBuf, IoBufMut, MemoryType};
 pub use context::{version, Context, ContextBuilder, Features, Precedence, DEFAULT_OPTIONS};
 pub use endpoint::{ConnectOptions, Endpoint, DEFAULT_MAX_MESSAGE, DEFAULT_TIMEOUT};

@@ -17,7 +17,10 @@ use std::time::Duration;
 
 use ucx_sys as sys;
 
-use crate::am::AmQueue;
+use std::collections::HashMap;
+
+use crate::am::{AmAllocator, AmQueue, HostAllocator};
+use crate::buffer::MemoryType;
 use crate::context::{capture_file, Context, Features};
 use crate::endpoint::EpShared;
 use crate::error::{check, Error, Result};
@@ -63,6 +66,8 @@ pub(crate) struct WorkerShared {
     probe_count: AtomicUsize,
     /// Arrived active messages (filled by the AM handler under the worker lock).
     am: Mutex<AmQueue>,
+    /// Receive-buffer allocators for active messages, by the sender's memory type.
+    am_allocators: Mutex<HashMap<MemoryType, Arc<dyn AmAllocator>>>,
 }
 
 impl WorkerShared {
@@ -86,6 +91,16 @@ impl WorkerShared {
             .unwrap_or_else(|e| e.into_inner())
             .push(ep);
         self.has_failed.store(true, Ordering::Release);
+    }
+
+    /// The allocator for active messages from `mem` buffers (host memory when none is set).
+    pub(crate) fn am_allocator(&self, mem: MemoryType) -> Arc<dyn AmAllocator> {
+        self.am_allocators
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&mem)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(HostAllocator))
     }
 
     /// The queue of arrived active messages.
@@ -262,6 +277,7 @@ impl Worker {
             probe_waiters: Mutex::new(Vec::new()),
             probe_count: AtomicUsize::new(0),
             am: Mutex::new(AmQueue::default()),
+            am_allocators: Mutex::new(HashMap::new()),
         });
         if context.features().contains(Features::AM) {
             crate::am::register(&shared)?;
@@ -315,6 +331,16 @@ impl Worker {
     /// a `Polling` worker while none of its futures is being polled.
     pub fn progress(&self) -> u32 {
         self.shared.lock().progress()
+    }
+
+    /// Sets the allocator that [`Endpoint::am_recv_buf`](crate::Endpoint::am_recv_buf) uses for
+    /// active messages whose sender's buffer had memory type `mem` (host memory by default).
+    pub fn set_am_allocator(&self, mem: MemoryType, allocator: Arc<dyn AmAllocator>) {
+        self.shared
+            .am_allocators
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(mem, allocator);
     }
 
     /// Waits until every operation posted on this worker has completed remotely

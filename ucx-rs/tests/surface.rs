@@ -329,3 +329,41 @@ async fn rma_rejects_bad_keys_and_fails_after_the_peer_closes() {
     drop(key);
     drop(region);
 }
+
+/// A host allocator that counts its allocations, to show the hook is used.
+struct Counting(std::sync::atomic::AtomicUsize);
+
+impl ucx::AmAllocator for Counting {
+    fn allocate(&self, len: usize) -> ucx::Result<Box<dyn ucx::IoBufMut>> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(Box::new(vec![0u8; len]))
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn active_message_allocator_per_memory_type() {
+    let ctx = context();
+    let (server, client, sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    let counting = std::sync::Arc::new(Counting(Default::default()));
+    sw.set_am_allocator(ucx::MemoryType::Host, counting.clone());
+    within("am with allocator", async {
+        // Rendezvous: received straight into the allocator's buffer.
+        let big = pattern(4 << 20, 1);
+        let (sent, got) = tokio::join!(client.am_send(big.clone()), server.am_recv_buf());
+        sent.0.unwrap();
+        let mut got = got.unwrap();
+        assert_eq!(got.sender_memory, ucx::MemoryType::Host);
+        assert_eq!(got.len, big.len());
+        let p = got.buffer.stable_mut_ptr();
+        // SAFETY: the buffer holds `len` received bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(p, got.len) };
+        assert!(bytes == &big[..]);
+        assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Eager: arrives in host memory, no allocation asked of the allocator.
+        let (sent, got) = tokio::join!(client.am_send(b"small".to_vec()), server.am_recv_buf());
+        sent.0.unwrap();
+        assert_eq!(got.unwrap().len, 5);
+        assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    })
+    .await;
+}
