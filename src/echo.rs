@@ -246,6 +246,112 @@ async fn stream_once(
     r.map(drop)
 }
 
+/// The operations `ucx-echo client --test` can time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Tagged send/recv ping-pong.
+    Tag,
+    /// Stream send / receive-exactly ping-pong.
+    Stream,
+    /// Active-message ping-pong.
+    Am,
+    /// Put into the server's region, then flush (remote completion): one round trip.
+    Put,
+    /// Get from the server's region: one round trip.
+    Get,
+}
+
+impl Op {
+    /// Parses `tag|stream|am|put|get`.
+    pub fn parse(s: &str) -> Option<Op> {
+        Some(match s {
+            "tag" => Op::Tag,
+            "stream" => Op::Stream,
+            "am" => Op::Am,
+            "put" => Op::Put,
+            "get" => Op::Get,
+            _ => return None,
+        })
+    }
+}
+
+/// Times `iters` round trips of `op` with `size`-byte messages (after `warmup` untimed ones).
+/// Latency is half a round trip, as `ucx_perftest` reports it.
+pub async fn time_op(
+    ep: &Endpoint,
+    op: Op,
+    size: usize,
+    warmup: usize,
+    iters: usize,
+) -> Result<Summary> {
+    let total = warmup + iters;
+    let mut rts = Vec::with_capacity(iters);
+    let mut record = |i: usize, t0: Instant| {
+        if i >= warmup {
+            rts.push(t0.elapsed());
+        }
+    };
+    match op {
+        Op::Tag => return pingpong(ep, size, warmup, iters).await,
+        Op::Stream => {
+            let (r, _) = ep.send(command(STREAM_ECHO, size, total), CTRL_TAG).await;
+            r?;
+            let (mut sbuf, mut rbuf) = (vec![5u8; size], Vec::with_capacity(size));
+            for i in 0..total {
+                let t0 = Instant::now();
+                let ((rr, rb), (sr, sb)) =
+                    futures::join!(ep.stream_recv_exact(rbuf), ep.stream_send(sbuf));
+                sr?;
+                rr?;
+                record(i, t0);
+                (sbuf, rbuf) = (sb, rb);
+            }
+        }
+        Op::Am => {
+            let (r, _) = ep.send(command(AM_ECHO, size, total), CTRL_TAG).await;
+            r?;
+            let mut sbuf = vec![6u8; size];
+            for i in 0..total {
+                let t0 = Instant::now();
+                let ((sr, sb), got) = futures::join!(ep.am_send(sbuf), ep.am_recv());
+                sr?;
+                if got?.len() != size {
+                    return Err(Error::InvalidArgument("AM echo came back wrong".into()));
+                }
+                record(i, t0);
+                sbuf = sb;
+            }
+        }
+        Op::Put | Op::Get => {
+            let (r, _) = ep.send(command(RMA_REGION, size, 1), CTRL_TAG).await;
+            r?;
+            let key = ep.unpack_rkey(&ep.recv_vec(CTRL_TAG).await?)?;
+            let mut buf = vec![7u8; size];
+            for i in 0..total {
+                let t0 = Instant::now();
+                buf = if op == Op::Put {
+                    let (r, b) = key.put(buf, 0).await;
+                    r?;
+                    ep.flush().await?;
+                    b
+                } else {
+                    let (r, b) = key.get(buf, 0).await;
+                    r?;
+                    b
+                };
+                record(i, t0);
+            }
+            let (r, _) = ep.send(vec![1u8], CTRL_TAG).await;
+            r?;
+            ep.recv_vec(DATA_TAG).await?;
+            drop(key);
+            let (r, _) = ep.send(vec![2u8], CTRL_TAG).await;
+            r?;
+        }
+    }
+    Ok(Summary::from_round_trips(size, &mut rts))
+}
+
 /// Active-message round trip through the server; returns what came back.
 pub async fn am_echo(ep: &Endpoint, data: Vec<u8>) -> Result<Vec<u8>> {
     let (r, _) = ep.send(command(AM_ECHO, data.len(), 1), CTRL_TAG).await;

@@ -40,12 +40,13 @@ struct Args {
     json: bool,
     direct: bool,
     window: usize,
+    op: echo::Op,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]\n\
-         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N] [--bw] [--window N] [--json] [--direct]\n\
+         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N] [--bw] [--window N] [--json] [--direct] [--test tag|stream|am|put|get]\n\
          \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M] [--direct]"
     );
     std::process::exit(2)
@@ -88,6 +89,7 @@ fn parse() -> Args {
         json: false,
         direct: false,
         window: 16,
+        op: echo::Op::Tag,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
@@ -108,6 +110,7 @@ fn parse() -> Args {
             "--bw" => a.bw = true,
             "--json" => a.json = true,
             "--direct" => a.direct = true,
+            "--test" => a.op = echo::Op::parse(&val()).unwrap_or_else(|| usage()),
             "--window" => a.window = val().parse().unwrap_or_else(|_| usage()),
             _ => usage(),
         }
@@ -225,7 +228,7 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), BoxError> {
         let iters = echo::iterations_for(size, a.iters);
         let s = tokio::time::timeout(
             echo::STEP_LIMIT,
-            echo::pingpong(ep, size, (iters / 10).max(2), iters),
+            echo::time_op(ep, a.op, size, (iters / 10).max(2), iters),
         )
         .await
         .map_err(|_| "ping-pong timed out")??;
@@ -245,8 +248,8 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), BoxError> {
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         if a.json {
             println!(
-                "{{\"test\":\"tag_pingpong\",\"mode\":\"{:?}\",\"bytes\":{},\"iters\":{},\"median_us\":{:.3},\"mean_us\":{:.3},\"p99_us\":{:.3},\"pingpong_MBps\":{:.1}{}}}",
-                a.mode, size, s.iters, us(s.median), us(s.mean), us(s.p99), s.bandwidth / 1e6,
+                "{{\"test\":\"{:?}\",\"mode\":\"{:?}\",\"bytes\":{},\"iters\":{},\"median_us\":{:.3},\"mean_us\":{:.3},\"p99_us\":{:.3},\"pingpong_MBps\":{:.1}{}}}",
+                a.op, a.mode, size, s.iters, us(s.median), us(s.mean), us(s.p99), s.bandwidth / 1e6,
                 bw.map(|b| format!(",\"stream_MBps\":{:.1}", b / 1e6)).unwrap_or_default()
             );
         } else {
