@@ -234,3 +234,30 @@ async fn stream_am_multi_and_rma_across_processes() {
     ep.close().await.unwrap();
     assert!(server.wait_exit(STEP).success());
 }
+
+#[test]
+fn worker_address_endpoints_across_processes() {
+    // `ucx-echo client --direct` exchanges worker addresses over the first connection, closes
+    // it, and runs the echo on endpoints connected by address in both processes.
+    let mut server = Server::spawn("blocking", true);
+    let out = Command::new(env!("CARGO_BIN_EXE_ucx-echo"))
+        .args(["client", "--connect", &format!("127.0.0.1:{}", server.port)])
+        .args(["--mode", "blocking", "--direct", "--json", "--iters", "20"])
+        .args(["--sizes", "1,65536,4194304"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .count();
+    assert_eq!(rows, 3, "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        server.wait_exit(STEP).success(),
+        "server did not finish cleanly"
+    );
+}
