@@ -283,16 +283,25 @@ impl EpShared {
 
     /// The next active message that came through this endpoint.
     async fn am_next(&self) -> Result<crate::am::AmMessage> {
+        self.wait_for(|_| {
+            let ep = self.ep.load(Ordering::Acquire) as usize;
+            (ep != 0).then(|| self.worker.am_queue().take(ep)).flatten()
+        })
+        .await
+    }
+
+    /// Waits until `find` (called with the worker locked, after progress in polling mode)
+    /// returns something, or the endpoint fails or closes. Waiters are woken after any
+    /// progress that did work, and when an endpoint fails or closes. What arrived before a
+    /// failure is still found.
+    async fn wait_for<T>(&self, mut find: impl FnMut(&Locked<'_>) -> Option<T>) -> Result<T> {
         poll_fn(|cx| {
             let mut locked = self.worker.lock();
             if self.worker.mode() == ProgressMode::Polling {
                 locked.progress();
             }
-            let ep = self.ep.load(Ordering::Acquire) as usize;
-            if ep != 0 {
-                if let Some(m) = self.worker.am_queue().take(ep) {
-                    return Poll::Ready(Ok(m));
-                }
+            if let Some(found) = find(&locked) {
+                return Poll::Ready(Ok(found));
             }
             if let Err(e) = self.live(&locked) {
                 return Poll::Ready(Err(e));
@@ -541,27 +550,12 @@ impl EpShared {
     /// A message that arrived before the peer failed is still delivered.
     /// The message handle is returned as an address so that futures holding it stay `Send`.
     async fn probe(&self, tag: u64) -> Result<(usize, usize)> {
-        poll_fn(|cx| {
-            let mut locked = self.worker.lock();
-            if self.worker.mode() == ProgressMode::Polling {
-                locked.progress();
-            }
+        self.wait_for(|locked| {
             let mut info = sys::ucp_tag_recv_info_t::default();
             // SAFETY: the worker is locked; info is a valid out-pointer.
             let msg =
                 unsafe { sys::ucp_tag_probe_nb(locked.handle(), tag, u64::MAX, 1, &mut info) };
-            if !msg.is_null() {
-                return Poll::Ready(Ok((msg as usize, info.length)));
-            }
-            if let Err(e) = self.live(&locked) {
-                return Poll::Ready(Err(e));
-            }
-            if self.worker.mode() == ProgressMode::Polling {
-                cx.waker().wake_by_ref();
-            } else {
-                self.worker.add_probe_waiter(cx.waker());
-            }
-            Poll::Pending
+            (!msg.is_null()).then_some((msg as usize, info.length))
         })
         .await
     }
