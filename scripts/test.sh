@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Every check CI runs: formatting, clippy with warnings denied, and all tests (unit, doc,
-# in-process and multi-process integration tests) against the real UCX.
+# Every check CI runs: formatting, clippy with warnings denied, the examples (they must run,
+# not only compile), then all tests (unit, doc, in-process and multi-process integration
+# tests) against the real UCX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy -j2 --workspace --all-targets -- -D warnings
+for ex in echo many_clients active_messages rma; do
+  echo "example $ex:"
+  timeout 300 cargo run -q -j2 --example "$ex"
+done
 cargo test -j2 --workspace
