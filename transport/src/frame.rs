@@ -1,0 +1,220 @@
+//! The message header: what a connection sends before a message's frames.
+//!
+//! Layout (little-endian): `magic: u32 = "UTM1"`, `channel: u32`, `nframes: u32`, then per
+//! frame `size: u64` and `memory: u8` (0 host, 1 CUDA). Everything is validated against
+//! [`Limits`] before a single frame byte is allocated.
+
+/// Magic at the start of every header.
+pub const MAGIC: [u8; 4] = *b"UTM1";
+/// Bytes before the per-frame entries.
+pub const FIXED_LEN: usize = 12;
+/// Bytes per frame entry.
+pub const ENTRY_LEN: usize = 9;
+
+/// Caps on what a peer may announce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most frames in one message.
+    pub max_frames: u32,
+    /// Most bytes in one message (all frames together).
+    pub max_message: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frames: 65_536,
+            max_message: 4 << 30,
+        }
+    }
+}
+
+/// One frame as the header describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameMeta {
+    /// Size in bytes.
+    pub size: u64,
+    /// Whether the sender's frame is in CUDA device memory.
+    pub cuda: bool,
+}
+
+/// Why a header was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// The first four bytes are not [`MAGIC`].
+    #[error("bad magic {0:02x?}: not a transport message header")]
+    Magic([u8; 4]),
+    /// More frames than [`Limits::max_frames`].
+    #[error("{got} frames announced, at most {max} allowed")]
+    TooManyFrames {
+        /// Announced.
+        got: u32,
+        /// Allowed.
+        max: u32,
+    },
+    /// More bytes than [`Limits::max_message`].
+    #[error("{got} bytes announced, at most {max} allowed")]
+    TooLarge {
+        /// Announced (saturating).
+        got: u64,
+        /// Allowed.
+        max: u64,
+    },
+    /// A memory-type byte other than 0 or 1.
+    #[error("frame {index}: unknown memory type {value}")]
+    MemoryType {
+        /// Frame index.
+        index: usize,
+        /// The byte.
+        value: u8,
+    },
+}
+
+/// Encodes a header for `frames` on `channel`.
+///
+/// ```
+/// use transport::frame::{decode_entries, decode_fixed, encode, FrameMeta, Limits, FIXED_LEN};
+/// let frames = [FrameMeta { size: 5, cuda: false }, FrameMeta { size: 0, cuda: false }];
+/// let h = encode(7, &frames);
+/// let (channel, n) = decode_fixed(h[..FIXED_LEN].try_into().unwrap(), &Limits::default()).unwrap();
+/// assert_eq!((channel, n), (7, 2));
+/// assert_eq!(decode_entries(&h[FIXED_LEN..], &Limits::default()).unwrap(), frames);
+/// ```
+pub fn encode(channel: u32, frames: &[FrameMeta]) -> Vec<u8> {
+    let mut h = Vec::with_capacity(FIXED_LEN + ENTRY_LEN * frames.len());
+    h.extend_from_slice(&MAGIC);
+    h.extend_from_slice(&channel.to_le_bytes());
+    h.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+    for f in frames {
+        h.extend_from_slice(&f.size.to_le_bytes());
+        h.push(u8::from(f.cuda));
+    }
+    h
+}
+
+/// Checks the fixed part; returns (channel, frame count). The count is within the limits, so
+/// `ENTRY_LEN * count` bytes may be read next.
+pub fn decode_fixed(fixed: &[u8; FIXED_LEN], limits: &Limits) -> Result<(u32, u32), HeaderError> {
+    let magic: [u8; 4] = fixed[..4].try_into().expect("4 bytes");
+    if magic != MAGIC {
+        return Err(HeaderError::Magic(magic));
+    }
+    let channel = u32::from_le_bytes(fixed[4..8].try_into().expect("4 bytes"));
+    let n = u32::from_le_bytes(fixed[8..12].try_into().expect("4 bytes"));
+    if n > limits.max_frames {
+        return Err(HeaderError::TooManyFrames {
+            got: n,
+            max: limits.max_frames,
+        });
+    }
+    Ok((channel, n))
+}
+
+/// Decodes the frame entries and checks the total size.
+pub fn decode_entries(entries: &[u8], limits: &Limits) -> Result<Vec<FrameMeta>, HeaderError> {
+    let mut total = 0u64;
+    let mut out = Vec::with_capacity(entries.len() / ENTRY_LEN);
+    for (index, e) in entries.chunks_exact(ENTRY_LEN).enumerate() {
+        let size = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
+        let cuda = match e[8] {
+            0 => false,
+            1 => true,
+            value => return Err(HeaderError::MemoryType { index, value }),
+        };
+        total = total.saturating_add(size);
+        if total > limits.max_message {
+            return Err(HeaderError::TooLarge {
+                got: total,
+                max: limits.max_message,
+            });
+        }
+        out.push(FrameMeta { size, cuda });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixed(h: &[u8]) -> [u8; FIXED_LEN] {
+        h[..FIXED_LEN].try_into().unwrap()
+    }
+
+    #[test]
+    fn refuses_what_it_must() {
+        let l = Limits {
+            max_frames: 4,
+            max_message: 100,
+        };
+        let mut h = encode(
+            1,
+            &[FrameMeta {
+                size: 1,
+                cuda: false,
+            }],
+        );
+        h[0] = b'X';
+        assert!(matches!(
+            decode_fixed(&fixed(&h), &l),
+            Err(HeaderError::Magic(_))
+        ));
+        let h = encode(
+            1,
+            &[FrameMeta {
+                size: 1,
+                cuda: false,
+            }; 5],
+        );
+        assert!(matches!(
+            decode_fixed(&fixed(&h), &l),
+            Err(HeaderError::TooManyFrames { got: 5, max: 4 })
+        ));
+        let h = encode(
+            1,
+            &[FrameMeta {
+                size: u64::MAX,
+                cuda: false,
+            }; 2],
+        );
+        assert!(matches!(
+            decode_entries(&h[FIXED_LEN..], &l),
+            Err(HeaderError::TooLarge { .. })
+        ));
+        let mut h = encode(
+            1,
+            &[FrameMeta {
+                size: 1,
+                cuda: false,
+            }],
+        );
+        h[FIXED_LEN + 8] = 9;
+        assert!(matches!(
+            decode_entries(&h[FIXED_LEN..], &l),
+            Err(HeaderError::MemoryType { index: 0, value: 9 })
+        ));
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        // A small deterministic generator: no decoder input may panic or over-allocate.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let l = Limits::default();
+        for _ in 0..10_000 {
+            let mut b = [0u8; FIXED_LEN + 3 * ENTRY_LEN];
+            for byte in b.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *byte = x as u8;
+            }
+            if x.is_multiple_of(3) {
+                b[..4].copy_from_slice(&MAGIC);
+            }
+            if let Ok((_, n)) = decode_fixed(&fixed(&b), &l) {
+                let n = (n as usize).min(3);
+                let _ = decode_entries(&b[FIXED_LEN..FIXED_LEN + n * ENTRY_LEN], &l);
+            }
+        }
+    }
+}

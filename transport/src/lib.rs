@@ -1,0 +1,245 @@
+//! One connection API over `ucx://`, `tcp://` and `inproc://`.
+//!
+//! A connection carries **messages**: lists of frames, sent as one header (channel, frame
+//! sizes, memory types; validated against [`frame::Limits`] on receipt) followed by the
+//! frames. Messages on one connection arrive in the order they were sent; several logical
+//! channels share a connection (the channel number travels in the header), and concurrent
+//! senders on one connection are safe (a message's header and frames are never interleaved
+//! with another's).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), transport::TransportError> {
+//! use transport::{connect, listen, Message};
+//! let mut listener = listen(&"tcp://127.0.0.1:0".parse()?).await?;
+//! let addr = listener.local_addr().clone();
+//! let (server, client) = tokio::join!(listener.accept(), connect(&addr));
+//! let (server, client) = (server?, client?);
+//! client.send(3, Message::from(vec![b"header".to_vec(), vec![7u8; 1000]])).await?;
+//! let (channel, msg) = server.recv().await?;
+//! assert_eq!((channel, msg.frames.len(), msg.frames[1].len()), (3, 2, 1000));
+//! # Ok(()) }
+//! ```
+
+pub mod address;
+pub mod frame;
+mod inproc;
+mod tcp;
+mod ucx_backend;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+pub use address::{Address, AddressError};
+
+/// Time limit for [`connect`].
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A message: an ordered list of frames (host memory).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Message {
+    /// The frames, in order.
+    pub frames: Vec<Bytes>,
+}
+
+impl From<Vec<Vec<u8>>> for Message {
+    fn from(frames: Vec<Vec<u8>>) -> Self {
+        Message {
+            frames: frames.into_iter().map(Bytes::from).collect(),
+        }
+    }
+}
+
+impl Message {
+    /// Total bytes in all frames.
+    pub fn len(&self) -> usize {
+        self.frames.iter().map(Bytes::len).sum()
+    }
+
+    /// Whether there are no bytes at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Everything that can go wrong on a connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The address did not parse.
+    #[error(transparent)]
+    Address(#[from] AddressError),
+    /// The peer is gone or the connection was closed.
+    #[error("connection closed: {0}")]
+    Closed(String),
+    /// A header from the peer was refused; the connection is closed.
+    #[error("bad message header from the peer: {0}")]
+    BadHeader(#[from] frame::HeaderError),
+    /// Connecting did not finish in time.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// An operating-system error (TCP).
+    #[error("{0}")]
+    Io(String),
+    /// An error from UCX.
+    #[error("UCX: {0}")]
+    Ucx(#[from] ucx::Error),
+    /// Nothing listens on that `inproc://` name, or it is taken.
+    #[error("{0}")]
+    Inproc(String),
+}
+
+impl From<std::io::Error> for TransportError {
+    fn from(e: std::io::Error) -> Self {
+        use std::io::ErrorKind as K;
+        match e.kind() {
+            K::UnexpectedEof | K::ConnectionReset | K::BrokenPipe | K::ConnectionAborted => {
+                TransportError::Closed(e.to_string())
+            }
+            _ => TransportError::Io(e.to_string()),
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = TransportError> = std::result::Result<T, E>;
+
+/// Accepts connections on an address.
+#[derive(Debug)]
+pub struct Listener {
+    inner: ListenerInner,
+    local: Address,
+}
+
+#[derive(Debug)]
+enum ListenerInner {
+    Inproc(inproc::Listener),
+    Tcp(tcp::Listener),
+    Ucx(ucx_backend::Listener),
+}
+
+/// A connection carrying messages; see the crate docs.
+#[derive(Debug)]
+pub struct Connection {
+    inner: ConnInner,
+    peer: Address,
+}
+
+#[derive(Debug)]
+enum ConnInner {
+    Inproc(inproc::Conn),
+    Tcp(tcp::Conn),
+    Ucx(ucx_backend::Conn),
+}
+
+/// Listens on `addr` (port 0 picks a free port; see [`Listener::local_addr`]).
+pub async fn listen(addr: &Address) -> Result<Listener> {
+    let (inner, local) = match addr {
+        Address::Inproc(name) => (ListenerInner::Inproc(inproc::listen(name)?), addr.clone()),
+        Address::Tcp { host, port } => {
+            let l = tcp::listen(host, *port).await?;
+            let local = l.local();
+            (ListenerInner::Tcp(l), local)
+        }
+        Address::Ucx { host, port } => {
+            let l = ucx_backend::listen(host, *port).await?;
+            let local = l.local();
+            (ListenerInner::Ucx(l), local)
+        }
+    };
+    tracing::debug!(%local, "listening");
+    Ok(Listener { inner, local })
+}
+
+/// Connects to `addr` within [`CONNECT_TIMEOUT`].
+pub async fn connect(addr: &Address) -> Result<Connection> {
+    let attempt = async {
+        Ok::<_, TransportError>(match addr {
+            Address::Inproc(name) => ConnInner::Inproc(inproc::connect(name).await?),
+            Address::Tcp { host, port } => ConnInner::Tcp(tcp::connect(host, *port).await?),
+            Address::Ucx { host, port } => ConnInner::Ucx(ucx_backend::connect(host, *port).await?),
+        })
+    };
+    let inner = tokio::time::timeout(CONNECT_TIMEOUT, attempt)
+        .await
+        .map_err(|_| TransportError::Timeout(CONNECT_TIMEOUT))??;
+    tracing::debug!(peer = %addr, "connected");
+    Ok(Connection {
+        inner,
+        peer: addr.clone(),
+    })
+}
+
+impl Listener {
+    /// The next connection.
+    pub async fn accept(&mut self) -> Result<Connection> {
+        let (inner, peer) = match &mut self.inner {
+            ListenerInner::Inproc(l) => (ConnInner::Inproc(l.accept().await?), self.local.clone()),
+            ListenerInner::Tcp(l) => {
+                let (c, peer) = l.accept().await?;
+                (ConnInner::Tcp(c), peer)
+            }
+            ListenerInner::Ucx(l) => {
+                let (c, peer) = l.accept().await?;
+                (ConnInner::Ucx(c), peer)
+            }
+        };
+        Ok(Connection { inner, peer })
+    }
+
+    /// The bound address (port 0 resolved).
+    pub fn local_addr(&self) -> &Address {
+        &self.local
+    }
+}
+
+impl Connection {
+    /// Sends `msg` on `channel`. Waits while the peer is not keeping up (bounded buffering).
+    pub async fn send(&self, channel: u32, msg: Message) -> Result<()> {
+        match &self.inner {
+            ConnInner::Inproc(c) => c.send(channel, msg).await,
+            ConnInner::Tcp(c) => c.send(channel, msg).await,
+            ConnInner::Ucx(c) => c.send(channel, msg).await,
+        }
+    }
+
+    /// The next message, with its channel.
+    pub async fn recv(&self) -> Result<(u32, Message)> {
+        match &self.inner {
+            ConnInner::Inproc(c) => c.recv().await,
+            ConnInner::Tcp(c) => c.recv().await,
+            ConnInner::Ucx(c) => c.recv().await,
+        }
+    }
+
+    /// Closes the connection; the peer's pending `recv` fails with [`TransportError::Closed`].
+    pub async fn close(&self) -> Result<()> {
+        match &self.inner {
+            ConnInner::Inproc(c) => c.close(),
+            ConnInner::Tcp(c) => c.close().await,
+            ConnInner::Ucx(c) => c.close().await,
+        }
+    }
+
+    /// The address this connection goes to (for accepted ones: where the peer came from).
+    pub fn peer_addr(&self) -> &Address {
+        &self.peer
+    }
+}
+
+/// Checks a message against the limits before sending (the receiver would refuse it).
+fn check_outgoing(msg: &Message, limits: &frame::Limits) -> Result<Vec<frame::FrameMeta>> {
+    let metas: Vec<frame::FrameMeta> = msg
+        .frames
+        .iter()
+        .map(|f| frame::FrameMeta {
+            size: f.len() as u64,
+            cuda: false,
+        })
+        .collect();
+    let h = frame::encode(0, &metas);
+    frame::decode_fixed(h[..frame::FIXED_LEN].try_into().expect("fixed"), limits)?;
+    frame::decode_entries(&h[frame::FIXED_LEN..], limits)?;
+    Ok(metas)
+}

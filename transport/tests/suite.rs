@@ -1,0 +1,208 @@
+//! The same behaviour over every backend: inproc://, tcp:// and ucx:// (real UCX, loopback).
+
+use std::time::Duration;
+
+use transport::{connect, listen, Address, Connection, Message, TransportError};
+
+const STEP: Duration = Duration::from_secs(30);
+
+async fn pair(addr: &str) -> (Connection, Connection) {
+    // inproc names are process-wide: give each test its own.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let addr = if addr.starts_with("inproc://") {
+        format!(
+            "{addr}-{}",
+            N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        )
+    } else {
+        addr.to_string()
+    };
+    let mut l = listen(&addr.parse::<Address>().unwrap()).await.unwrap();
+    let a = l.local_addr().clone();
+    let (s, c) = tokio::time::timeout(STEP, async { tokio::join!(l.accept(), connect(&a)) })
+        .await
+        .expect("connect in time");
+    (s.unwrap(), c.unwrap())
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+        .collect()
+}
+
+async fn echo_and_order(addr: &str) {
+    let (server, client) = pair(addr).await;
+    tokio::time::timeout(STEP, async {
+        for (i, shape) in [vec![], vec![1], vec![0, 5, 100_000], vec![16 << 20]]
+            .iter()
+            .enumerate()
+        {
+            let msg = Message::from(
+                shape
+                    .iter()
+                    .map(|&n| pattern(n, i as u8))
+                    .collect::<Vec<_>>(),
+            );
+            let (sent, got) = tokio::join!(client.send(i as u32, msg.clone()), server.recv());
+            sent.unwrap();
+            assert_eq!(got.unwrap(), (i as u32, msg), "{addr}: message {i}");
+        }
+        // Order on one connection.
+        let send_all = async {
+            for i in 0..100u32 {
+                client
+                    .send(7, Message::from(vec![i.to_le_bytes().to_vec()]))
+                    .await
+                    .unwrap();
+            }
+        };
+        let recv_all = async {
+            for i in 0..100u32 {
+                let (ch, m) = server.recv().await.unwrap();
+                assert_eq!((ch, &m.frames[0][..]), (7, &i.to_le_bytes()[..]), "{addr}");
+            }
+        };
+        tokio::join!(send_all, recv_all);
+    })
+    .await
+    .expect("echo in time");
+}
+
+async fn concurrent_senders(addr: &str) {
+    let (server, client) = pair(addr).await;
+    let client = std::sync::Arc::new(client);
+    tokio::time::timeout(STEP, async {
+        let mut senders = Vec::new();
+        for ch in 0..4u32 {
+            let c = client.clone();
+            senders.push(tokio::spawn(async move {
+                for i in 0..50u32 {
+                    let frames = vec![
+                        ch.to_le_bytes().to_vec(),
+                        i.to_le_bytes().to_vec(),
+                        pattern(3000, i as u8),
+                    ];
+                    c.send(ch, Message::from(frames)).await.unwrap();
+                }
+            }));
+        }
+        let mut next = [0u32; 4];
+        for _ in 0..200 {
+            let (ch, m) = server.recv().await.unwrap();
+            assert_eq!(
+                &m.frames[0][..],
+                &ch.to_le_bytes()[..],
+                "{addr}: frames mixed up"
+            );
+            let i = u32::from_le_bytes(m.frames[1][..].try_into().unwrap());
+            assert_eq!(i, next[ch as usize], "{addr}: channel {ch} out of order");
+            assert_eq!(m.frames[2][..], pattern(3000, i as u8)[..]);
+            next[ch as usize] += 1;
+        }
+        for s in senders {
+            s.await.unwrap();
+        }
+    })
+    .await
+    .expect("concurrent senders in time");
+}
+
+async fn close_ends_pending_recv(addr: &str) {
+    let (server, client) = pair(addr).await;
+    let pending = server.recv();
+    let close = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.close().await.unwrap();
+    };
+    let (r, ()) = tokio::time::timeout(STEP, async { tokio::join!(pending, close) })
+        .await
+        .expect("the pending receive ended");
+    assert!(matches!(r, Err(TransportError::Closed(_))), "{addr}: {r:?}");
+}
+
+macro_rules! suite {
+    ($name:ident, $addr:expr) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn echo() {
+                echo_and_order($addr).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent() {
+                concurrent_senders($addr).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn close() {
+                close_ends_pending_recv($addr).await;
+            }
+        }
+    };
+}
+
+suite!(inproc_a, "inproc://suite-a");
+suite!(tcp, "tcp://127.0.0.1:0");
+suite!(ucx, "ucx://127.0.0.1:0");
+
+#[tokio::test(flavor = "current_thread")]
+async fn inproc_names_are_exclusive_and_free_again() {
+    let a: Address = "inproc://exclusive".parse().unwrap();
+    let l = listen(&a).await.unwrap();
+    assert!(matches!(listen(&a).await, Err(TransportError::Inproc(_))));
+    drop(l);
+    listen(&a)
+        .await
+        .expect("free again after the listener dropped");
+    assert!(connect(&"inproc://nobody".parse().unwrap()).await.is_err());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_slow_receiver_bounds_what_the_sender_buffers() {
+    // inproc: at most DEPTH messages wait; then send waits (no unbounded growth).
+    let (_server, client) = pair("inproc://backpressure").await;
+    let mut sent = 0;
+    loop {
+        let msg = Message::from(vec![vec![0u8; 1024]]);
+        match tokio::time::timeout(Duration::from_millis(200), client.send(0, msg)).await {
+            Ok(r) => {
+                r.unwrap();
+                sent += 1;
+                assert!(sent <= 1000, "sends never block: buffering is unbounded");
+            }
+            Err(_) => break,
+        }
+    }
+    assert!(sent >= 1, "nothing could be sent");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn tcp_garbage_header_closes_the_connection() {
+    use tokio::io::AsyncWriteExt;
+    let mut l = listen(&"tcp://127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let Address::Tcp { port, .. } = l.local_addr().clone() else {
+        unreachable!()
+    };
+    let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let server = l.accept().await.unwrap();
+    // Right magic, absurd frame count: refused before anything is allocated.
+    let mut junk = b"UTM1".to_vec();
+    junk.extend_from_slice(&0u32.to_le_bytes());
+    junk.extend_from_slice(&u32::MAX.to_le_bytes());
+    raw.write_all(&junk).await.unwrap();
+    let r = tokio::time::timeout(STEP, server.recv()).await.unwrap();
+    assert!(matches!(r, Err(TransportError::BadHeader(_))), "{r:?}");
+    // Wrong magic.
+    let mut raw2 = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let server2 = l.accept().await.unwrap();
+    raw2.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let r = tokio::time::timeout(STEP, server2.recv()).await.unwrap();
+    assert!(matches!(r, Err(TransportError::BadHeader(_))), "{r:?}");
+}
