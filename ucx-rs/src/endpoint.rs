@@ -235,6 +235,20 @@ impl EpShared {
 
     // ---- operations ------------------------------------------------------------------------
 
+    /// Posts one operation with a send-type callback (sends, put, get, flush) on the live
+    /// endpoint, under the worker lock. `op` makes the one UCX call.
+    pub(crate) fn post_live(
+        &self,
+        memory_type: Option<sys::ucs_memory_type_t>,
+        op: impl FnOnce(sys::ucp_ep_h, &mut sys::ucp_request_param_t) -> sys::ucs_status_ptr_t,
+    ) -> Result<Posted> {
+        let locked = self.worker.lock();
+        let ep = self.live(&locked)?;
+        Ok(post(&locked, CbKind::Send, memory_type, |param, _| {
+            op(ep, param)
+        }))
+    }
+
     /// Posts a send-like operation of `buf` (tag, stream, active message) on the live
     /// endpoint and waits for it. `op` makes the one UCX call: it gets the endpoint (live,
     /// under the worker lock) and the buffer's pointer and length, which stay valid until the
@@ -250,14 +264,10 @@ impl EpShared {
             &sys::ucp_request_param_t,
         ) -> sys::ucs_status_ptr_t,
     ) -> (Result<()>, B) {
+        // Scoped so that the raw pointer is not held across the await (futures stay Send).
         let posted = {
-            let locked = self.worker.lock();
-            let ep = match self.live(&locked) {
-                Ok(ep) => ep,
-                Err(e) => return (Err(e), buf),
-            };
             let (ptr, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
-            post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
+            self.post_live(Some(mt.to_ucs()), |ep, param| {
                 if flags != 0 {
                     param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
                     param.flags = flags;
@@ -265,7 +275,10 @@ impl EpShared {
                 op(ep, ptr, len, param)
             })
         };
-        self.finish(posted, buf, false).await
+        match posted {
+            Ok(posted) => self.finish(posted, buf, false).await,
+            Err(e) => (Err(e), buf),
+        }
     }
 
     async fn am_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
@@ -1007,18 +1020,17 @@ impl Endpoint {
         key: &Arc<crate::rma::RkeyInner>,
     ) -> (Result<()>, B) {
         let posted = {
-            let locked = self.shared.worker.lock();
-            let ep = match self.shared.live(&locked) {
-                Ok(ep) => ep,
-                Err(e) => return (Err(e), buf),
-            };
             let rkey = crate::RemoteKey::raw(key);
             let (p, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
-            post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
+            self.shared.post_live(Some(mt.to_ucs()), |ep, param| {
                 // SAFETY: ep live under the lock; the buffer and the rkey stay alive until the
                 // operation completes (both owned by InFlight or parked in the op).
                 unsafe { sys::ucp_put_nbx(ep, p.cast(), len, remote, rkey, param) }
             })
+        };
+        let posted = match posted {
+            Ok(posted) => posted,
+            Err(e) => return (Err(e), buf),
         };
         let (c, (buf, _key)) = self
             .shared
@@ -1035,17 +1047,16 @@ impl Endpoint {
     ) -> (Result<usize>, B) {
         let len = buf.bytes_total();
         let posted = {
-            let locked = self.shared.worker.lock();
-            let ep = match self.shared.live(&locked) {
-                Ok(ep) => ep,
-                Err(e) => return (Err(e), buf),
-            };
             let rkey = crate::RemoteKey::raw(key);
             let (p, mt) = (buf.stable_mut_ptr(), buf.memory_type());
-            post(&locked, CbKind::Send, Some(mt.to_ucs()), |param, _| {
+            self.shared.post_live(Some(mt.to_ucs()), |ep, param| {
                 // SAFETY: as in rma_put; the buffer is writable for `len` bytes.
                 unsafe { sys::ucp_get_nbx(ep, p.cast(), len, remote, rkey, param) }
             })
+        };
+        let posted = match posted {
+            Ok(posted) => posted,
+            Err(e) => return (Err(e), buf),
         };
         let (c, (mut buf, _key)) = self
             .shared
@@ -1062,14 +1073,10 @@ impl Endpoint {
     /// Waits until every operation posted on this endpoint (puts included) has completed
     /// remotely (`ucp_ep_flush_nbx`).
     pub async fn flush(&self) -> Result<()> {
-        let posted = {
-            let locked = self.shared.worker.lock();
-            let ep = self.shared.live(&locked)?;
-            post(&locked, CbKind::Send, None, |param, _| {
-                // SAFETY: ep is live under the lock.
-                unsafe { sys::ucp_ep_flush_nbx(ep, param) }
-            })
-        };
+        let posted = self.shared.post_live(None, |ep, param| {
+            // SAFETY: ep is live under the lock.
+            unsafe { sys::ucp_ep_flush_nbx(ep, param) }
+        })?;
         let (c, ()) = self.shared.complete(posted, (), false).await;
         self.shared.outcome(&c)
     }
