@@ -13,4 +13,6 @@
 
 pub mod child;
 pub mod echo;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod measure;

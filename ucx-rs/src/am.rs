@@ -45,8 +45,9 @@ pub struct AmBuffer {
     /// The memory type the sender's buffer had.
     pub sender_memory: MemoryType,
     /// The data: from the allocator registered for `sender_memory` (rendezvous messages, which
-    /// UCX writes straight into it), or a host `Vec` (eager messages, which UCX delivers in
-    /// host memory).
+    /// UCX writes straight into it, or staged for device memory), or a host `Vec` (eager
+    /// messages, which UCX delivers in host memory; with the `cuda` feature, eager messages
+    /// from device buffers are copied into a device allocator's buffer when one is set).
     pub buffer: Box<dyn IoBufMut>,
     /// Message size in bytes.
     pub len: usize,

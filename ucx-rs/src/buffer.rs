@@ -58,6 +58,13 @@ pub unsafe trait IoBuf: Send + 'static {
     fn memory_type(&self) -> MemoryType {
         MemoryType::Host
     }
+    /// For CUDA buffers: the stream whose work produces or consumes the bytes. It is
+    /// synchronised before UCX touches the memory (UCX is not stream-ordered) and orders the
+    /// staging copies (see [`cuda`](crate::cuda)). `None` for host memory.
+    #[cfg(feature = "cuda")]
+    fn cuda_stream(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
+        None
+    }
 }
 
 /// A buffer UCX can write into (receive destination).
@@ -180,6 +187,10 @@ unsafe impl IoBuf for Box<dyn IoBufMut> {
     }
     fn memory_type(&self) -> MemoryType {
         (**self).memory_type()
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_stream(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
+        (**self).cuda_stream()
     }
 }
 

@@ -100,6 +100,7 @@ pub struct ContextBuilder {
     options: Vec<(String, String)>,
     precedence: Precedence,
     name: Option<String>,
+    cuda_stage_below: usize,
 }
 
 impl Default for ContextBuilder {
@@ -109,6 +110,7 @@ impl Default for ContextBuilder {
             options: Vec::new(),
             precedence: Precedence::Options,
             name: None,
+            cuda_stage_below: DEFAULT_CUDA_STAGE_BELOW,
         }
     }
 }
@@ -145,6 +147,15 @@ impl ContextBuilder {
     /// A name for the context, shown in UCX's logs.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Device messages smaller than this many bytes go through pinned host memory even when
+    /// UCX could move device memory itself (default [`DEFAULT_CUDA_STAGE_BELOW`]): for small
+    /// messages two host copies are cheaper than UCX's CUDA protocols. `0` never stages where
+    /// UCX has CUDA support; `usize::MAX` always stages.
+    pub fn cuda_stage_below(mut self, bytes: usize) -> Self {
+        self.cuda_stage_below = bytes;
         self
     }
 
@@ -234,10 +245,13 @@ impl ContextBuilder {
             }
         }
         tracing::debug!(features = ?self.features, version = %version(), "UCX context created");
+        let memory_types = query_memory_types(handle);
         Ok(Context(Arc::new(ContextInner {
             handle,
             features: self.features,
             config: effective,
+            memory_types,
+            cuda_stage_below: self.cuda_stage_below,
         })))
     }
 }
@@ -329,6 +343,44 @@ struct ContextInner {
     handle: sys::ucp_context_h,
     features: Features,
     config: BTreeMap<String, String>,
+    /// `ucp_context_query`'s memory types, fixed for the context's life.
+    memory_types: u64,
+    cuda_stage_below: usize,
+}
+
+/// The default of [`ContextBuilder::cuda_stage_below`], measured on an H100 with UCX 1.22
+/// (see the README's GPU table): below it, staging beats UCX's own device path.
+pub const DEFAULT_CUDA_STAGE_BELOW: usize = 1 << 20;
+
+/// How device (CUDA) buffers are moved; see [`Context::cuda_support`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaSupport {
+    /// The loaded UCX reads and writes device memory itself (`cuda_copy`/`cuda_ipc`), except
+    /// for messages below [`ContextBuilder::cuda_stage_below`], which are staged.
+    ZeroCopy,
+    /// UCX cannot access device memory; every device transfer is staged through pinned host
+    /// memory (needs the `cuda` feature and a GPU).
+    Staged,
+    /// No way to move device memory: UCX has no CUDA support and this build has no `cuda`
+    /// feature or this machine no CUDA driver and GPU.
+    Unavailable,
+}
+
+fn query_memory_types(handle: sys::ucp_context_h) -> u64 {
+    let mut attr = sys::ucp_context_attr_t {
+        field_mask: sys::UCP_ATTR_FIELD_MEMORY_TYPES as u64,
+        ..Default::default()
+    };
+    // SAFETY: the context was just created; attr is a valid out-struct.
+    match check(unsafe { sys::ucp_context_query(handle, &mut attr) }) {
+        Ok(()) => attr.memory_types,
+        Err(_) => 1 << sys::UCS_MEMORY_TYPE_HOST,
+    }
+}
+
+/// Whether a device message of `len` bytes is staged through host memory.
+fn stages(ucx_has_cuda: bool, stage_below: usize, len: usize) -> bool {
+    !ucx_has_cuda || len < stage_below
 }
 
 // SAFETY: the context is created with mt_workers_shared=1, so UCX protects its shared state and
@@ -384,23 +436,39 @@ impl Context {
         &self.0.config
     }
 
-    /// Whether the loaded UCX can move CUDA device memory (it has a CUDA memory domain, as the
-    /// PyPI `libucx-cu13` wheel does with a GPU present; Debian's build does not).
-    pub fn cuda_support(&self) -> bool {
-        self.memory_types() & (1 << sys::UCS_MEMORY_TYPE_CUDA) != 0
+    /// How device buffers are moved: [`CudaSupport::ZeroCopy`] when the loaded UCX has CUDA
+    /// transports (the PyPI `libucx-cu13` wheel with a GPU present; not Debian's build, nor
+    /// `UCX_TLS` without `cuda`), else [`CudaSupport::Staged`] with the `cuda` feature and a GPU,
+    /// else [`CudaSupport::Unavailable`].
+    ///
+    /// ```
+    /// let ctx = ucx::Context::new().unwrap();
+    /// println!("device buffers: {:?}", ctx.cuda_support());
+    /// ```
+    pub fn cuda_support(&self) -> CudaSupport {
+        if self.ucx_has_cuda() {
+            return CudaSupport::ZeroCopy;
+        }
+        #[cfg(feature = "cuda")]
+        if crate::cuda::gpu_available() {
+            return CudaSupport::Staged;
+        }
+        CudaSupport::Unavailable
+    }
+
+    fn ucx_has_cuda(&self) -> bool {
+        self.0.memory_types & (1 << sys::UCS_MEMORY_TYPE_CUDA) != 0
+    }
+
+    /// Whether a device message of `len` bytes goes through pinned host memory.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn stages_cuda(&self, len: usize) -> bool {
+        stages(self.ucx_has_cuda(), self.0.cuda_stage_below, len)
     }
 
     /// The memory types the context supports, as a bit mask of `ucs_memory_type_t`.
     pub fn memory_types(&self) -> u64 {
-        let mut attr = sys::ucp_context_attr_t {
-            field_mask: sys::UCP_ATTR_FIELD_MEMORY_TYPES as u64,
-            ..Default::default()
-        };
-        // SAFETY: the context is alive; attr is a valid out-struct.
-        match check(unsafe { sys::ucp_context_query(self.0.handle, &mut attr) }) {
-            Ok(()) => attr.memory_types,
-            Err(_) => 1 << sys::UCS_MEMORY_TYPE_HOST,
-        }
+        self.0.memory_types
     }
 
     /// The version of the loaded UCX library, e.g. `"1.13.1"`.
@@ -452,6 +520,31 @@ pub fn version() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Device messages are staged when UCX cannot reach device memory, and otherwise only below
+    /// the threshold.
+    #[test]
+    fn staging_decision() {
+        assert!(stages(false, 0, 1 << 30));
+        assert!(stages(true, 16, 15));
+        assert!(!stages(true, 16, 16));
+        assert!(!stages(true, 0, 0));
+        assert!(stages(true, usize::MAX, 1 << 30));
+    }
+
+    /// Without UCX CUDA transports (Debian's UCX), the context says device buffers are staged
+    /// (with a GPU) or unavailable; never zero-copy.
+    #[test]
+    fn cuda_support_matches_memory_types() {
+        let ctx = Context::new().unwrap();
+        let ucx_cuda = ctx.memory_types() & (1 << sys::UCS_MEMORY_TYPE_CUDA) != 0;
+        assert_eq!(ctx.cuda_support() == CudaSupport::ZeroCopy, ucx_cuda);
+        let staged = Context::builder()
+            .cuda_stage_below(usize::MAX)
+            .build()
+            .unwrap();
+        assert!(staged.stages_cuda(1 << 30));
+    }
 
     #[test]
     fn unknown_option_is_a_clear_error() {

@@ -253,7 +253,33 @@ impl EpShared {
     /// endpoint and waits for it. `op` makes the one UCX call: it gets the endpoint (live,
     /// under the worker lock) and the buffer's pointer and length, which stay valid until the
     /// operation completes (the buffer is owned by `InFlight`, or parked in the op).
+    ///
+    /// Device buffers: their stream is synchronised first, and a staged message sends a pinned
+    /// host copy instead (see [`crate::cuda`]).
     async fn send_like<B: IoBuf>(
+        &self,
+        buf: B,
+        flags: u32,
+        op: impl FnOnce(
+            sys::ucp_ep_h,
+            *const u8,
+            usize,
+            &sys::ucp_request_param_t,
+        ) -> sys::ucs_status_ptr_t,
+    ) -> (Result<()>, B) {
+        #[cfg(feature = "cuda")]
+        match crate::cuda::stage_send(&self.worker, &buf) {
+            Err(e) => return (Err(e), buf),
+            Ok(Some(pinned)) => {
+                let (r, _pinned) = self.send_like_raw(pinned, flags, op).await;
+                return (r, buf);
+            }
+            Ok(None) => {}
+        }
+        self.send_like_raw(buf, flags, op).await
+    }
+
+    async fn send_like_raw<B: IoBuf>(
         &self,
         buf: B,
         flags: u32,
@@ -337,6 +363,29 @@ impl EpShared {
         length: usize,
         buf: Result<B>,
     ) -> Result<B> {
+        #[cfg(feature = "cuda")]
+        let buf = match buf {
+            Ok(b) if b.bytes_total() >= length => match crate::cuda::stage_recv(&self.worker, &b) {
+                Ok(Some(pinned)) => {
+                    let pinned = self.am_recv_rndv_raw(desc, length, Ok(pinned)).await?;
+                    let mut b = b;
+                    crate::cuda::unstage(&mut b, pinned.filled())?;
+                    return Ok(b);
+                }
+                Ok(None) => Ok(b),
+                Err(e) => Err(e),
+            },
+            other => other,
+        };
+        self.am_recv_rndv_raw(desc, length, buf).await
+    }
+
+    async fn am_recv_rndv_raw<B: IoBufMut>(
+        &self,
+        desc: usize,
+        length: usize,
+        buf: Result<B>,
+    ) -> Result<B> {
         let refused = match &buf {
             Ok(b) if b.bytes_total() >= length => None,
             Ok(b) => Some(Error::Truncated {
@@ -413,6 +462,19 @@ impl EpShared {
         let (desc, length) = match msg.body {
             crate::am::AmBody::Data(v) => {
                 let len = v.len();
+                #[cfg(feature = "cuda")]
+                if msg.mem == MemoryType::Cuda {
+                    // Eager data arrives in host memory; a device allocator still gets it.
+                    let mut b = self.worker.am_allocator(msg.mem).allocate(len)?;
+                    if b.cuda_stream().is_some() {
+                        crate::cuda::unstage(&mut b, &v)?;
+                        return Ok(crate::am::AmBuffer {
+                            sender_memory: msg.mem,
+                            buffer: b,
+                            len,
+                        });
+                    }
+                }
                 return Ok(crate::am::AmBuffer {
                     sender_memory: msg.mem,
                     buffer: Box::new(v),
@@ -439,7 +501,20 @@ impl EpShared {
         .await
     }
 
-    async fn tag_recv<B: IoBufMut>(&self, mut buf: B, tag: u64) -> (Result<usize>, B) {
+    async fn tag_recv<B: IoBufMut>(&self, buf: B, tag: u64) -> (Result<usize>, B) {
+        #[cfg(feature = "cuda")]
+        match crate::cuda::stage_recv(&self.worker, &buf) {
+            Err(e) => return (Err(e), buf),
+            Ok(Some(pinned)) => {
+                let (r, pinned) = self.tag_recv_raw(pinned, tag).await;
+                return unstaged(r, buf, &pinned);
+            }
+            Ok(None) => {}
+        }
+        self.tag_recv_raw(buf, tag).await
+    }
+
+    async fn tag_recv_raw<B: IoBufMut>(&self, mut buf: B, tag: u64) -> (Result<usize>, B) {
         let cap = buf.bytes_total();
         let posted = {
             let locked = self.worker.lock();
@@ -499,7 +574,20 @@ impl EpShared {
         .await
     }
 
-    async fn stream_recv_exact<B: IoBufMut>(&self, mut buf: B) -> (Result<usize>, B) {
+    async fn stream_recv_exact<B: IoBufMut>(&self, buf: B) -> (Result<usize>, B) {
+        #[cfg(feature = "cuda")]
+        match crate::cuda::stage_recv(&self.worker, &buf) {
+            Err(e) => return (Err(e), buf),
+            Ok(Some(pinned)) => {
+                let (r, pinned) = self.stream_recv_raw(pinned).await;
+                return unstaged(r, buf, &pinned);
+            }
+            Ok(None) => {}
+        }
+        self.stream_recv_raw(buf).await
+    }
+
+    async fn stream_recv_raw<B: IoBufMut>(&self, mut buf: B) -> (Result<usize>, B) {
         if self.stream_abandoned.load(Ordering::Acquire) {
             return (Err(Error::StreamAbandoned), buf);
         }
@@ -1019,6 +1107,10 @@ impl Endpoint {
         remote: u64,
         key: &Arc<crate::rma::RkeyInner>,
     ) -> (Result<()>, B) {
+        #[cfg(feature = "cuda")]
+        if let Err(e) = crate::cuda::require_zero_copy(&self.shared.worker, &buf) {
+            return (Err(e), buf);
+        }
         let posted = {
             let rkey = crate::RemoteKey::raw(key);
             let (p, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
@@ -1045,6 +1137,10 @@ impl Endpoint {
         remote: u64,
         key: &Arc<crate::rma::RkeyInner>,
     ) -> (Result<usize>, B) {
+        #[cfg(feature = "cuda")]
+        if let Err(e) = crate::cuda::require_zero_copy(&self.shared.worker, &buf) {
+            return (Err(e), buf);
+        }
         let len = buf.bytes_total();
         let posted = {
             let rkey = crate::RemoteKey::raw(key);
@@ -1236,4 +1332,15 @@ impl Drop for Endpoint {
             }
         }
     }
+}
+
+/// Finishes a staged receive: copies what arrived in pinned memory into the device buffer.
+#[cfg(feature = "cuda")]
+pub(crate) fn unstaged<B: IoBufMut>(
+    r: Result<usize>,
+    mut buf: B,
+    pinned: &crate::cuda::Pinned,
+) -> (Result<usize>, B) {
+    let r = r.and_then(|n| crate::cuda::unstage(&mut buf, pinned.filled()).map(|()| n));
+    (r, buf)
 }

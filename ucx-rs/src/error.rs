@@ -100,6 +100,9 @@ pub enum Error {
     /// The progress mode needs a tokio runtime and none is running on this thread.
     #[error("no tokio runtime on this thread: {0} needs one (call it inside a tokio runtime)")]
     NoRuntime(&'static str),
+    /// CUDA is not usable (no driver library, no GPU) or a CUDA driver call failed.
+    #[error("CUDA: {0}")]
+    Cuda(String),
     /// An operating-system call failed.
     #[error("{op}: {message}")]
     Os {

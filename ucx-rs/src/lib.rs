@@ -53,6 +53,8 @@
 pub mod am;
 mod buffer;
 mod context;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod endpoint;
 mod error;
 mod listener;
@@ -65,7 +67,10 @@ mod worker;
 
 pub use am::{AmAllocator, AmBuffer, HostAllocator};
 pub use buffer::{IoBuf, IoBufMut, MemoryType};
-pub use context::{version, Context, ContextBuilder, Features, Precedence, DEFAULT_OPTIONS};
+pub use context::{
+    version, Context, ContextBuilder, CudaSupport, Features, Precedence, DEFAULT_CUDA_STAGE_BELOW,
+    DEFAULT_OPTIONS,
+};
 pub use endpoint::{ConnectOptions, Endpoint, DEFAULT_MAX_MESSAGE, DEFAULT_TIMEOUT};
 pub use error::{Error, Result, Status};
 pub use listener::Listener;

@@ -54,7 +54,16 @@ impl ProbedMessage {
     /// Receives the message into `buf`. A buffer smaller than the message gets
     /// [`Error::Truncated`] (and the message is discarded). This works even after the sender's
     /// endpoint closed: the message had already arrived.
+    ///
+    /// A device buffer needs a UCX with CUDA transports here ([`Error::Cuda`] otherwise, and
+    /// the message is discarded); staged device receives go through [`Endpoint::recv`].
+    ///
+    /// [`Endpoint::recv`]: crate::Endpoint::recv
     pub async fn recv<B: IoBufMut>(mut self, mut buf: B) -> (Result<usize>, B) {
+        #[cfg(feature = "cuda")]
+        if let Err(e) = crate::cuda::require_zero_copy(&self.worker, &buf) {
+            return (Err(e), buf);
+        }
         // Taken only once the future runs: a future dropped unpolled drops `self`, whose Drop
         // discards the message, so it is never leaked inside UCX.
         let handle = std::mem::replace(&mut self.handle, 0);
@@ -164,7 +173,26 @@ impl Worker {
     /// Receives one message whose raw tag matches `tag` under `mask`, from any sender (for
     /// peers connected by worker address, or forced tags). Returns the size and sender tag.
     /// Dropping the future cancels the receive; the buffer is freed only after UCX lets go.
-    pub async fn tag_recv<B: IoBufMut>(
+    pub async fn tag_recv<B: IoBufMut>(&self, buf: B, tag: u64, mask: u64) -> (Result<TagInfo>, B) {
+        #[cfg(feature = "cuda")]
+        match crate::cuda::stage_recv(&self.shared, &buf) {
+            Err(e) => return (Err(e), buf),
+            Ok(Some(pinned)) => {
+                let (r, pinned) = self.tag_recv_raw(pinned, tag, mask).await;
+                return match r {
+                    Ok(info) => {
+                        let (n, buf) = crate::endpoint::unstaged(Ok(info.length), buf, &pinned);
+                        (n.map(|_| info), buf)
+                    }
+                    Err(e) => (Err(e), buf),
+                };
+            }
+            Ok(None) => {}
+        }
+        self.tag_recv_raw(buf, tag, mask).await
+    }
+
+    async fn tag_recv_raw<B: IoBufMut>(
         &self,
         mut buf: B,
         tag: u64,

@@ -68,6 +68,10 @@ pub(crate) struct WorkerShared {
     am: Mutex<AmQueue>,
     /// Receive-buffer allocators for active messages, by the sender's memory type.
     am_allocators: Mutex<HashMap<MemoryType, Arc<dyn AmAllocator>>>,
+    /// The CUDA context of the first device buffer used on this worker: made current on every
+    /// thread that calls into UCX for this worker (UCX's CUDA transports use the current one).
+    #[cfg(feature = "cuda")]
+    cuda: std::sync::OnceLock<Arc<cudarc::driver::CudaContext>>,
 }
 
 impl WorkerShared {
@@ -77,6 +81,12 @@ impl WorkerShared {
 
     /// Locks the worker for a sequence of UCX calls.
     pub(crate) fn lock(&self) -> Locked<'_> {
+        #[cfg(feature = "cuda")]
+        if let Some(ctx) = self.cuda.get() {
+            if let Err(e) = ctx.bind_to_thread() {
+                tracing::warn!(error = %e, "cannot make the CUDA context current");
+            }
+        }
         Locked {
             guard: Some(self.raw.lock().unwrap_or_else(|e| e.into_inner())),
             shared: self,
@@ -91,6 +101,22 @@ impl WorkerShared {
             .unwrap_or_else(|e| e.into_inner())
             .push(ep);
         self.has_failed.store(true, Ordering::Release);
+    }
+
+    /// Remembers the CUDA context device buffers on this worker live in, and makes it current.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn adopt_cuda(&self, ctx: &Arc<cudarc::driver::CudaContext>) {
+        if self.cuda.set(Arc::clone(ctx)).is_ok() {
+            tracing::debug!(ordinal = ctx.ordinal(), "worker uses a CUDA context");
+        }
+        if let Err(e) = ctx.bind_to_thread() {
+            tracing::warn!(error = %e, "cannot make the CUDA context current");
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn context(&self) -> &Context {
+        &self.context
     }
 
     /// The allocator for active messages from `mem` buffers (host memory when none is set).
@@ -278,6 +304,8 @@ impl Worker {
             probe_count: AtomicUsize::new(0),
             am: Mutex::new(AmQueue::default()),
             am_allocators: Mutex::new(HashMap::new()),
+            #[cfg(feature = "cuda")]
+            cuda: std::sync::OnceLock::new(),
         });
         if context.features().contains(Features::AM) {
             crate::am::register(&shared)?;

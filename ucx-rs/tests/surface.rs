@@ -182,7 +182,13 @@ async fn introspection() {
         "host memory is always supported"
     );
     // Debian's UCX has no CUDA support; the wheel's has it only with a GPU.
-    eprintln!("cuda_support: {}", ctx.cuda_support());
+    let cuda_in_ucx = ctx.memory_types() & (1 << 1) != 0; // bit UCS_MEMORY_TYPE_CUDA = 1
+    assert_eq!(
+        ctx.cuda_support() == ucx::CudaSupport::ZeroCopy,
+        cuda_in_ucx,
+        "{:?}",
+        ctx.cuda_support()
+    );
     server.abort();
     assert_eq!(server.transports().unwrap_err(), Error::Closed);
 }

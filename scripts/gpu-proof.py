@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Proves device buffers on a GPU machine and measures them beside ucx_perftest -m cuda.
+
+Runs against the UCX of the PyPI libucx-cu13 wheel (cuda_copy/cuda_ipc). Needs the release
+`ucx-gpu-echo` binary built against the wheel's headers:
+
+  UCX_PREFIX=$W/libucx cargo build --release --features cuda --bin ucx-gpu-echo
+  LD_LIBRARY_PATH=$W/libucx/lib:$W/libucx_cu13.libs UCX_MODULE_DIR=$W/libucx/lib/ucx \
+    python3 scripts/gpu-proof.py --echo target/release/ucx-gpu-echo --perftest $W/libucx/bin/ucx_perftest \
+    [--part echo|bench|sweep|all]
+
+Parts:
+  echo   two processes echo 1 B .. 1 GiB, every byte of every round trip compared, for
+         device->device, host->device and device->host, on the zero-copy path and the staged
+         path (UCX_TLS without cuda, and --stage-below max).
+  mixed  peers whose UCX differ (one without the CUDA transports): reported, not required
+         (UCX 1.22 fails device rendezvous between them).
+  bench  ping-pong with device buffers beside ucx_perftest -m cuda (tag_lat, and tag_bw for
+         reference), interleaved rounds, ratios of medians.
+  sweep  small device messages: UCX's own device path vs staging through pinned host memory.
+"""
+import argparse, json, os, statistics, subprocess, sys, time
+
+SERVER_CPU, CLIENT_CPU = "2", "4"
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def server(echo, memory, env, extra=()):
+    srv = subprocess.Popen(["taskset", "-c", SERVER_CPU, echo, "server", "--bind", "127.0.0.1",
+                            "--memory", memory, "--once", *extra],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = srv.stdout.readline()
+    if not line.startswith("LISTENING"):
+        srv.kill()
+        raise RuntimeError(f"server did not start: {line!r} {srv.stderr.read()}")
+    return srv, int(line.split()[1])
+
+
+def client(echo, port, memory, sizes, iters, env, check, extra=(), timeout=150):
+    cmd = ["taskset", "-c", CLIENT_CPU, echo, "client", "--connect", f"127.0.0.1:{port}",
+           "--memory", memory, "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--json",
+           *(["--check"] if check else []), *extra]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+    return out.returncode, rows, out.stderr
+
+
+def run_pair(echo, smem, cmem, sizes, iters, senv, cenv, check, sextra=(), cextra=()):
+    srv, port = server(echo, smem, senv, sextra)
+    try:
+        rc, rows, err = client(echo, port, cmem, sizes, iters, cenv, check, cextra)
+    finally:
+        try:
+            srv.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+    return rc, rows, err, srv.returncode
+
+
+def info(echo, env):
+    return subprocess.run([echo, "info"], env=env, capture_output=True, text=True, timeout=60).stdout
+
+
+def part_echo(a, env, results):
+    staged = dict(env, UCX_TLS="^cuda_copy,cuda_ipc,gdr_copy")
+    log("zero-copy env:", info(a.echo, env).replace("\n", "; "))
+    log("staged env (UCX_TLS=^cuda_copy,cuda_ipc,gdr_copy):", info(a.echo, staged).replace("\n", "; "))
+    sizes = [1, 8, 64, 512, 4096, 32768, 262144, 1000003, 1 << 21, 1 << 24, 1 << 27, 1 << 30]
+    paths = [("zero-copy", env, env, (), ()),
+             ("staged (UCX_TLS without cuda)", staged, staged, (), ()),
+             ("staged (--stage-below max)", env, env, ("--stage-below", "max"), ("--stage-below", "max"))]
+    combos = [("cuda", "cuda", "device->device both ways"),
+              ("cuda", "host", "host->device, device->host"),
+              ("host", "cuda", "device->host, host->device")]
+    results["echo"] = []
+    for pname, senv, cenv, sx, cx in paths:
+        for smem, cmem, what in combos:
+            t0 = time.time()
+            rc, rows, err, src = run_pair(a.echo, smem, cmem, sizes, 2, senv, cenv, True, sx, cx)
+            ok = rc == 0 and src == 0 and len(rows) == len(sizes) and all(r["checked"] == 2 for r in rows)
+            results["echo"].append({"path": pname, "server": smem, "client": cmem, "ok": ok,
+                                    "sizes": [r["size"] for r in rows], "secs": round(time.time() - t0, 1),
+                                    "stderr": err[-2000:]})
+            log(f"[{'PASS' if ok else 'FAIL'}] {pname:42} server {smem:4} client {cmem:4} ({what}): "
+                f"{len(rows)}/{len(sizes)} sizes, 1 B..1 GiB, every byte of 2 round trips each, "
+                f"{time.time() - t0:.1f}s" + ("" if ok else f"\n{err[-2000:]}"))
+
+
+def part_mixed(a, env, results):
+    """Peers whose UCX differ: one side has the CUDA transports, the other not."""
+    staged = dict(env, UCX_TLS="^cuda_copy,cuda_ipc,gdr_copy")
+    out = []
+    for sname, senv, cname, cenv in (("zero-copy", env, "UCX without cuda", staged),
+                                     ("UCX without cuda", staged, "zero-copy", env)):
+        for smem, cmem in (("cuda", "cuda"), ("host", "cuda"), ("cuda", "host")):
+            for size in (1, 65536, 1 << 24):
+                extra = ("--stage-below", "max") if "max" in cname else ()
+                srv, port = server(a.echo, smem, senv)
+                try:
+                    rc, rows, err = client(a.echo, port, cmem, [size], 2, cenv, True, extra, timeout=8)
+                    ok = rc == 0 and len(rows) == 1
+                except subprocess.TimeoutExpired:
+                    ok, err = False, "timeout"
+                finally:
+                    srv.kill()
+                out.append({"server": sname, "client": cname, "smem": smem, "cmem": cmem, "size": size, "ok": ok})
+                log(f"[{'PASS' if ok else 'FAIL'}] server {sname} ({smem}) <-> client {cname} ({cmem}) {size} B"
+                    + ("" if ok else f": {err[-300:]}"))
+    results["mixed"] = out
+
+
+def perftest(pt, test, size, iters, env, port):
+    srv = subprocess.Popen(["taskset", "-c", SERVER_CPU, pt, "-p", str(port)], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.7)
+        out = subprocess.run(["taskset", "-c", CLIENT_CPU, pt, "127.0.0.1", "-p", str(port), "-t", test,
+                              "-m", "cuda", "-s", str(size), "-n", str(iters)],
+                             env=env, capture_output=True, text=True, timeout=200)
+    finally:
+        try:
+            srv.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+    final = [l for l in out.stdout.splitlines() if l.startswith("Final:")]
+    if not final:
+        raise RuntimeError(f"perftest {test} {size}: {out.stdout[-1500:]} {out.stderr[-1500:]}")
+    f = final[0].split()
+    # Final: iters typical_lat avg_lat overall_lat avg_bw overall_bw(MB/s = 2^20) msgrate msgrate
+    return {"lat_us": float(f[2]), "avg_us": float(f[3]), "bw_MiBps": float(f[5])}
+
+
+def part_bench(a, env, results):
+    sizes = [8, 1 << 20, 64 << 20]
+    iters = {8: 2000, 1 << 20: 1000, 64 << 20: 200}
+    rounds = []
+    port = 23000
+    for r in range(a.rounds):
+        row = {"perftest_lat": {}, "perftest_bw": {}, "ours": {}, "ours_no_stage": {}}
+        for s in sizes:
+            port += 1
+            row["perftest_lat"][s] = perftest(a.perftest, "tag_lat", s, iters[s], env, port)
+            port += 1
+            row["perftest_bw"][s] = perftest(a.perftest, "tag_bw", s, iters[s], env, port)
+        for key, extra in (("ours", ()), ("ours_no_stage", ("--stage-below", "0"))):
+            for s in sizes:
+                rc, rows, err, _ = run_pair(a.echo, "cuda", "cuda", [s], iters[s], env, env, False, extra, extra)
+                if rc != 0 or not rows:
+                    raise RuntimeError(f"ours {s}: {err[-2000:]}")
+                row[key][s] = rows[0]
+        rounds.append(row)
+        log(f"round {r + 1}/{a.rounds} done")
+    results["bench"] = rounds
+    med = statistics.median
+    log("\nDevice->device ping-pong, one GPU, two processes (medians of rounds):")
+    log(f"{'size':>10} {'perftest tag_lat':>18} {'ours':>12} {'ours, no staging':>18} {'ratio':>7}   "
+        f"{'perftest BW (lat)':>18} {'ours BW':>12} {'of perftest':>11}  {'perftest tag_bw':>16}")
+    for s in sizes:
+        p_lat = med(r["perftest_lat"][s]["lat_us"] for r in rounds)
+        o_lat = med(r["ours"][s]["median_us"] for r in rounds)
+        n_lat = med(r["ours_no_stage"][s]["median_us"] for r in rounds)
+        p_bw = s / p_lat / 1e3  # GB/s from one-way latency
+        o_bw = s / o_lat / 1e3
+        p_tbw = med(r["perftest_bw"][s]["bw_MiBps"] for r in rounds) * (1 << 20) / 1e9
+        log(f"{s:>10} {p_lat:>16.2f}us {o_lat:>10.2f}us {n_lat:>16.2f}us {o_lat / p_lat:>6.2f}x   "
+            f"{p_bw:>15.2f}GB/s {o_bw:>9.2f}GB/s {o_bw / p_bw:>10.2f}  {p_tbw:>13.2f}GB/s")
+
+
+def part_sweep(a, env, results):
+    sizes = [8, 256, 4096, 16384, 65536, 262144]
+    out = {}
+    for key, extra in (("ucx device path", ("--stage-below", "0")), ("staged", ("--stage-below", "max"))):
+        rc, rows, err, _ = run_pair(a.echo, "cuda", "cuda", sizes, 500, env, env, False, extra, extra)
+        if rc != 0:
+            raise RuntimeError(err[-2000:])
+        out[key] = {r["size"]: r["median_us"] for r in rows}
+    results["sweep"] = out
+    log("\nSmall device messages, one-way median latency (us):")
+    log(f"{'size':>8} {'UCX device path':>16} {'staged via pinned host':>24}")
+    for s in sizes:
+        log(f"{s:>8} {out['ucx device path'][s]:>16.2f} {out['staged'][s]:>24.2f}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--echo", required=True)
+    ap.add_argument("--perftest", default="ucx_perftest")
+    ap.add_argument("--part", default="all")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    env = dict(os.environ)
+    results = {}
+    parts = ["echo", "sweep", "bench"] if a.part == "all" else a.part.split(",")
+    try:
+        for p in parts:
+            {"echo": part_echo, "bench": part_bench, "sweep": part_sweep, "mixed": part_mixed}[p](a, env, results)
+    finally:
+        with open(os.path.join(a.out, "gpu-proof.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    failed = [e for e in results.get("echo", []) if not e["ok"]]
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
