@@ -275,9 +275,15 @@ async fn stream_once(ep: &Endpoint, mut free: Vec<EchoBuf>, count: usize) -> Res
 /// The bytes of round trip `round` for a `size`-byte echo: different for every size and round,
 /// so a stale or misplaced byte is caught.
 pub fn pattern(size: usize, round: usize) -> Vec<u8> {
-    let seed = (size as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (round as u64) << 17;
+    let seed = (size as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (round as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
     (0..size as u64)
-        .map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) >> 7) as u8)
+        .map(|i| {
+            let mut x = i.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ seed;
+            x ^= x >> 29;
+            x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            (x >> 56) as u8
+        })
         .collect()
 }
 
@@ -355,6 +361,10 @@ mod tests {
     #[test]
     fn patterns_differ_by_size_and_round() {
         assert_ne!(pattern(64, 0), pattern(64, 1));
+        // Rounds differ nearly everywhere, so a stale byte from the last round is caught.
+        let (a, b) = (pattern(4096, 0), pattern(4096, 1));
+        let same = a.iter().zip(&b).filter(|(x, y)| x == y).count();
+        assert!(same < 4096 / 32, "{same} of 4096 bytes equal across rounds");
         assert_ne!(pattern(64, 0)[..32], pattern(32, 0)[..]);
         assert_eq!(pattern(0, 3), Vec::<u8>::new());
         // Not a constant fill.

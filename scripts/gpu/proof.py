@@ -6,7 +6,7 @@ Runs against the UCX of the PyPI libucx-cu13 wheel (cuda_copy/cuda_ipc). Needs t
 
   UCX_PREFIX=$W/libucx cargo build --release --features cuda --bin ucx-gpu-echo
   LD_LIBRARY_PATH=$W/libucx/lib:$W/libucx_cu13.libs UCX_MODULE_DIR=$W/libucx/lib/ucx \
-    python3 scripts/gpu-proof.py --echo target/release/ucx-gpu-echo --perftest $W/libucx/bin/ucx_perftest \
+    python3 scripts/gpu/proof.py --echo target/release/ucx-gpu-echo --perftest $W/libucx/bin/ucx_perftest \
     [--part echo|bench|sweep|all]
 
 Parts:
