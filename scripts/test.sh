@@ -15,3 +15,5 @@ for ex in echo many_clients active_messages rma; do
   timeout 300 cargo run -q -j2 --example "$ex"
 done
 cargo test -j2 --workspace --all-features
+# Whether this machine ran the device tests, and if not why (they return early without a GPU).
+cargo run -q -j2 --features cuda --bin ucx-gpu-echo -- info
