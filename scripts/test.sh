@@ -17,3 +17,5 @@ done
 cargo test -j2 --workspace --all-features
 # Whether this machine ran the device tests, and if not why (they return early without a GPU).
 cargo run -q -j2 --features cuda --bin ucx-gpu-echo -- info
+# Interop with the real UCXX from PyPI, both directions (installs it into target/ucxx-venv once).
+bash tests/interop/run.sh

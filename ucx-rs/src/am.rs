@@ -63,9 +63,42 @@ impl std::fmt::Debug for AmBuffer {
     }
 }
 
+/// Length of UCXX 0.52's active-message header: the sender's `ucs_memory_type_t` (u32,
+/// native-endian) and then, all zero for a plain message, "no receiver callback", the default
+/// allocation policy and an empty user header. Observed on the wire from `ucxx-cu12` 0.52 (14
+/// bytes for host memory); earlier UCXX versions read only the first 5 bytes (memory type and
+/// the callback flag), so the same bytes suit them too.
+pub const HEADER_LEN: usize = 14;
+
 /// Header bytes for each memory type, static so they outlive every send (UCX 1.13 has no
 /// `UCP_AM_SEND_FLAG_COPY_HEADER`).
-pub(crate) static HEADERS: [u8; 2] = [0, 1];
+pub(crate) static HEADERS: [[u8; HEADER_LEN]; 2] = [header(0), header(1)];
+
+const fn header(memory_type: u32) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    let t = memory_type.to_ne_bytes();
+    h[0] = t[0];
+    h[1] = t[1];
+    h[2] = t[2];
+    h[3] = t[3];
+    h
+}
+
+/// The sender's memory type from an active-message header: UCXX's (and ours) start with a
+/// native-endian u32 `ucs_memory_type_t`; a 1-byte header (older ucx-rs) is that type's value.
+/// Anything else, or an unknown type, is host memory.
+pub(crate) fn header_memory_type(header: &[u8]) -> MemoryType {
+    let t = match header {
+        [b] => u32::from(*b),
+        [a, b, c, d, ..] => u32::from_ne_bytes([*a, *b, *c, *d]),
+        _ => 0,
+    };
+    if t == sys::UCS_MEMORY_TYPE_CUDA {
+        MemoryType::Cuda
+    } else {
+        MemoryType::Host
+    }
+}
 
 /// A message waiting in the worker's queue.
 pub(crate) struct AmMessage {
@@ -160,12 +193,14 @@ unsafe extern "C" fn am_recv_cb(
         // the callback returns; they are copied here.
         AmBody::Data(unsafe { std::slice::from_raw_parts(data as *const u8, length) }.to_vec())
     };
-    let mem = if header_length >= 1 && !header.is_null() {
-        // SAFETY: UCX passes `header_length` readable header bytes.
-        MemoryType::from_byte(unsafe { *(header as *const u8) })
+    let header: &[u8] = if header_length == 0 || header.is_null() {
+        &[]
     } else {
-        MemoryType::Host
+        // SAFETY: UCX passes `header_length` readable header bytes, valid during the call.
+        unsafe { std::slice::from_raw_parts(header as *const u8, header_length) }
     };
+    tracing::trace!(?header, length, rndv, "active message");
+    let mem = header_memory_type(header);
     worker.am_queue().push_back(AmMessage {
         ep: param.reply_ep as usize,
         mem,
@@ -181,5 +216,32 @@ unsafe extern "C" fn am_recv_cb(
 impl AmQueue {
     fn push_back(&mut self, m: AmMessage) {
         self.messages.push_back(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Our header is UCXX's: 14 bytes, the memory type first, the rest zero.
+    #[test]
+    fn headers_are_ucxx_headers() {
+        assert_eq!(HEADERS[0], [0u8; HEADER_LEN]);
+        assert_eq!(&HEADERS[1][..4], &1u32.to_ne_bytes());
+        assert!(HEADERS[1][4..].iter().all(|&b| b == 0));
+        assert_eq!(header_memory_type(&HEADERS[1]), MemoryType::Cuda);
+        assert_eq!(header_memory_type(&HEADERS[0]), MemoryType::Host);
+    }
+
+    /// Older and odd headers: one byte (earlier ucx-rs), UCXX < 0.52's five bytes, nothing,
+    /// garbage; unknown types are host memory.
+    #[test]
+    fn header_memory_types() {
+        assert_eq!(header_memory_type(&[1]), MemoryType::Cuda);
+        assert_eq!(header_memory_type(&[0]), MemoryType::Host);
+        assert_eq!(header_memory_type(&[1, 0, 0, 0, 0]), MemoryType::Cuda);
+        assert_eq!(header_memory_type(&[]), MemoryType::Host);
+        assert_eq!(header_memory_type(&[1, 2]), MemoryType::Host);
+        assert_eq!(header_memory_type(&[9, 9, 9, 9, 9]), MemoryType::Host);
     }
 }

@@ -18,22 +18,6 @@ pub enum MemoryType {
 }
 
 impl MemoryType {
-    /// The one-byte tag this crate puts in active-message headers.
-    pub(crate) fn to_byte(self) -> u8 {
-        match self {
-            MemoryType::Host => 0,
-            MemoryType::Cuda => 1,
-        }
-    }
-
-    /// Reads the one-byte tag; anything unknown is treated as host memory.
-    pub(crate) fn from_byte(b: u8) -> MemoryType {
-        match b {
-            1 => MemoryType::Cuda,
-            _ => MemoryType::Host,
-        }
-    }
-
     pub(crate) fn to_ucs(self) -> ucx_sys::ucs_memory_type_t {
         match self {
             MemoryType::Host => ucx_sys::UCS_MEMORY_TYPE_HOST,

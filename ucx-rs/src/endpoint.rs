@@ -308,13 +308,22 @@ impl EpShared {
     }
 
     async fn am_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
-        // One header byte: the sender's memory type, so the receiver can pick an allocator.
-        let header: &'static u8 = &crate::am::HEADERS[usize::from(buf.memory_type().to_byte())];
+        // UCXX's header: the sender's memory type, so the receiver can pick an allocator.
+        let header: &'static [u8; crate::am::HEADER_LEN] =
+            &crate::am::HEADERS[usize::from(buf.memory_type() == MemoryType::Cuda)];
         self.send_like(buf, sys::UCP_AM_SEND_FLAG_REPLY, move |ep, p, n, param| {
-            let header: *const u8 = header;
-            // SAFETY: see send_like; the header is a static byte, valid for ever.
+            let header = header.as_ptr();
+            // SAFETY: see send_like; the header is static, valid for ever.
             unsafe {
-                sys::ucp_am_send_nbx(ep, crate::am::AM_ID, header.cast(), 1, p.cast(), n, param)
+                sys::ucp_am_send_nbx(
+                    ep,
+                    crate::am::AM_ID,
+                    header.cast(),
+                    crate::am::HEADER_LEN,
+                    p.cast(),
+                    n,
+                    param,
+                )
             }
         })
         .await
