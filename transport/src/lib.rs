@@ -24,14 +24,17 @@
 pub mod address;
 pub mod frame;
 mod inproc;
+mod pool;
 mod tcp;
 mod ucx_backend;
+pub mod ucx_config;
 
 use std::time::Duration;
 
 use bytes::Bytes;
 
 pub use address::{Address, AddressError};
+pub use ucx_config::{configure_ucx, UcxIntent};
 
 /// Time limit for [`connect`].
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -88,6 +91,9 @@ pub enum TransportError {
     /// Nothing listens on that `inproc://` name, or it is taken.
     #[error("{0}")]
     Inproc(String),
+    /// The transport configuration is inconsistent or came too late.
+    #[error("configuration: {0}")]
+    Config(String),
 }
 
 impl From<std::io::Error> for TransportError {

@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -108,9 +107,15 @@ impl Conn {
         };
         let mut frames = Vec::with_capacity(metas.len());
         for m in metas {
-            let mut b = BytesMut::zeroed(m.size as usize);
+            let size = m.size as usize;
+            let mut b = crate::pool::take(size);
+            // Pooled buffers are already initialised up to their old length: only grow.
+            if b.len() < size {
+                b.resize(size, 0);
+            }
+            b.truncate(size);
             r.read_exact(&mut b).await?;
-            frames.push(b.freeze());
+            frames.push(crate::pool::into_bytes(b));
         }
         Ok((channel, Message { frames }))
     }

@@ -1,6 +1,6 @@
 //! UCX connections over `ucx-rs`: the header as one tagged message, then one tagged message
 //! per frame, all on the same tag (UCX keeps per-tag order). Each process shares one UCX
-//! context and a thread-progress worker.
+//! context and worker, set up from [`crate::UcxIntent`] (see [`crate::configure_ucx`]).
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::OnceLock;
@@ -13,13 +13,19 @@ use crate::{check_outgoing, Address, Message, Result, TransportError};
 
 /// The tag every message and frame of a connection travels on.
 const TAG: ucx::Tag = ucx::Tag::User(0x5455);
+/// Messages of at most this many bytes (all frames) go as one UCX message with their header:
+/// one transfer instead of one per frame plus the header.
+const INLINE_MAX: usize = 8 << 10;
 
 fn worker() -> Result<ucx::Worker> {
     static WORKER: OnceLock<std::result::Result<ucx::Worker, ucx::Error>> = OnceLock::new();
     WORKER
         .get_or_init(|| {
-            let ctx = ucx::Context::new()?;
-            ucx::Worker::new(&ctx, ucx::ProgressMode::Thread)
+            let intent = crate::ucx_config::chosen();
+            let opts = intent.options().unwrap_or_default();
+            tracing::debug!(ucx = %intent, "starting the UCX backend");
+            let ctx = ucx::Context::builder().options(opts).build()?;
+            ucx::Worker::new(&ctx, intent.progress)
         })
         .clone()
         .map_err(TransportError::from)
@@ -104,7 +110,15 @@ impl Conn {
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
         let metas = check_outgoing(&msg, &self.limits)?;
-        let header = frame::encode(channel, &metas);
+        let mut header = frame::encode(channel, &metas);
+        if msg.len() <= INLINE_MAX {
+            // Small messages travel as one UCX message: header, then the frames' bytes.
+            for f in &msg.frames {
+                header.extend_from_slice(f);
+            }
+            let (r, _) = self.ep.send(header, TAG).await;
+            return r.map_err(closed_or);
+        }
         let sends = {
             let _order = self.send_order.lock().await;
             // join_all posts in order on its first poll, inside the lock; completions are
@@ -138,20 +152,44 @@ impl Conn {
             Ok(v) => v,
             Err(e) => return Err(self.refuse_header(e).await),
         };
-        let entries = &header[frame::FIXED_LEN..];
-        if entries.len() != n as usize * frame::ENTRY_LEN {
+        let entries_end = frame::FIXED_LEN + n as usize * frame::ENTRY_LEN;
+        if header.len() < entries_end {
             return Err(self
-                .refuse(format!("{n} frames but {} entry bytes", entries.len()))
+                .refuse(format!("{n} frames but a {}-byte header", header.len()))
                 .await);
         }
-        let metas = match frame::decode_entries(entries, &self.limits) {
-            Ok(m) => m,
-            Err(e) => return Err(self.refuse_header(e).await),
-        };
+        let metas =
+            match frame::decode_entries(&header[frame::FIXED_LEN..entries_end], &self.limits) {
+                Ok(m) => m,
+                Err(e) => return Err(self.refuse_header(e).await),
+            };
+        if header.len() > entries_end {
+            // An inlined message: the frames follow the entries, exactly.
+            let total: u64 = metas.iter().map(|m| m.size).sum();
+            if (header.len() - entries_end) as u64 != total || total > INLINE_MAX as u64 {
+                return Err(self
+                    .refuse(format!(
+                        "{} bytes after the header for {total} bytes of frames",
+                        header.len() - entries_end
+                    ))
+                    .await);
+            }
+            let all = Bytes::from(header);
+            let mut at = entries_end;
+            let frames = metas
+                .iter()
+                .map(|m| {
+                    let f = all.slice(at..at + m.size as usize);
+                    at += m.size as usize;
+                    f
+                })
+                .collect();
+            return Ok((channel, Message { frames }));
+        }
         let recvs = futures::future::join_all(
             metas
                 .iter()
-                .map(|m| self.ep.recv(Vec::with_capacity(m.size as usize), TAG)),
+                .map(|m| self.ep.recv(crate::pool::take(m.size as usize), TAG)),
         )
         .await;
         let mut frames = Vec::with_capacity(recvs.len());
@@ -162,7 +200,7 @@ impl Conn {
                     .refuse(format!("a {n}-byte frame announced as {}", m.size))
                     .await);
             }
-            frames.push(Bytes::from(b));
+            frames.push(crate::pool::into_bytes(b));
         }
         Ok((channel, Message { frames }))
     }

@@ -1,0 +1,179 @@
+//! `transport-echo`: an echo server and a ping-pong client over any `transport` address.
+//!
+//! ```text
+//! transport-echo server --listen ucx://0.0.0.0:0 [--once] [UCX flags]
+//! transport-echo client --connect tcp://10.0.0.1:5000 [--sizes 8,1m,64m] [--iters N] [--frames K] [UCX flags]
+//! UCX flags: --ucx-tcp --ucx-no-shm --ucx-net-devices DEV --ucx-progress polling|blocking|thread
+//! ```
+//! The server prints `LISTENING <address>` and echoes every message on its channel. The client
+//! prints one JSON line per size: median and p99 one-way latency (half a round trip) and
+//! bandwidth from the median, after checking the first and last echo byte for byte.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use transport::{configure_ucx, connect, listen, Address, Message, UcxIntent};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+struct Args {
+    cmd: String,
+    addr: Option<String>,
+    sizes: Vec<usize>,
+    iters: usize,
+    frames: usize,
+    once: bool,
+    intent: UcxIntent,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: transport-echo server --listen URI [--once] [UCX flags]\n\
+         \x20      transport-echo client --connect URI [--sizes 8,1m,64m] [--iters N] [--frames K] [UCX flags]\n\
+         UCX flags: --ucx-tcp --ucx-no-shm --ucx-net-devices DEV --ucx-progress polling|blocking|thread"
+    );
+    std::process::exit(2)
+}
+
+fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mult)
+}
+
+fn parse() -> Args {
+    let mut it = std::env::args().skip(1);
+    let cmd = it.next().unwrap_or_else(|| usage());
+    let mut a = Args {
+        cmd,
+        addr: None,
+        sizes: vec![8, 1 << 20, 64 << 20],
+        iters: 1000,
+        frames: 1,
+        once: false,
+        intent: UcxIntent::default(),
+    };
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| usage());
+        match flag.as_str() {
+            "--listen" | "--connect" => a.addr = Some(val()),
+            "--sizes" => {
+                a.sizes = val()
+                    .split(',')
+                    .map(|s| parse_size(s).unwrap_or_else(|| usage()))
+                    .collect()
+            }
+            "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage()),
+            "--frames" => a.frames = val().parse().unwrap_or_else(|_| usage()),
+            "--once" => a.once = true,
+            "--ucx-tcp" => a.intent.tcp = true,
+            "--ucx-no-shm" => a.intent.shared_memory = false,
+            "--ucx-net-devices" => a.intent.net_devices = Some(val()),
+            "--ucx-progress" => {
+                a.intent.progress = match val().as_str() {
+                    "polling" => ucx::ProgressMode::Polling,
+                    "blocking" => ucx::ProgressMode::Blocking,
+                    "thread" => ucx::ProgressMode::Thread,
+                    _ => usage(),
+                }
+            }
+            _ => usage(),
+        }
+    }
+    a
+}
+
+fn main() {
+    let a = parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let r = rt.block_on(async move {
+        let addr: Address = a.addr.clone().ok_or("an address is needed")?.parse()?;
+        if matches!(addr, Address::Ucx { .. }) {
+            eprintln!("UCX: {}", configure_ucx(a.intent.clone())?);
+        }
+        // Spawned: polling-mode UCX futures reschedule themselves cheaply as tasks.
+        match a.cmd.as_str() {
+            "server" => tokio::spawn(server(addr, a.once)).await?,
+            "client" => tokio::spawn(client(addr, a.sizes, a.iters, a.frames)).await?,
+            _ => usage(),
+        }
+    });
+    if let Err(e) = r {
+        eprintln!("transport-echo: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn server(addr: Address, once: bool) -> Result<(), BoxError> {
+    let mut listener = listen(&addr).await?;
+    println!("LISTENING {}", listener.local_addr());
+    std::io::stdout().flush()?;
+    loop {
+        let conn = listener.accept().await?;
+        let serve = async move {
+            while let Ok((channel, msg)) = conn.recv().await {
+                if conn.send(channel, msg).await.is_err() {
+                    break;
+                }
+            }
+        };
+        if once {
+            serve.await;
+            return Ok(());
+        }
+        tokio::spawn(serve);
+    }
+}
+
+async fn client(
+    addr: Address,
+    sizes: Vec<usize>,
+    iters: usize,
+    frames: usize,
+) -> Result<(), BoxError> {
+    let conn = connect(&addr).await?;
+    for size in sizes {
+        let per = size / frames.max(1);
+        let msg = Message::from(
+            (0..frames.max(1))
+                .map(|f| (0..per).map(|i| ((i * 31 + f * 7) % 251) as u8).collect())
+                .collect::<Vec<Vec<u8>>>(),
+        );
+        let warmup = iters.div_ceil(10).max(2);
+        let mut rts = Vec::with_capacity(iters);
+        for i in 0..warmup + iters {
+            let t0 = Instant::now();
+            conn.send(1, msg.clone()).await?;
+            let (channel, back) = conn.recv().await?;
+            let rt = t0.elapsed();
+            if (i == 0 || i + 1 == warmup + iters) && (channel != 1 || back != msg) {
+                return Err(format!("the echo of {size} bytes came back different").into());
+            }
+            if i >= warmup {
+                rts.push(rt);
+            }
+        }
+        rts.sort_unstable();
+        let pick = |q: f64| rts[((rts.len() - 1) as f64 * q).round() as usize] / 2;
+        let median: Duration = pick(0.5);
+        println!(
+            "{{\"address\":\"{addr}\",\"bytes\":{},\"frames\":{},\"iters\":{},\"median_us\":{:.3},\"p99_us\":{:.3},\"mbps\":{:.1}}}",
+            per * frames.max(1),
+            frames.max(1),
+            rts.len(),
+            median.as_secs_f64() * 1e6,
+            pick(0.99).as_secs_f64() * 1e6,
+            (per * frames.max(1)) as f64 / median.as_secs_f64().max(1e-12) / 1e6
+        );
+    }
+    conn.close().await?;
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! Receive buffers for large frames, reused once the application drops the frame.
+//!
+//! A received frame is handed out as [`Bytes`]; for frames of [`POOL_MIN`] bytes and more the
+//! `Bytes` owns a pooled `Vec` that goes back to the pool when the last clone is dropped. The
+//! next receive of a similar size gets memory that is already mapped and, for UCX, already in
+//! its registration cache: allocating 64 MiB per message costs more than moving it.
+
+use std::sync::Mutex;
+
+use bytes::Bytes;
+
+/// Frames smaller than this are plain allocations (cheap, and not worth caching).
+pub(crate) const POOL_MIN: usize = 64 << 10;
+/// Most bytes the pool keeps.
+const POOL_LIMIT: usize = 512 << 20;
+
+static FREE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+/// A buffer with capacity for at least `size` bytes: a pooled one whose capacity is at most
+/// twice `size`, or a new one. Its contents are unspecified; its length is 0 for new buffers
+/// and whatever was last received for pooled ones (callers overwrite what they use).
+pub(crate) fn take(size: usize) -> Vec<u8> {
+    if size >= POOL_MIN {
+        let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= size && v.capacity() / 2 <= size)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            return free.swap_remove(i);
+        }
+    }
+    Vec::with_capacity(size)
+}
+
+/// Wraps a received buffer (its length is the frame size) as `Bytes`, returning it to the pool
+/// when dropped.
+pub(crate) fn into_bytes(v: Vec<u8>) -> Bytes {
+    if v.capacity() >= POOL_MIN {
+        Bytes::from_owner(Pooled(v))
+    } else {
+        Bytes::from(v)
+    }
+}
+
+struct Pooled(Vec<u8>);
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
+        let cached: usize = free.iter().map(Vec::capacity).sum();
+        if cached + v.capacity() <= POOL_LIMIT {
+            free.push(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dropped large frame's memory is what the next receive of that size gets.
+    #[test]
+    fn large_frames_are_reused() {
+        let size = POOL_MIN * 3 + 5;
+        let mut v = take(size);
+        v.resize(size, 7);
+        let ptr = v.as_ptr();
+        let b = into_bytes(v);
+        assert_eq!(b.len(), size);
+        assert!(b.iter().all(|&x| x == 7));
+        let clone = b.clone();
+        drop(b);
+        drop(clone);
+        // Other tests may use the pool too: look for ours among what comes back.
+        let got: Vec<Vec<u8>> = (0..8).map(|_| take(size)).collect();
+        assert!(
+            got.iter().any(|v| v.as_ptr() == ptr),
+            "the buffer was not reused"
+        );
+        // Small sizes never get a big pooled buffer.
+        assert!(take(10).capacity() < POOL_MIN);
+    }
+}

@@ -1,0 +1,229 @@
+//! UCX transport selection from intent, in the spirit of dask-cuda's `--enable-tcp-over-ucx`,
+//! `--enable-infiniband`, `--enable-nvlink` and `--enable-rdmacm`: say what you want, get the
+//! matching `UCX_TLS`, `UCX_SOCKADDR_TLS_PRIORITY` and `UCX_NET_DEVICES`, applied to the
+//! process's UCX context for `ucx://` connections ([`configure_ucx`]) and printable.
+//!
+//! ```
+//! use transport::UcxIntent;
+//! let intent = UcxIntent { tcp: true, nvlink: true, ..UcxIntent::default() };
+//! assert_eq!(
+//!     intent.to_string(),
+//!     "UCX_TLS=self,sm,tcp,cuda_copy,cuda_ipc UCX_SOCKADDR_TLS_PRIORITY=tcp"
+//! );
+//! // Nothing asked: UCX picks everything it finds.
+//! assert_eq!(UcxIntent::default().to_string(), "UCX defaults (UCX_TLS=all)");
+//! ```
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use crate::{Result, TransportError};
+
+/// What the `ucx://` backend should use. With no transport flag set, UCX chooses (`all`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UcxIntent {
+    /// TCP between hosts (`tcp`).
+    pub tcp: bool,
+    /// InfiniBand / RoCE verbs (`rc`, with `ud` for wire-up).
+    pub infiniband: bool,
+    /// NVLink / CUDA IPC between GPUs of one node (`cuda_ipc`, with `cuda_copy`).
+    pub nvlink: bool,
+    /// Host↔device copies for GPU buffers (`cuda_copy`).
+    pub cuda_copy: bool,
+    /// Connection establishment over RDMA CM instead of TCP sockets (needs `infiniband`).
+    pub rdmacm: bool,
+    /// Shared memory between processes of one host (`sm`), on by default.
+    pub shared_memory: bool,
+    /// Restrict to these devices (`UCX_NET_DEVICES`, e.g. `"mlx5_0:1"` or `"eth0"`).
+    pub net_devices: Option<String>,
+    /// How the backend's worker makes progress.
+    pub progress: ucx::ProgressMode,
+}
+
+impl Default for UcxIntent {
+    fn default() -> Self {
+        UcxIntent {
+            tcp: false,
+            infiniband: false,
+            nvlink: false,
+            cuda_copy: false,
+            rdmacm: false,
+            shared_memory: true,
+            net_devices: None,
+            progress: ucx::ProgressMode::Thread,
+        }
+    }
+}
+
+impl UcxIntent {
+    fn any_transport(&self) -> bool {
+        self.tcp || self.infiniband || self.nvlink || self.cuda_copy
+    }
+
+    /// The UCX options (keys without `UCX_`) this intent stands for, or why it is inconsistent.
+    pub fn options(&self) -> Result<Vec<(&'static str, String)>> {
+        if self.rdmacm && !self.infiniband {
+            return Err(TransportError::Config(
+                "rdmacm needs infiniband: RDMA CM connects over IB/RoCE devices".into(),
+            ));
+        }
+        if !self.any_transport() && !self.shared_memory {
+            return Err(TransportError::Config(
+                "no transport left: enable tcp, infiniband, nvlink, cuda_copy or shared memory"
+                    .into(),
+            ));
+        }
+        let mut opts = Vec::new();
+        if self.any_transport() || !self.shared_memory {
+            let mut tls = vec!["self"];
+            if self.shared_memory {
+                tls.push("sm");
+            }
+            if self.tcp {
+                tls.push("tcp");
+            }
+            if self.infiniband {
+                tls.extend(["rc", "ud"]);
+            }
+            if self.cuda_copy || self.nvlink {
+                tls.push("cuda_copy");
+            }
+            if self.nvlink {
+                tls.push("cuda_ipc");
+            }
+            opts.push(("TLS", tls.join(",")));
+            let cm = if self.rdmacm { "rdmacm" } else { "tcp" };
+            opts.push(("SOCKADDR_TLS_PRIORITY", cm.to_string()));
+        }
+        if let Some(dev) = &self.net_devices {
+            if dev.trim().is_empty() || dev.contains(char::is_whitespace) {
+                return Err(TransportError::Config(format!(
+                    "net_devices {dev:?}: give device names separated by commas"
+                )));
+            }
+            opts.push(("NET_DEVICES", dev.clone()));
+        }
+        Ok(opts)
+    }
+}
+
+impl fmt::Display for UcxIntent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.options() {
+            Err(e) => write!(f, "invalid: {e}"),
+            Ok(opts) if opts.is_empty() => write!(f, "UCX defaults (UCX_TLS=all)"),
+            Ok(opts) => {
+                let parts: Vec<String> = opts.iter().map(|(k, v)| format!("UCX_{k}={v}")).collect();
+                write!(f, "{}", parts.join(" "))
+            }
+        }
+    }
+}
+
+static CHOSEN: OnceLock<UcxIntent> = OnceLock::new();
+
+/// Sets what the `ucx://` backend uses, before its first connection or listener. Returns the
+/// options as text (also logged), or an error when the intent is inconsistent or the backend
+/// already started with another configuration.
+pub fn configure_ucx(intent: UcxIntent) -> Result<String> {
+    intent.options()?;
+    let text = intent.to_string();
+    match CHOSEN.set(intent) {
+        Ok(()) => {
+            tracing::info!(ucx = %text, "UCX transports chosen");
+            Ok(text)
+        }
+        Err(intent) if CHOSEN.get() == Some(&intent) => Ok(text),
+        Err(_) => Err(TransportError::Config(format!(
+            "the UCX backend already runs with {}; configure it once, before the first ucx:// use",
+            CHOSEN.get().map(ToString::to_string).unwrap_or_default()
+        ))),
+    }
+}
+
+/// The configuration the backend uses (the default intent unless [`configure_ucx`] ran first);
+/// fixed from the first call on.
+pub(crate) fn chosen() -> &'static UcxIntent {
+    CHOSEN.get_or_init(UcxIntent::default)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls(i: &UcxIntent) -> String {
+        i.options()
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| *k == "TLS")
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn intents_map_to_transports() {
+        let d = UcxIntent::default();
+        assert!(d.options().unwrap().is_empty());
+        let tcp = UcxIntent {
+            tcp: true,
+            shared_memory: false,
+            ..d.clone()
+        };
+        assert_eq!(tls(&tcp), "self,tcp");
+        let ib = UcxIntent {
+            infiniband: true,
+            rdmacm: true,
+            net_devices: Some("mlx5_0:1".into()),
+            ..d.clone()
+        };
+        assert_eq!(
+            ib.to_string(),
+            "UCX_TLS=self,sm,rc,ud UCX_SOCKADDR_TLS_PRIORITY=rdmacm UCX_NET_DEVICES=mlx5_0:1"
+        );
+        let gpu = UcxIntent {
+            cuda_copy: true,
+            ..d.clone()
+        };
+        assert_eq!(tls(&gpu), "self,sm,cuda_copy");
+    }
+
+    #[test]
+    fn inconsistent_intents_are_errors() {
+        let d = UcxIntent::default();
+        let e = UcxIntent {
+            rdmacm: true,
+            ..d.clone()
+        }
+        .options()
+        .unwrap_err();
+        assert!(e.to_string().contains("rdmacm needs infiniband"), "{e}");
+        assert!(UcxIntent {
+            shared_memory: false,
+            ..d.clone()
+        }
+        .options()
+        .is_err());
+        assert!(UcxIntent {
+            net_devices: Some("eth0 eth1".into()),
+            ..d
+        }
+        .options()
+        .is_err());
+    }
+
+    /// The options are real UCX keys with values UCX accepts (checked by building a context).
+    #[test]
+    fn options_are_accepted_by_ucx() {
+        let intent = UcxIntent {
+            tcp: true,
+            net_devices: Some("lo".into()),
+            ..UcxIntent::default()
+        };
+        let ctx = ucx::Context::builder()
+            .options(intent.options().unwrap())
+            .build()
+            .unwrap();
+        assert_eq!(ctx.config()["TLS"], "self,sm,tcp");
+        assert_eq!(ctx.config()["NET_DEVICES"], "lo");
+    }
+}
