@@ -26,6 +26,7 @@ pub mod frame;
 mod inproc;
 mod pool;
 mod tcp;
+pub mod topology;
 mod ucx_backend;
 pub mod ucx_config;
 

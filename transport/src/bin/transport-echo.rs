@@ -3,6 +3,7 @@
 //! ```text
 //! transport-echo server --listen ucx://0.0.0.0:0 [--once] [UCX flags]
 //! transport-echo client --connect tcp://10.0.0.1:5000 [--sizes 8,1m,64m] [--iters N] [--frames K] [UCX flags]
+//! transport-echo topology                          # GPUs, NICs and what is near each GPU
 //! UCX flags: --ucx-tcp --ucx-no-shm --ucx-net-devices DEV --ucx-progress polling|blocking|thread
 //! ```
 //! The server prints `LISTENING <address>` and echoes every message on its channel. The client
@@ -87,7 +88,40 @@ fn parse() -> Args {
     a
 }
 
+fn topology() -> Result<(), BoxError> {
+    use transport::topology::{GpuRef, Locality, Topology};
+    let topo = Topology::load()?;
+    println!("cpus allowed: {}", topo.allowed_cpus());
+    println!("network devices: {:?}", topo.network_devices());
+    let gpus = topo.gpus();
+    if gpus.is_empty() {
+        if let Locality::Unknown(why) = topo.gpu(GpuRef::Index(0)) {
+            println!("gpu 0: unknown ({why})");
+        }
+    }
+    for i in 0..gpus.len() {
+        match topo.gpu(GpuRef::Index(i)) {
+            Locality::Known(g) => println!(
+                "gpu {i}: pci {} cpus {} numa {} nics (nearest first) {:?}",
+                g.pci,
+                g.cpus,
+                g.numa_nodes,
+                g.nics.iter().map(|n| (&n.name, n.hops)).collect::<Vec<_>>()
+            ),
+            Locality::Unknown(why) => println!("gpu {i}: unknown ({why})"),
+        }
+    }
+    Ok(())
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("topology") {
+        if let Err(e) = topology() {
+            eprintln!("transport-echo topology: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let a = parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
