@@ -140,6 +140,11 @@ macro_rules! suite {
             async fn close() {
                 close_ends_pending_recv($addr).await;
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn slow_receiver() {
+                slow_receiver_blocks_large_sends($addr).await;
+            }
         }
     };
 }
@@ -158,6 +163,36 @@ async fn inproc_names_are_exclusive_and_free_again() {
         .await
         .expect("free again after the listener dropped");
     assert!(connect(&"inproc://nobody".parse().unwrap()).await.is_err());
+}
+
+/// A receiver that does not read makes 1 MiB sends wait after a bounded number (inproc: the
+/// channel depth; TCP: the kernel's socket buffers; UCX: rendezvous needs the receive posted),
+/// so the sender's memory stays bounded. Then reading resumes the stream, in order.
+async fn slow_receiver_blocks_large_sends(addr: &str) {
+    let (server, client) = pair(addr).await;
+    let client = std::sync::Arc::new(client);
+    let mut sent = 0u8;
+    let mut blocked = None;
+    while blocked.is_none() {
+        let msg = Message::from(vec![pattern(1 << 20, sent)]);
+        let c = std::sync::Arc::clone(&client);
+        let mut send = tokio::spawn(async move { c.send(0, msg).await });
+        match tokio::time::timeout(Duration::from_millis(500), &mut send).await {
+            Ok(r) => {
+                r.unwrap().unwrap();
+                sent += 1;
+                assert!(sent <= 100, "100 MiB sent to a receiver that reads nothing");
+            }
+            Err(_) => blocked = Some(send),
+        }
+    }
+    // The receiver catches up: every message arrives, in order, and the blocked send ends.
+    for i in 0..=sent {
+        let (_, msg) = tokio::time::timeout(STEP, server.recv()).await.unwrap().unwrap();
+        assert_eq!(msg.frames[0], pattern(1 << 20, i), "message {i}");
+    }
+    blocked.unwrap().await.unwrap().unwrap();
+    eprintln!("{addr}: {sent} MiB accepted before sends waited");
 }
 
 #[tokio::test(flavor = "current_thread")]
