@@ -188,7 +188,10 @@ async fn slow_receiver_blocks_large_sends(addr: &str) {
     }
     // The receiver catches up: every message arrives, in order, and the blocked send ends.
     for i in 0..=sent {
-        let (_, msg) = tokio::time::timeout(STEP, server.recv()).await.unwrap().unwrap();
+        let (_, msg) = tokio::time::timeout(STEP, server.recv())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(msg.frames[0], pattern(1 << 20, i), "message {i}");
     }
     blocked.unwrap().await.unwrap().unwrap();
