@@ -14,6 +14,8 @@ for ex in echo many_clients active_messages rma; do
   echo "example $ex:"
   timeout 300 cargo run -q -j2 --example "$ex"
 done
+echo "example over_every_backend (transport):"
+timeout 300 cargo run -q -j2 -p transport --example over_every_backend
 cargo test -j2 --workspace --all-features
 # Whether this machine ran the device tests, and if not why (they return early without a GPU).
 cargo run -q -j2 --features cuda --bin ucx-gpu-echo -- info
