@@ -37,6 +37,10 @@ use bytes::Bytes;
 pub use address::{Address, AddressError};
 pub use ucx_config::{configure_ucx, UcxIntent};
 
+/// The UCX tag a `ucx://` connection's headers and frames travel on: peers that speak the wire
+/// format with `ucx-rs` (or UCXX) directly use it.
+pub const UCX_TAG: ucx::Tag = ucx_backend::TAG;
+
 /// Time limit for [`connect`].
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -11,8 +11,9 @@ use tokio::sync::Mutex;
 use crate::frame::{self, Limits};
 use crate::{check_outgoing, Address, Message, Result, TransportError};
 
-/// The tag every message and frame of a connection travels on.
-const TAG: ucx::Tag = ucx::Tag::User(0x5455);
+/// The tag every message and frame of a connection travels on (a UCXX user tag, so it is
+/// hashed with the endpoint's tags like any other).
+pub const TAG: ucx::Tag = ucx::Tag::User(0x5455);
 /// Messages of at most this many bytes (all frames) go as one UCX message with their header:
 /// one transfer instead of one per frame plus the header.
 const INLINE_MAX: usize = 8 << 10;

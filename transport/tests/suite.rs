@@ -244,3 +244,60 @@ async fn tcp_garbage_header_closes_the_connection() {
     let r = tokio::time::timeout(STEP, server2.recv()).await.unwrap();
     assert!(matches!(r, Err(TransportError::BadHeader(_))), "{r:?}");
 }
+
+/// A raw UCX peer (ucx-rs, the same handshake) sending malformed messages on the transport's
+/// tag: a bad header is `BadHeader`, an inlined message whose bytes do not match its header
+/// closes the connection; nothing is allocated from the announced sizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ucx_garbage_closes_the_connection() {
+    let mut l = listen(&"ucx://127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let Address::Ucx { port, .. } = l.local_addr().clone() else {
+        unreachable!()
+    };
+    let ctx = ::ucx::Context::new().unwrap();
+    let worker = ::ucx::Worker::new(&ctx, ::ucx::ProgressMode::Thread).unwrap();
+    for (what, bytes) in [
+        ("wrong magic", b"GET / HTTP/1.1\r\n\r\n".to_vec()),
+        ("absurd frame count", {
+            let mut h = b"UTM1".to_vec();
+            h.extend_from_slice(&0u32.to_le_bytes());
+            h.extend_from_slice(&u32::MAX.to_le_bytes());
+            h
+        }),
+        ("absurd frame size", {
+            let mut h = transport::frame::encode(0, &[]);
+            h[8..12].copy_from_slice(&1u32.to_le_bytes());
+            h.extend_from_slice(&u64::MAX.to_le_bytes());
+            h.push(0);
+            h
+        }),
+        ("inline bytes that do not match", {
+            let mut h = transport::frame::encode(
+                0,
+                &[transport::frame::FrameMeta {
+                    size: 10,
+                    cuda: false,
+                }],
+            );
+            h.extend_from_slice(&[1, 2, 3]);
+            h
+        }),
+    ] {
+        let (server, raw) = tokio::join!(
+            l.accept(),
+            ::ucx::Endpoint::connect(&worker, ("127.0.0.1", port))
+        );
+        let (server, raw) = (server.unwrap(), raw.unwrap());
+        let (r, _) = raw.send(bytes, transport::UCX_TAG).await;
+        r.unwrap();
+        let r = tokio::time::timeout(STEP, server.recv()).await.unwrap();
+        assert!(
+            matches!(
+                r,
+                Err(TransportError::BadHeader(_)) | Err(TransportError::Closed(_))
+            ),
+            "{what}: {r:?}"
+        );
+        eprintln!("{what}: {}", r.unwrap_err());
+    }
+}
