@@ -281,12 +281,18 @@ impl<B: Send + 'static> Drop for InFlight<'_, B> {
 
 /// Waits until `op` is done, progressing the worker itself in polling mode.
 pub(crate) fn wait<'a>(op: &'a OpCore, worker: &'a WorkerShared) -> Wait<'a> {
-    Wait { op, worker }
+    Wait {
+        op,
+        worker,
+        polled: false,
+    }
 }
 
 pub(crate) struct Wait<'a> {
     op: &'a OpCore,
     worker: &'a WorkerShared,
+    /// Whether this future was polled before (polling mode).
+    polled: bool,
 }
 
 impl Future for Wait<'_> {
@@ -299,8 +305,18 @@ impl Future for Wait<'_> {
             // One progress call per poll, then yield: spinning here would delay sibling
             // futures (in a `join!` the send is posted only after the receive's poll returns;
             // measured: 18 us instead of 1.1 us per 8 B round trip with 64 spins).
-            self.worker.lock().progress();
-            if self.op.is_done() {
+            //
+            // The first poll only yields: in a `join!(recv, send)` the send is then posted
+            // before the receive's first progress call. Measured A/B (3 interleaved rounds,
+            // 8 B ping-pong): client-server 1.30 -> 0.97 us, direct 0.42 -> 0.39 us; the
+            // cost is the 8 B message rate on client-server endpoints, 3.5 -> 2.35 M/s
+            // (direct endpoints unchanged at 3.7 M/s).
+            let this = self.get_mut();
+            if this.polled {
+                this.worker.lock().progress();
+            }
+            this.polled = true;
+            if this.op.is_done() {
                 return Poll::Ready(());
             }
             cx.waker().wake_by_ref();
