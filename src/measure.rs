@@ -28,8 +28,12 @@ pub struct Summary {
     pub median: Duration,
     /// Mean one-way latency.
     pub mean: Duration,
+    /// 90th percentile one-way latency.
+    pub p90: Duration,
     /// 99th percentile one-way latency.
     pub p99: Duration,
+    /// 99.9th percentile one-way latency.
+    pub p999: Duration,
     /// Bytes per second from the median (size per one-way latency).
     pub bandwidth: f64,
 }
@@ -57,7 +61,9 @@ impl Summary {
             iters: rts.len(),
             median,
             mean: total / (2 * rts.len() as u32),
+            p90: pick(0.9),
             p99: pick(0.99),
+            p999: pick(0.999),
             bandwidth: size as f64 / median.as_secs_f64().max(1e-12),
         }
     }

@@ -220,8 +220,8 @@ async fn measure_on(ep: Endpoint, a: &Args) -> Result<(), BoxError> {
 async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), BoxError> {
     if !a.json {
         println!(
-            "{:>10} {:>8} {:>12} {:>12} {:>12} {:>14}",
-            "bytes", "iters", "median(us)", "mean(us)", "p99(us)", "MB/s"
+            "{:>10} {:>8} {:>11} {:>11} {:>11} {:>11} {:>11} {:>12}",
+            "bytes", "iters", "p50(us)", "p90(us)", "p99(us)", "p99.9(us)", "mean(us)", "MB/s"
         );
     }
     for &size in &a.sizes {
@@ -248,21 +248,32 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), BoxError> {
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         if a.json {
             println!(
-                "{{\"test\":\"{:?}\",\"mode\":\"{:?}\",\"bytes\":{},\"iters\":{},\"median_us\":{:.3},\"mean_us\":{:.3},\"p99_us\":{:.3},\"pingpong_MBps\":{:.1}{}}}",
-                a.op, a.mode, size, s.iters, us(s.median), us(s.mean), us(s.p99), s.bandwidth / 1e6,
-                bw.map(|b| format!(",\"stream_MBps\":{:.1}", b / 1e6)).unwrap_or_default()
+                "{{\"test\":\"{:?}\",\"mode\":\"{:?}\",\"bytes\":{},\"iters\":{},\"median_us\":{:.3},\"p90_us\":{:.3},\"p99_us\":{:.3},\"p999_us\":{:.3},\"mean_us\":{:.3},\"pingpong_MBps\":{:.1}{}}}",
+                a.op, a.mode, size, s.iters, us(s.median), us(s.p90), us(s.p99), us(s.p999), us(s.mean), s.bandwidth / 1e6,
+                bw.map(|b| format!(
+                    ",\"stream_MBps\":{:.1},\"stream_msgs_per_s\":{:.0}",
+                    b / 1e6,
+                    b / size.max(1) as f64
+                ))
+                .unwrap_or_default()
             );
         } else {
             println!(
-                "{:>10} {:>8} {:>12.3} {:>12.3} {:>12.3} {:>14}{}",
+                "{:>10} {:>8} {:>11.3} {:>11.3} {:>11.3} {:>11.3} {:>11.3} {:>12}{}",
                 size,
                 s.iters,
                 us(s.median),
-                us(s.mean),
+                us(s.p90),
                 us(s.p99),
+                us(s.p999),
+                us(s.mean),
                 mbps(s.bandwidth),
-                bw.map(|b| format!("   stream {} MB/s", mbps(b)))
-                    .unwrap_or_default()
+                bw.map(|b| format!(
+                    "   stream {} MB/s, {:.0} msg/s",
+                    mbps(b),
+                    b / size.max(1) as f64
+                ))
+                .unwrap_or_default()
             );
         }
     }
