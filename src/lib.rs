@@ -12,6 +12,7 @@
 //! benchmarks and tests (worker addresses it passes to UCX cannot be validated).
 
 pub mod child;
+pub mod cli;
 pub mod echo;
 #[cfg(feature = "cuda")]
 pub mod gpu;

@@ -105,6 +105,23 @@ fn stream() -> std::sync::Arc<ucx::cuda::cudarc::driver::CudaStream> {
         .default_stream()
 }
 
+/// Two workers of one process joined by a listener and a client endpoint:
+/// (client endpoint, accepted endpoint).
+async fn in_process_pair(
+    ctx: &ucx::Context,
+    mode: ucx::ProgressMode,
+) -> (ucx::Endpoint, ucx::Endpoint) {
+    let a = ucx::Worker::new(ctx, mode).unwrap();
+    let b = ucx::Worker::new(ctx, mode).unwrap();
+    let mut l = ucx::Listener::bind(&a, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = l.port();
+    let server = tokio::spawn(async move { l.accept().await });
+    let ep = ucx::Endpoint::connect(&b, ("127.0.0.1", port))
+        .await
+        .unwrap();
+    (ep, server.await.unwrap().unwrap())
+}
+
 /// Host memory on both sides: runs everywhere, so the tool and protocol are always tested.
 #[test]
 fn host_echo_across_processes() {
@@ -148,15 +165,7 @@ fn device_receive_truncation_is_an_error() {
                 .build()
                 .unwrap();
             let stream = stream();
-            let a = ucx::Worker::new(&ctx, ucx::ProgressMode::Thread).unwrap();
-            let b = ucx::Worker::new(&ctx, ucx::ProgressMode::Thread).unwrap();
-            let mut l = ucx::Listener::bind(&a, "127.0.0.1:0".parse().unwrap()).unwrap();
-            let port = l.port();
-            let server = tokio::spawn(async move { l.accept().await });
-            let ep = ucx::Endpoint::connect(&b, ("127.0.0.1", port))
-                .await
-                .unwrap();
-            let peer = server.await.unwrap().unwrap();
+            let (ep, peer) = in_process_pair(&ctx, ucx::ProgressMode::Thread).await;
             let (r, _) = ep.send(vec![5u8; 4096], 7).await;
             r.unwrap();
             let small = ucx::cuda::DeviceBuffer::alloc(&stream, 1024).unwrap();
@@ -191,19 +200,11 @@ fn device_active_messages() {
     rt.block_on(async {
         let ctx = ucx::Context::new().unwrap();
         let stream = stream();
-        let a = ucx::Worker::new(&ctx, ucx::ProgressMode::Thread).unwrap();
-        let b = ucx::Worker::new(&ctx, ucx::ProgressMode::Thread).unwrap();
-        a.set_am_allocator(
+        let (ep, peer) = in_process_pair(&ctx, ucx::ProgressMode::Thread).await;
+        peer.worker().set_am_allocator(
             ucx::MemoryType::Cuda,
             std::sync::Arc::new(ucx::cuda::DeviceAllocator::new(&stream)),
         );
-        let mut l = ucx::Listener::bind(&a, "127.0.0.1:0".parse().unwrap()).unwrap();
-        let port = l.port();
-        let server = tokio::spawn(async move { l.accept().await });
-        let ep = ucx::Endpoint::connect(&b, ("127.0.0.1", port))
-            .await
-            .unwrap();
-        let peer = server.await.unwrap().unwrap();
         for size in [16usize, 1 << 20, 8 << 20] {
             let data: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
             let dev = ucx::cuda::DeviceBuffer::from_host(&stream, &data).unwrap();
@@ -253,15 +254,7 @@ fn rendezvous_in_one_process(mode: ucx::ProgressMode) {
     rt.block_on(async {
         let ctx = ucx::Context::new().unwrap();
         let stream = stream();
-        let a = ucx::Worker::new(&ctx, mode).unwrap();
-        let b = ucx::Worker::new(&ctx, mode).unwrap();
-        let mut l = ucx::Listener::bind(&a, "127.0.0.1:0".parse().unwrap()).unwrap();
-        let port = l.port();
-        let server = tokio::spawn(async move { l.accept().await });
-        let ep = ucx::Endpoint::connect(&b, ("127.0.0.1", port))
-            .await
-            .unwrap();
-        let peer = server.await.unwrap().unwrap();
+        let (ep, peer) = in_process_pair(&ctx, mode).await;
         let size = 8 << 20;
         let data: Vec<u8> = (0..size).map(|i| (i % 241) as u8).collect();
         let dev = ucx::cuda::DeviceBuffer::from_host(&stream, &data).unwrap();

@@ -20,6 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ucx::{Context, Endpoint, Listener, ProgressMode, Worker};
+use ucx_stack::cli::parse_size;
 use ucx_stack::echo;
 use ucx_stack::measure::{mbps, pin_to_cpu};
 
@@ -50,26 +51,6 @@ fn usage() -> ! {
          \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M] [--direct]"
     );
     std::process::exit(2)
-}
-
-fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last()? {
-        'k' | 'K' => (&s[..s.len() - 1], 1 << 10),
-        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
-        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().ok()?.checked_mul(mult)
-}
-
-fn parse_mode(s: &str) -> Option<ProgressMode> {
-    match s {
-        "polling" => Some(ProgressMode::Polling),
-        "blocking" => Some(ProgressMode::Blocking),
-        "thread" => Some(ProgressMode::Thread),
-        _ => None,
-    }
 }
 
 fn parse() -> Args {
@@ -104,7 +85,7 @@ fn parse() -> Args {
                     .collect()
             }
             "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage()),
-            "--mode" => a.mode = parse_mode(&val()).unwrap_or_else(|| usage()),
+            "--mode" => a.mode = val().parse().unwrap_or_else(|_| usage()),
             "--cpu" => a.cpu = Some(val().parse().unwrap_or_else(|_| usage())),
             "--once" => a.once = true,
             "--bw" => a.bw = true,
@@ -119,12 +100,7 @@ fn parse() -> Args {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    ucx_stack::cli::init_tracing();
     let args = parse();
     if let Some(cpu) = args.cpu {
         if let Err(e) = pin_to_cpu(cpu) {

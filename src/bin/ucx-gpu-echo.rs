@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use ucx::cuda::cudarc::driver::CudaStream;
 use ucx::{Context, Endpoint, Listener, ProgressMode, Worker};
+use ucx_stack::cli::parse_size;
 use ucx_stack::gpu::{self, Memory};
 use ucx_stack::measure::mbps;
 
@@ -49,20 +50,6 @@ fn usage() -> ! {
          \x20      ucx-gpu-echo info"
     );
     std::process::exit(2)
-}
-
-fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    if s == "max" {
-        return Some(usize::MAX);
-    }
-    let (num, mult) = match s.chars().last()? {
-        'k' | 'K' => (&s[..s.len() - 1], 1 << 10),
-        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
-        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().ok()?.checked_mul(mult)
 }
 
 fn parse() -> Args {
@@ -98,17 +85,18 @@ fn parse() -> Args {
                     .collect()
             }
             "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage()),
-            "--mode" => {
-                a.mode = match val().as_str() {
-                    "polling" => ProgressMode::Polling,
-                    "blocking" => ProgressMode::Blocking,
-                    "thread" => ProgressMode::Thread,
-                    _ => usage(),
-                }
-            }
+            "--mode" => a.mode = val().parse().unwrap_or_else(|_| usage()),
             "--memory" => a.memory = Memory::parse(&val()).unwrap_or_else(|| usage()),
             "--gpu" => a.gpu = val().parse().unwrap_or_else(|_| usage()),
-            "--stage-below" => a.stage_below = Some(parse_size(&val()).unwrap_or_else(|| usage())),
+            "--stage-below" => {
+                let v = val();
+                let n = if v == "max" {
+                    Some(usize::MAX)
+                } else {
+                    parse_size(&v)
+                };
+                a.stage_below = Some(n.unwrap_or_else(|| usage()));
+            }
             "--once" => a.once = true,
             "--check" => a.check = true,
             "--json" => a.json = true,
@@ -121,12 +109,7 @@ fn parse() -> Args {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    ucx_stack::cli::init_tracing();
     let args = parse();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -77,14 +77,7 @@ fn parse() -> Args {
             "--port" => a.port = val().parse().unwrap_or_else(|_| usage()),
             "--bytes" => a.bytes = val().parse().unwrap_or_else(|_| usage()),
             "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage()),
-            "--mode" => {
-                a.mode = match val().as_str() {
-                    "polling" => ProgressMode::Polling,
-                    "blocking" => ProgressMode::Blocking,
-                    "thread" => ProgressMode::Thread,
-                    _ => usage(),
-                }
-            }
+            "--mode" => a.mode = val().parse().unwrap_or_else(|_| usage()),
             "--closer" => a.closer = val(),
             "--steps" => {
                 a.steps = val()
@@ -332,12 +325,7 @@ async fn run(a: Args) -> Result<(), BoxError> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    ucx_stack::cli::init_tracing();
     let a = parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

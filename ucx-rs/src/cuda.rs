@@ -306,34 +306,37 @@ impl crate::am::AmAllocator for DeviceAllocator {
 }
 
 fn htod(stream: &CudaStream, dst: cu::CUdeviceptr, src: &[u8]) -> Result<()> {
-    if src.is_empty() {
-        return Ok(());
-    }
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(cuda_err("cuCtxSetCurrent"))?;
     // SAFETY: dst is device memory with room for src.len() bytes (checked by the callers);
-    // the stream is synchronised before src may go away.
-    unsafe { cur::memcpy_htod_async(dst, src, stream.cu_stream()) }
-        .map_err(cuda_err("cuMemcpyHtoDAsync"))?;
-    stream
-        .synchronize()
-        .map_err(cuda_err("cuStreamSynchronize"))
+    // the copy is waited for before src may go away.
+    copy_and_wait(stream, src.len(), "cuMemcpyHtoDAsync", |s| unsafe {
+        cur::memcpy_htod_async(dst, src, s)
+    })
 }
 
 fn dtoh(stream: &CudaStream, dst: &mut [u8], src: cu::CUdeviceptr) -> Result<()> {
-    if dst.is_empty() {
+    let len = dst.len();
+    // SAFETY: src is device memory with at least dst.len() readable bytes (callers); the copy
+    // is waited for before dst is used.
+    copy_and_wait(stream, len, "cuMemcpyDtoHAsync", |s| unsafe {
+        cur::memcpy_dtoh_async(dst, src, s)
+    })
+}
+
+/// Makes the stream's context current, issues `copy` (`len` bytes) on the stream and waits.
+fn copy_and_wait(
+    stream: &CudaStream,
+    len: usize,
+    what: &str,
+    copy: impl FnOnce(cu::CUstream) -> std::result::Result<(), DriverError>,
+) -> Result<()> {
+    if len == 0 {
         return Ok(());
     }
     stream
         .context()
         .bind_to_thread()
         .map_err(cuda_err("cuCtxSetCurrent"))?;
-    // SAFETY: src is device memory with at least dst.len() readable bytes (callers); the
-    // stream is synchronised before dst is used.
-    unsafe { cur::memcpy_dtoh_async(dst, src, stream.cu_stream()) }
-        .map_err(cuda_err("cuMemcpyDtoHAsync"))?;
+    copy(stream.cu_stream()).map_err(cuda_err(what))?;
     stream
         .synchronize()
         .map_err(cuda_err("cuStreamSynchronize"))

@@ -41,6 +41,27 @@ pub enum ProgressMode {
     Thread,
 }
 
+impl std::str::FromStr for ProgressMode {
+    type Err = Error;
+
+    /// `polling`, `blocking` or `thread`.
+    ///
+    /// ```
+    /// assert_eq!("thread".parse::<ucx::ProgressMode>().unwrap(), ucx::ProgressMode::Thread);
+    /// assert!("spin".parse::<ucx::ProgressMode>().is_err());
+    /// ```
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "polling" => Ok(ProgressMode::Polling),
+            "blocking" => Ok(ProgressMode::Blocking),
+            "thread" => Ok(ProgressMode::Thread),
+            _ => Err(Error::InvalidArgument(format!(
+                "progress mode {s:?}: expected polling, blocking or thread"
+            ))),
+        }
+    }
+}
+
 pub(crate) struct RawWorker {
     handle: sys::ucp_worker_h,
 }

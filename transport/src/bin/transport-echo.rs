@@ -74,14 +74,7 @@ fn parse() -> Args {
             "--ucx-tcp" => a.intent.tcp = true,
             "--ucx-no-shm" => a.intent.shared_memory = false,
             "--ucx-net-devices" => a.intent.net_devices = Some(val()),
-            "--ucx-progress" => {
-                a.intent.progress = match val().as_str() {
-                    "polling" => ucx::ProgressMode::Polling,
-                    "blocking" => ucx::ProgressMode::Blocking,
-                    "thread" => ucx::ProgressMode::Thread,
-                    _ => usage(),
-                }
-            }
+            "--ucx-progress" => a.intent.progress = val().parse().unwrap_or_else(|_| usage()),
             _ => usage(),
         }
     }
