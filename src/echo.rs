@@ -33,7 +33,7 @@ const MAX_ADDRESS: u64 = 64 << 10;
 pub const MAX_SIZE: u64 = 1 << 30;
 /// Receive buffers the server rotates through while sinking a stream (reused, so that UCX's
 /// registration cache and the page tables are warm, as in `ucx_perftest`).
-const SINK_WINDOW: usize = 4;
+pub const SINK_WINDOW: usize = 4;
 
 fn command(kind: u64, size: usize, count: usize) -> Vec<u8> {
     [kind, size as u64, count as u64]
@@ -97,20 +97,8 @@ async fn serve_inner(ep: Endpoint) -> Result<u64> {
                 }
             }
             SINK => {
-                let mut free: Vec<Vec<u8>> = (0..SINK_WINDOW).map(|_| vec![0u8; size]).collect();
-                let mut inflight = FuturesUnordered::new();
-                let mut posted = 0u64;
-                let mut done = 0u64;
-                while done < count {
-                    while posted < count && !free.is_empty() {
-                        inflight.push(ep.recv(free.pop().expect("non-empty"), DATA_TAG));
-                        posted += 1;
-                    }
-                    let (r, b) = inflight.next().await.expect("receives in flight");
-                    r?;
-                    free.push(b);
-                    done += 1;
-                }
+                let free: Vec<Vec<u8>> = (0..SINK_WINDOW).map(|_| vec![0u8; size]).collect();
+                recv_window(&ep, free, count as usize).await?;
                 let (r, _) = ep.send(vec![1u8], CTRL_TAG).await;
                 r?;
             }
@@ -230,20 +218,53 @@ async fn stream_once(
     let (r, _) = ep.send(command(SINK, data.len(), count), CTRL_TAG).await;
     r?;
     let ack = ep.recv(vec![0u8; 1], CTRL_TAG);
-    let mut inflight = FuturesUnordered::new();
-    let mut posted = 0;
-    let mut done = 0;
-    while done < count {
-        while posted < count && inflight.len() < window.max(1) {
-            inflight.push(ep.send(data.clone(), DATA_TAG));
-            posted += 1;
-        }
-        let (r, _) = inflight.next().await.expect("sends in flight");
-        r?;
-        done += 1;
-    }
+    send_window(ep, vec![data.clone(); window.max(1)], count).await?;
     let (r, _) = ack.await;
     r.map(drop)
+}
+
+/// Receives `count` messages on [`DATA_TAG`], keeping one receive posted per buffer in `free`
+/// (reused as they complete); returns the buffers.
+pub async fn recv_window<B: ucx::IoBufMut>(
+    ep: &Endpoint,
+    mut free: Vec<B>,
+    count: usize,
+) -> Result<Vec<B>> {
+    let mut inflight = FuturesUnordered::new();
+    let (mut posted, mut done) = (0, 0);
+    while done < count {
+        while posted < count && !free.is_empty() {
+            inflight.push(ep.recv(free.pop().expect("non-empty"), DATA_TAG));
+            posted += 1;
+        }
+        let (r, b) = inflight.next().await.expect("receives in flight");
+        r?;
+        free.push(b);
+        done += 1;
+    }
+    Ok(free)
+}
+
+/// Sends `count` messages on [`DATA_TAG`], one in flight per buffer in `free` (each sent again
+/// as its previous send completes); returns the buffers.
+pub async fn send_window<B: ucx::IoBuf>(
+    ep: &Endpoint,
+    mut free: Vec<B>,
+    count: usize,
+) -> Result<Vec<B>> {
+    let mut inflight = FuturesUnordered::new();
+    let (mut posted, mut done) = (0, 0);
+    while done < count {
+        while posted < count && !free.is_empty() {
+            inflight.push(ep.send(free.pop().expect("non-empty"), DATA_TAG));
+            posted += 1;
+        }
+        let (r, b) = inflight.next().await.expect("sends in flight");
+        r?;
+        free.push(b);
+        done += 1;
+    }
+    Ok(free)
 }
 
 /// The operations `ucx-echo client --test` can time.

@@ -10,8 +10,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::stream::{FuturesUnordered, StreamExt};
-
 use ucx::cuda::cudarc::driver::CudaStream;
 use ucx::cuda::DeviceBuffer;
 use ucx::{Endpoint, Error, IoBuf, IoBufMut, Result};
@@ -143,8 +141,6 @@ unsafe impl IoBufMut for EchoBuf {
 
 const ECHO: u64 = 0;
 const SINK: u64 = 1;
-/// Receive buffers the server rotates through while sinking a stream.
-const SINK_WINDOW: usize = 4;
 
 fn command(size: usize, count: usize, kind: u64) -> Vec<u8> {
     [size as u64, count as u64, kind]
@@ -200,21 +196,10 @@ async fn sink(
     size: usize,
     count: u64,
 ) -> Result<()> {
-    let mut free = (0..SINK_WINDOW)
+    let free = (0..crate::echo::SINK_WINDOW)
         .map(|_| EchoBuf::alloc(mem, stream, size))
         .collect::<Result<Vec<_>>>()?;
-    let mut inflight = FuturesUnordered::new();
-    let (mut posted, mut done) = (0u64, 0u64);
-    while done < count {
-        while posted < count && !free.is_empty() {
-            inflight.push(ep.recv(free.pop().expect("non-empty"), DATA_TAG));
-            posted += 1;
-        }
-        let (r, b) = inflight.next().await.expect("receives in flight");
-        r?;
-        free.push(b);
-        done += 1;
-    }
+    crate::echo::recv_window(ep, free, count as usize).await?;
     let (r, _) = ep.send(vec![1u8], CTRL_TAG).await;
     r
 }
@@ -246,28 +231,14 @@ pub async fn stream_bandwidth(
     Ok((size * count) as f64 / t0.elapsed().as_secs_f64().max(1e-9))
 }
 
-async fn stream_once(ep: &Endpoint, mut free: Vec<EchoBuf>, count: usize) -> Result<Vec<EchoBuf>> {
+async fn stream_once(ep: &Endpoint, free: Vec<EchoBuf>, count: usize) -> Result<Vec<EchoBuf>> {
     let size = free.first().map_or(0, |b| b.len());
     let (r, _) = ep.send(command(size, count, SINK), CTRL_TAG).await;
     r?;
     let ack = ep.recv(Vec::with_capacity(1), CTRL_TAG);
-    let sends = async {
-        let mut inflight = FuturesUnordered::new();
-        let (mut posted, mut done) = (0, 0);
-        while done < count {
-            while posted < count && !free.is_empty() {
-                inflight.push(ep.send(free.pop().expect("non-empty"), DATA_TAG));
-                posted += 1;
-            }
-            let (r, b) = inflight.next().await.expect("sends in flight");
-            r?;
-            free.push(b);
-            done += 1;
-        }
-        Ok::<_, Error>(())
-    };
+    let sends = crate::echo::send_window(ep, free, count);
     let ((a, _), s) = futures::join!(ack, sends);
-    s?;
+    let free = s?;
     a?;
     Ok(free)
 }

@@ -533,13 +533,12 @@ unsafe impl IoBufMut for Pinned {
     }
 }
 
-/// Gets a device buffer ready for a send: makes its context current on the worker, waits for
-/// its stream, and when this message is staged copies it to pinned memory, returned to send in
-/// its place. `Ok(None)`: host memory, or UCX reads the device memory itself.
-pub(crate) fn stage_send<B: IoBuf + ?Sized>(
+/// For a device buffer: makes its context current on the worker and waits for its stream
+/// (UCX is not stream-ordered), then returns the stream. `None` for host memory.
+fn settle<'b, B: IoBuf + ?Sized>(
     worker: &WorkerShared,
-    buf: &B,
-) -> Result<Option<Pinned>> {
+    buf: &'b B,
+) -> Result<Option<&'b Arc<CudaStream>>> {
     let Some(stream) = buf.cuda_stream() else {
         return Ok(None);
     };
@@ -547,6 +546,19 @@ pub(crate) fn stage_send<B: IoBuf + ?Sized>(
     stream
         .synchronize()
         .map_err(cuda_err("cuStreamSynchronize"))?;
+    Ok(Some(stream))
+}
+
+/// Gets a device buffer ready for a send: makes its context current on the worker, waits for
+/// its stream, and when this message is staged copies it to pinned memory, returned to send in
+/// its place. `Ok(None)`: host memory, or UCX reads the device memory itself.
+pub(crate) fn stage_send<B: IoBuf + ?Sized>(
+    worker: &WorkerShared,
+    buf: &B,
+) -> Result<Option<Pinned>> {
+    let Some(stream) = settle(worker, buf)? else {
+        return Ok(None);
+    };
     let len = buf.bytes_init();
     if !worker.context().stages_cuda(len) {
         return Ok(None);
@@ -567,13 +579,9 @@ pub(crate) fn stage_recv<B: IoBufMut + ?Sized>(
     worker: &WorkerShared,
     buf: &B,
 ) -> Result<Option<Pinned>> {
-    let Some(stream) = buf.cuda_stream() else {
+    let Some(stream) = settle(worker, buf)? else {
         return Ok(None);
     };
-    worker.adopt_cuda(stream.context());
-    stream
-        .synchronize()
-        .map_err(cuda_err("cuStreamSynchronize"))?;
     let cap = buf.bytes_total();
     if !worker.context().stages_cuda(cap) {
         return Ok(None);
@@ -603,13 +611,9 @@ pub(crate) fn unstage<B: IoBufMut + ?Sized>(buf: &mut B, src: &[u8]) -> Result<(
 /// For operations that cannot be staged (RMA, probed receives): waits for the buffer's stream
 /// and fails when UCX cannot access device memory itself.
 pub(crate) fn require_zero_copy<B: IoBuf + ?Sized>(worker: &WorkerShared, buf: &B) -> Result<()> {
-    let Some(stream) = buf.cuda_stream() else {
+    if settle(worker, buf)?.is_none() {
         return Ok(());
-    };
-    worker.adopt_cuda(stream.context());
-    stream
-        .synchronize()
-        .map_err(cuda_err("cuStreamSynchronize"))?;
+    }
     if worker.context().cuda_support() != crate::CudaSupport::ZeroCopy {
         return Err(Error::Cuda(
             "this operation needs a UCX with CUDA transports to reach device memory".into(),
