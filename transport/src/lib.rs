@@ -5,7 +5,8 @@
 //! frames. Messages on one connection arrive in the order they were sent; several logical
 //! channels share a connection (the channel number travels in the header), and concurrent
 //! senders on one connection are safe (a message's header and frames are never interleaved
-//! with another's).
+//! with another's). Frames are host memory ([`bytes::Bytes`]) or, with the `cuda` feature,
+//! CUDA device buffers (see [`Frame`] and the `cuda` module).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -18,12 +19,16 @@
 //! client.send(3, Message::from(vec![b"header".to_vec(), vec![7u8; 1000]])).await?;
 //! let (channel, msg) = server.recv().await?;
 //! assert_eq!((channel, msg.frames.len(), msg.frames[1].len()), (3, 2, 1000));
+//! assert_eq!(msg.host(0), Some(&b"header"[..]));
 //! # Ok(()) }
 //! ```
 
 pub mod address;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod frame;
 mod inproc;
+mod message;
 mod pool;
 mod tcp;
 pub mod topology;
@@ -32,9 +37,8 @@ pub mod ucx_config;
 
 use std::time::Duration;
 
-use bytes::Bytes;
-
 pub use address::{Address, AddressError};
+pub use message::{Frame, Message};
 pub use ucx_config::{configure_ucx, UcxIntent};
 
 /// The UCX tag a `ucx://` connection's headers and frames travel on: peers that speak the wire
@@ -43,33 +47,6 @@ pub const UCX_TAG: ucx::Tag = ucx_backend::TAG;
 
 /// Time limit for [`connect`].
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A message: an ordered list of frames (host memory).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Message {
-    /// The frames, in order.
-    pub frames: Vec<Bytes>,
-}
-
-impl From<Vec<Vec<u8>>> for Message {
-    fn from(frames: Vec<Vec<u8>>) -> Self {
-        Message {
-            frames: frames.into_iter().map(Bytes::from).collect(),
-        }
-    }
-}
-
-impl Message {
-    /// Total bytes in all frames.
-    pub fn len(&self) -> usize {
-        self.frames.iter().map(Bytes::len).sum()
-    }
-
-    /// Whether there are no bytes at all.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
 
 /// Everything that can go wrong on a connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -246,7 +223,7 @@ fn check_outgoing(msg: &Message, limits: &frame::Limits) -> Result<Vec<frame::Fr
         .iter()
         .map(|f| frame::FrameMeta {
             size: f.len() as u64,
-            cuda: false,
+            cuda: f.is_cuda(),
         })
         .collect();
     let h = frame::encode(0, &metas);

@@ -1,4 +1,5 @@
-//! TCP connections (tokio + socket2): `TCP_NODELAY`, keepalive, a header then the frames.
+//! TCP connections (tokio + socket2): `TCP_NODELAY`, keepalive, a header then the frames
+//! (device frames staged through host memory on both sides).
 //! A garbage header closes the connection; nothing is allocated from unchecked sizes.
 
 use std::net::SocketAddr;
@@ -10,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
 use crate::frame::{self, Limits};
-use crate::{check_outgoing, Address, Message, Result, TransportError};
+use crate::{check_outgoing, Address, Frame, Message, Result, TransportError};
 
 #[derive(Debug)]
 pub(crate) struct Listener {
@@ -86,7 +87,11 @@ impl Conn {
         let mut w = self.writer.lock().await;
         w.write_all(&header).await?;
         for f in &msg.frames {
-            w.write_all(f).await?;
+            match f.as_host() {
+                Some(b) => w.write_all(b).await?,
+                // Device frames are staged through host memory.
+                None => w.write_all(&f.to_host()?).await?,
+            }
         }
         Ok(())
     }
@@ -115,7 +120,13 @@ impl Conn {
             }
             b.truncate(size);
             r.read_exact(&mut b).await?;
-            frames.push(crate::pool::into_bytes(b));
+            let bytes = crate::pool::into_bytes(b);
+            #[cfg(feature = "cuda")]
+            if m.cuda {
+                frames.push(crate::cuda::from_host(bytes)?);
+                continue;
+            }
+            frames.push(Frame::Host(bytes));
         }
         Ok((channel, Message { frames }))
     }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::sync::Mutex;
 
 use crate::frame::{self, Limits};
-use crate::{check_outgoing, Address, Message, Result, TransportError};
+use crate::{check_outgoing, Address, Frame, Message, Result, TransportError};
 
 /// The tag every message and frame of a connection travels on (a UCXX user tag, so it is
 /// hashed with the endpoint's tags like any other).
@@ -30,6 +30,13 @@ fn worker() -> Result<ucx::Worker> {
         })
         .clone()
         .map_err(TransportError::from)
+}
+
+/// A frame's receive buffer.
+enum RecvBuf {
+    Host(Vec<u8>),
+    #[cfg(feature = "cuda")]
+    Cuda(ucx::cuda::DeviceBuffer),
 }
 
 #[derive(Debug)]
@@ -112,22 +119,30 @@ impl Conn {
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
         let metas = check_outgoing(&msg, &self.limits)?;
         let mut header = frame::encode(channel, &metas);
-        if msg.len() <= INLINE_MAX {
+        // Post under the lock so another sender's header or frames never land between ours
+        // (UCX keeps per-tag order, not per-message order). Sends are posted on their first
+        // poll, inside the lock; completions are awaited after it is released.
+        if msg.len() <= INLINE_MAX && !msg.has_cuda() {
             // Small messages travel as one UCX message: header, then the frames' bytes.
-            for f in &msg.frames {
+            for f in msg.frames.iter().filter_map(Frame::as_host) {
                 header.extend_from_slice(f);
             }
-            let (r, _) = self.ep.send(header, TAG).await;
+            let mut one = std::pin::pin!(self.ep.send(header, TAG));
+            let first = {
+                let _order = self.send_order.lock().await;
+                futures::poll!(&mut one)
+            };
+            let (r, _) = match first {
+                std::task::Poll::Ready(r) => r,
+                std::task::Poll::Pending => one.await,
+            };
             return r.map_err(closed_or);
         }
         let sends = {
             let _order = self.send_order.lock().await;
-            // join_all posts in order on its first poll, inside the lock; completions are
-            // awaited after it is released.
             let mut all = futures::future::join_all(
-                std::iter::once(Bytes::from(header))
-                    .chain(msg.frames)
-                    .map(|b| self.ep.send(b, TAG)),
+                std::iter::once(self.send_frame(Frame::Host(Bytes::from(header))))
+                    .chain(msg.frames.into_iter().map(|f| self.send_frame(f))),
             );
             let first = futures::poll!(&mut all);
             (all, first)
@@ -136,10 +151,47 @@ impl Conn {
             (_, std::task::Poll::Ready(r)) => r,
             (all, std::task::Poll::Pending) => all.await,
         };
-        for (r, _) in results {
+        for r in results {
             r.map_err(closed_or)?;
         }
         Ok(())
+    }
+
+    /// Sends one frame (posted on the first poll).
+    async fn send_frame(&self, f: Frame) -> ucx::Result<()> {
+        match f {
+            Frame::Host(b) => self.ep.send(b, TAG).await.0,
+            #[cfg(feature = "cuda")]
+            Frame::Cuda(d) => self.ep.send(d, TAG).await.0,
+        }
+    }
+
+    /// Where a frame as `m` describes it is received: device frames into device memory where a
+    /// GPU can be used ([`crate::cuda`]), everything else into (pooled) host memory.
+    fn recv_buffer(&self, m: &frame::FrameMeta) -> Result<RecvBuf> {
+        let size = m.size as usize;
+        #[cfg(feature = "cuda")]
+        if m.cuda {
+            if let Some(d) = crate::cuda::device_buffer(size)? {
+                return Ok(RecvBuf::Cuda(d));
+            }
+        }
+        Ok(RecvBuf::Host(crate::pool::take(size)))
+    }
+
+    /// Receives one frame into `buf` (posted on the first poll).
+    async fn recv_frame(&self, buf: RecvBuf) -> (ucx::Result<usize>, Frame) {
+        match buf {
+            RecvBuf::Host(v) => {
+                let (r, v) = self.ep.recv(v, TAG).await;
+                (r, Frame::Host(crate::pool::into_bytes(v)))
+            }
+            #[cfg(feature = "cuda")]
+            RecvBuf::Cuda(d) => {
+                let (r, d) = self.ep.recv(d, TAG).await;
+                (r, Frame::from(d))
+            }
+        }
     }
 
     pub(crate) async fn recv(&self) -> Result<(u32, Message)> {
@@ -177,31 +229,39 @@ impl Conn {
             }
             let all = Bytes::from(header);
             let mut at = entries_end;
-            let frames = metas
-                .iter()
-                .map(|m| {
-                    let f = all.slice(at..at + m.size as usize);
-                    at += m.size as usize;
-                    f
-                })
-                .collect();
+            let mut frames = Vec::with_capacity(metas.len());
+            for m in &metas {
+                let f = all.slice(at..at + m.size as usize);
+                at += m.size as usize;
+                // A peer may inline a device frame too: it lands where device frames land.
+                #[cfg(feature = "cuda")]
+                if m.cuda {
+                    frames.push(crate::cuda::from_host(f)?);
+                    continue;
+                }
+                frames.push(Frame::Host(f));
+            }
             return Ok((channel, Message { frames }));
         }
-        let recvs = futures::future::join_all(
-            metas
-                .iter()
-                .map(|m| self.ep.recv(crate::pool::take(m.size as usize), TAG)),
-        )
-        .await;
+        let mut posted = Vec::with_capacity(metas.len());
+        for m in &metas {
+            match self.recv_buffer(m) {
+                Ok(b) => posted.push(self.recv_frame(b)),
+                // No device memory for this frame: the rest of the message cannot be received
+                // in order any more, so the connection ends here.
+                Err(e) => return Err(self.refuse(format!("receiving a device frame: {e}")).await),
+            }
+        }
+        let recvs = futures::future::join_all(posted).await;
         let mut frames = Vec::with_capacity(recvs.len());
-        for ((r, b), m) in recvs.into_iter().zip(&metas) {
+        for ((r, f), m) in recvs.into_iter().zip(&metas) {
             let n = r.map_err(closed_or)?;
             if n as u64 != m.size {
                 return Err(self
                     .refuse(format!("a {n}-byte frame announced as {}", m.size))
                     .await);
             }
-            frames.push(crate::pool::into_bytes(b));
+            frames.push(f);
         }
         Ok((channel, Message { frames }))
     }

@@ -46,7 +46,13 @@ async fn echo_and_order(addr: &str) {
             );
             let (sent, got) = tokio::join!(client.send(i as u32, msg.clone()), server.recv());
             sent.unwrap();
-            assert_eq!(got.unwrap(), (i as u32, msg), "{addr}: message {i}");
+            let (channel, got) = got.unwrap();
+            assert_eq!(channel, i as u32, "{addr}: message {i}");
+            assert_eq!(
+                got.to_host().unwrap(),
+                msg.to_host().unwrap(),
+                "{addr}: message {i}"
+            );
         }
         // Order on one connection.
         let send_all = async {
@@ -60,7 +66,7 @@ async fn echo_and_order(addr: &str) {
         let recv_all = async {
             for i in 0..100u32 {
                 let (ch, m) = server.recv().await.unwrap();
-                assert_eq!((ch, &m.frames[0][..]), (7, &i.to_le_bytes()[..]), "{addr}");
+                assert_eq!((ch, m.host(0)), (7, Some(&i.to_le_bytes()[..])), "{addr}");
             }
         };
         tokio::join!(send_all, recv_all);
@@ -70,6 +76,7 @@ async fn echo_and_order(addr: &str) {
 }
 
 async fn concurrent_senders(addr: &str) {
+    let body = |i: u32| if i % 3 == 0 { 100_000 } else { 3000 };
     let (server, client) = pair(addr).await;
     let client = std::sync::Arc::new(client);
     tokio::time::timeout(STEP, async {
@@ -78,10 +85,11 @@ async fn concurrent_senders(addr: &str) {
             let c = client.clone();
             senders.push(tokio::spawn(async move {
                 for i in 0..50u32 {
+                    // Small (one UCX message) and large (header + frames) messages mixed.
                     let frames = vec![
                         ch.to_le_bytes().to_vec(),
                         i.to_le_bytes().to_vec(),
-                        pattern(3000, i as u8),
+                        pattern(body(i), i as u8),
                     ];
                     c.send(ch, Message::from(frames)).await.unwrap();
                 }
@@ -91,13 +99,13 @@ async fn concurrent_senders(addr: &str) {
         for _ in 0..200 {
             let (ch, m) = server.recv().await.unwrap();
             assert_eq!(
-                &m.frames[0][..],
-                &ch.to_le_bytes()[..],
+                m.host(0),
+                Some(&ch.to_le_bytes()[..]),
                 "{addr}: frames mixed up"
             );
-            let i = u32::from_le_bytes(m.frames[1][..].try_into().unwrap());
+            let i = u32::from_le_bytes(m.host(1).unwrap().try_into().unwrap());
             assert_eq!(i, next[ch as usize], "{addr}: channel {ch} out of order");
-            assert_eq!(m.frames[2][..], pattern(3000, i as u8)[..]);
+            assert_eq!(m.host(2).unwrap(), &pattern(body(i), i as u8)[..]);
             next[ch as usize] += 1;
         }
         for s in senders {
@@ -192,7 +200,7 @@ async fn slow_receiver_blocks_large_sends(addr: &str) {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(msg.frames[0], pattern(1 << 20, i), "message {i}");
+        assert_eq!(msg.host(0), Some(&pattern(1 << 20, i)[..]), "message {i}");
     }
     blocked.unwrap().await.unwrap().unwrap();
     eprintln!("{addr}: {sent} MiB accepted before sends waited");

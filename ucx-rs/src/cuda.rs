@@ -236,6 +236,24 @@ unsafe impl IoBuf for DeviceBuffer {
     }
 }
 
+/// A shared device buffer can be sent (not received into): several messages may carry it.
+// SAFETY: the Arc keeps the buffer, and so its device memory, alive while the operation holds
+// this clone; nobody can write through a shared reference, so the bytes stay as they were.
+unsafe impl IoBuf for Arc<DeviceBuffer> {
+    fn stable_ptr(&self) -> *const u8 {
+        self.ptr as *const u8
+    }
+    fn bytes_init(&self) -> usize {
+        self.len
+    }
+    fn memory_type(&self) -> MemoryType {
+        MemoryType::Cuda
+    }
+    fn cuda_stream(&self) -> Option<&Arc<CudaStream>> {
+        Some(&self.stream)
+    }
+}
+
 // SAFETY: as above; all `cap` bytes are writable device memory.
 unsafe impl IoBufMut for DeviceBuffer {
     fn stable_mut_ptr(&mut self) -> *mut u8 {

@@ -1,0 +1,77 @@
+//! Device frames (feature `cuda`): where received CUDA frames land, and the host staging the
+//! TCP backend uses.
+//!
+//! A frame the sender marked as device memory is received into a new
+//! [`DeviceBuffer`](ucx::cuda::DeviceBuffer) on the *landing stream*: the one given to
+//! [`land_on`], or else GPU 0's default stream, opened on first use. Where no GPU can be used
+//! (no driver, no device) device frames arrive as host frames holding the same bytes, and a
+//! warning says why once per process; messages are never refused for it.
+//!
+//! Per backend: `ucx://` sends and receives device frames with UCX itself (zero-copy where the
+//! loaded UCX has CUDA transports, staged by `ucx-rs` otherwise); `tcp://` copies them through
+//! host memory; `inproc://` moves the shared buffer.
+//!
+//! ```no_run
+//! use transport::{Frame, Message};
+//! let gpu = ucx::cuda::open(0)?;
+//! let stream = gpu.default_stream();
+//! transport::cuda::land_on(stream.clone()); // received device frames go to this GPU/stream
+//! let frame = ucx::cuda::DeviceBuffer::from_host(&stream, &[1, 2, 3])?;
+//! let msg = Message::from(vec![Frame::from(b"meta".to_vec()), Frame::from(frame)]);
+//! assert!(msg.has_cuda());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use ucx::cuda::cudarc::driver::{CudaContext, CudaStream};
+use ucx::cuda::DeviceBuffer;
+
+use crate::message::Frame;
+use crate::Result;
+
+/// The explicitly chosen landing stream, if any.
+static CHOSEN: Mutex<Option<Arc<CudaStream>>> = Mutex::new(None);
+
+/// Makes received device frames land on `stream` (its GPU and context) from now on.
+pub fn land_on(stream: Arc<CudaStream>) {
+    *CHOSEN.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream);
+}
+
+/// GPU 0 opened once (its context kept for the process's life), or why it cannot be.
+fn default_gpu() -> Option<&'static Arc<CudaContext>> {
+    static GPU: OnceLock<Option<Arc<CudaContext>>> = OnceLock::new();
+    GPU.get_or_init(|| match ucx::cuda::open(0) {
+        Ok(ctx) => Some(ctx),
+        Err(e) => {
+            tracing::warn!(error = %e, "device frames will be received into host memory");
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// Where device frames land now, or `None` when no GPU can be used.
+pub fn landing_stream() -> Option<Arc<CudaStream>> {
+    if let Some(s) = CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        return Some(s);
+    }
+    default_gpu().map(|ctx| ctx.default_stream())
+}
+
+/// A receive buffer for a `size`-byte device frame on the landing stream.
+pub(crate) fn device_buffer(size: usize) -> Result<Option<DeviceBuffer>> {
+    match landing_stream() {
+        Some(s) => Ok(Some(DeviceBuffer::alloc(&s, size)?)),
+        None => Ok(None),
+    }
+}
+
+/// A device frame for `bytes` received through host memory (TCP), or a host frame where no
+/// GPU can be used.
+pub(crate) fn from_host(bytes: bytes::Bytes) -> Result<Frame> {
+    Ok(match landing_stream() {
+        Some(s) => Frame::from(DeviceBuffer::from_host(&s, &bytes)?),
+        None => Frame::Host(bytes),
+    })
+}

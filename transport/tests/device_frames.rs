@@ -1,0 +1,163 @@
+//! Device (CUDA) frames over every backend (feature `cuda`).
+//!
+//! Runs everywhere: a frame the peer marks as device memory lands in device memory where a GPU
+//! can be used and in host memory where not, with the same bytes either way. On a GPU machine
+//! also: device frames sent from device memory arrive in device memory, byte for byte, over
+//! inproc://, tcp:// and ucx:// (UCX's device path, or staging where UCX has no CUDA).
+#![cfg(feature = "cuda")]
+
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use transport::frame::{encode, FrameMeta};
+use transport::{connect, listen, Address, Connection, Frame, Message};
+
+const STEP: Duration = Duration::from_secs(60);
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+/// A header announcing `sizes` as device frames (and one host frame first), then the bytes.
+fn device_message(sizes: &[usize]) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let frames: Vec<Vec<u8>> = std::iter::once(b"meta".to_vec())
+        .chain(sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)))
+        .collect();
+    let metas: Vec<FrameMeta> = frames
+        .iter()
+        .enumerate()
+        .map(|(i, f)| FrameMeta {
+            size: f.len() as u64,
+            cuda: i > 0,
+        })
+        .collect();
+    (encode(5, &metas), frames)
+}
+
+fn check_landed(msg: &Message, frames: &[Vec<u8>], what: &str) {
+    let gpu = ucx::cuda::gpu_available();
+    assert_eq!(msg.frames.len(), frames.len(), "{what}");
+    assert!(!msg.frames[0].is_cuda(), "{what}: the host frame");
+    for (i, f) in msg.frames.iter().enumerate().skip(1) {
+        assert_eq!(f.is_cuda(), gpu, "{what}: frame {i} (GPU present: {gpu})");
+    }
+    assert_eq!(msg.to_host().unwrap(), frames, "{what}: bytes");
+}
+
+/// A raw TCP peer announcing device frames: they land on the GPU, or in host memory without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_device_frames_land_where_they_can() {
+    let mut l = listen(&"tcp://127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let Address::Tcp { port, .. } = l.local_addr().clone() else {
+        unreachable!()
+    };
+    let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let server = l.accept().await.unwrap();
+    let (header, frames) = device_message(&[0, 10, 200_000]);
+    raw.write_all(&header).await.unwrap();
+    for f in &frames {
+        raw.write_all(f).await.unwrap();
+    }
+    let (channel, msg) = tokio::time::timeout(STEP, server.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(channel, 5);
+    check_landed(&msg, &frames, "tcp");
+}
+
+/// The same over UCX from a raw `ucx-rs` peer, inlined (one UCX message) and framed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ucx_device_frames_land_where_they_can() {
+    let mut l = listen(&"ucx://127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let Address::Ucx { port, .. } = l.local_addr().clone() else {
+        unreachable!()
+    };
+    let ctx = ucx::Context::new().unwrap();
+    let worker = ucx::Worker::new(&ctx, ucx::ProgressMode::Thread).unwrap();
+    let (server, raw) = tokio::join!(
+        l.accept(),
+        ucx::Endpoint::connect(&worker, ("127.0.0.1", port))
+    );
+    let (server, raw) = (server.unwrap(), raw.unwrap());
+    // Inlined: header and bytes in one UCX message.
+    let (header, frames) = device_message(&[3, 100]);
+    let mut one = header;
+    one.extend(frames.concat());
+    let (sent, got) = tokio::join!(raw.send(one, transport::UCX_TAG), server.recv());
+    sent.0.unwrap();
+    check_landed(&got.unwrap().1, &frames, "ucx inline");
+    // Framed: the header, then one UCX message per frame.
+    let (header, frames) = device_message(&[1 << 20, 0, 70_000]);
+    let send = async {
+        raw.send(header, transport::UCX_TAG).await.0?;
+        for f in frames.clone() {
+            raw.send(f, transport::UCX_TAG).await.0?;
+        }
+        Ok::<_, ucx::Error>(())
+    };
+    let (sent, got) = tokio::time::timeout(STEP, async { tokio::join!(send, server.recv()) })
+        .await
+        .unwrap();
+    sent.unwrap();
+    check_landed(&got.unwrap().1, &frames, "ucx framed");
+}
+
+async fn pair(addr: &str) -> (Connection, Connection) {
+    let mut l = listen(&addr.parse::<Address>().unwrap()).await.unwrap();
+    let a = l.local_addr().clone();
+    let (s, c) = tokio::time::timeout(STEP, async { tokio::join!(l.accept(), connect(&a)) })
+        .await
+        .expect("connect in time");
+    (s.unwrap(), c.unwrap())
+}
+
+/// Frames sent from device memory arrive in device memory with the same bytes (GPU only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_frames_round_trip_on_a_gpu() {
+    let gpu = match ucx::cuda::open(0) {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    let stream = gpu.default_stream();
+    transport::cuda::land_on(stream.clone());
+    for addr in [
+        "inproc://device-frames",
+        "tcp://127.0.0.1:0",
+        "ucx://127.0.0.1:0",
+    ] {
+        let (server, client) = pair(addr).await;
+        for sizes in [vec![1usize], vec![0, 4096, 3 << 20], vec![64 << 20]] {
+            let host: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| pattern(n, i as u8 + 1))
+                .collect();
+            let frames: Vec<Frame> =
+                std::iter::once(Frame::from(b"meta".to_vec()))
+                    .chain(host.iter().map(|h| {
+                        Frame::from(ucx::cuda::DeviceBuffer::from_host(&stream, h).unwrap())
+                    }))
+                    .collect();
+            let msg = Message::from(frames);
+            let (sent, got) = tokio::time::timeout(STEP, async {
+                tokio::join!(client.send(9, msg), server.recv())
+            })
+            .await
+            .unwrap();
+            sent.unwrap();
+            let (channel, got) = got.unwrap();
+            assert_eq!(channel, 9);
+            let expect: Vec<Vec<u8>> = std::iter::once(b"meta".to_vec()).chain(host).collect();
+            check_landed(&got, &expect, addr);
+        }
+        eprintln!("{addr}: device frames round-tripped");
+    }
+}
