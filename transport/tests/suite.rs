@@ -76,7 +76,7 @@ async fn echo_and_order(addr: &str) {
 }
 
 async fn concurrent_senders(addr: &str) {
-    let body = |i: u32| if i % 3 == 0 { 100_000 } else { 3000 };
+    let body = |i: u32| if i.is_multiple_of(3) { 100_000 } else { 3000 };
     let (server, client) = pair(addr).await;
     let client = std::sync::Arc::new(client);
     tokio::time::timeout(STEP, async {
