@@ -81,7 +81,18 @@ pub enum HeaderError {
 /// assert_eq!(decode_entries(&h[FIXED_LEN..], &Limits::default()).unwrap(), frames);
 /// ```
 pub fn encode(channel: u32, frames: &[FrameMeta]) -> Vec<u8> {
-    let mut h = Vec::with_capacity(FIXED_LEN + ENTRY_LEN * frames.len());
+    let mut h = Vec::with_capacity(header_len(frames.len()));
+    encode_into(&mut h, channel, frames);
+    h
+}
+
+/// Bytes in the header of a message with `frames` frames.
+pub fn header_len(frames: usize) -> usize {
+    FIXED_LEN + ENTRY_LEN * frames
+}
+
+/// Appends the header for `frames` on `channel` to `h` (see [`encode`]).
+pub fn encode_into(h: &mut Vec<u8>, channel: u32, frames: &[FrameMeta]) {
     h.extend_from_slice(&MAGIC);
     h.extend_from_slice(&channel.to_le_bytes());
     h.extend_from_slice(&(frames.len() as u32).to_le_bytes());
@@ -89,7 +100,6 @@ pub fn encode(channel: u32, frames: &[FrameMeta]) -> Vec<u8> {
         h.extend_from_slice(&f.size.to_le_bytes());
         h.push(u8::from(f.cuda));
     }
-    h
 }
 
 /// Checks the fixed part; returns (channel, frame count). The count is within the limits, so

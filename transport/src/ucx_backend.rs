@@ -14,9 +14,11 @@ use crate::{check_outgoing, Address, Frame, Message, Result, TransportError};
 /// The tag every message and frame of a connection travels on (a UCXX user tag, so it is
 /// hashed with the endpoint's tags like any other).
 pub const TAG: ucx::Tag = ucx::Tag::User(0x5455);
-/// Messages of at most this many bytes (all frames) go as one UCX message with their header:
-/// one transfer instead of one per frame plus the header.
-const INLINE_MAX: usize = 8 << 10;
+/// The most bytes in the first UCX message of a transport message. Messages whose header and
+/// frames fit (host frames only) go as that one message: one transfer instead of one per frame
+/// plus the header. Larger messages send the header (in two parts if it is longer than this),
+/// then each frame. The receiver posts a receive of this size before the message arrives.
+const FIRST_MAX: usize = 8 << 10;
 
 fn worker() -> Result<ucx::Worker> {
     static WORKER: OnceLock<std::result::Result<ucx::Worker, ucx::Error>> = OnceLock::new();
@@ -48,9 +50,9 @@ pub(crate) struct Listener {
 pub(crate) struct Conn {
     ep: ucx::Endpoint,
     /// Held while posting a message's sends, so concurrent messages never interleave.
-    send_order: Mutex<()>,
-    /// One receiver at a time reads a header and its frames.
-    recv_order: Mutex<()>,
+    send_order: std::sync::Mutex<()>,
+    /// One receiver at a time reads a header and its frames; holds the first-message buffer.
+    recv_order: Mutex<Vec<u8>>,
     limits: Limits,
 }
 
@@ -110,51 +112,70 @@ impl Conn {
     fn new(ep: ucx::Endpoint) -> Conn {
         Conn {
             ep,
-            send_order: Mutex::new(()),
-            recv_order: Mutex::new(()),
+            send_order: std::sync::Mutex::new(()),
+            recv_order: Mutex::new(Vec::new()),
             limits: Limits::default(),
         }
     }
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
         let metas = check_outgoing(&msg, &self.limits)?;
-        let mut header = frame::encode(channel, &metas);
         // Post under the lock so another sender's header or frames never land between ours
         // (UCX keeps per-tag order, not per-message order). Sends are posted on their first
         // poll, inside the lock; completions are awaited after it is released.
-        if msg.len() <= INLINE_MAX && !msg.has_cuda() {
+        let total = msg.len();
+        let header_len = frame::header_len(metas.len());
+        if header_len + total <= FIRST_MAX && !msg.has_cuda() {
             // Small messages travel as one UCX message: header, then the frames' bytes.
+            let mut header = Vec::with_capacity(header_len + total);
+            frame::encode_into(&mut header, channel, &metas);
             for f in msg.frames.iter().filter_map(Frame::as_host) {
                 header.extend_from_slice(f);
             }
-            let mut one = std::pin::pin!(self.ep.send(header, TAG));
-            let first = {
-                let _order = self.send_order.lock().await;
-                futures::poll!(&mut one)
-            };
-            let (r, _) = match first {
-                std::task::Poll::Ready(r) => r,
-                std::task::Poll::Pending => one.await,
-            };
+            let (r, _) = self.post_in_order(self.ep.send(header, TAG)).await;
             return r.map_err(closed_or);
         }
-        let sends = {
-            let _order = self.send_order.lock().await;
-            let mut all = futures::future::join_all(
-                std::iter::once(self.send_frame(Frame::Host(Bytes::from(header))))
-                    .chain(msg.frames.into_iter().map(|f| self.send_frame(f))),
-            );
-            let first = futures::poll!(&mut all);
-            (all, first)
+        // A header longer than FIRST_MAX goes in two parts (the receiver posts FIRST_MAX bytes).
+        let header = Bytes::from(frame::encode(channel, &metas));
+        let parts = if header.len() > FIRST_MAX {
+            vec![header.slice(..FIRST_MAX), header.slice(FIRST_MAX..)]
+        } else {
+            vec![header]
         };
-        let results = match sends {
-            (_, std::task::Poll::Ready(r)) => r,
-            (all, std::task::Poll::Pending) => all.await,
-        };
+        let results = self
+            .post_in_order(futures::future::join_all(
+                parts
+                    .into_iter()
+                    .map(|h| self.send_frame(Frame::Host(h)))
+                    // With no bytes at all, the header says everything: no frame messages.
+                    .chain(
+                        msg.frames
+                            .into_iter()
+                            .filter(|_| total > 0)
+                            .map(|f| self.send_frame(f)),
+                    ),
+            ))
+            .await;
         for r in results {
             r.map_err(closed_or)?;
         }
         Ok(())
+    }
+
+    /// Runs `sends`, whose first poll posts them, with that first poll under the send lock:
+    /// what one message posts is never interleaved with another's. Completions are awaited
+    /// outside the lock.
+    async fn post_in_order<F: std::future::Future>(&self, sends: F) -> F::Output {
+        let mut sends = std::pin::pin!(sends);
+        let first = std::future::poll_fn(|cx| {
+            let _order = self.send_order.lock().unwrap_or_else(|e| e.into_inner());
+            std::task::Poll::Ready(sends.as_mut().poll(cx))
+        })
+        .await;
+        match first {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => sends.await,
+        }
     }
 
     /// Sends one frame (posted on the first poll).
@@ -195,53 +216,32 @@ impl Conn {
     }
 
     pub(crate) async fn recv(&self) -> Result<(u32, Message)> {
-        let _order = self.recv_order.lock().await;
-        let header = self.ep.recv_vec(TAG).await.map_err(closed_or)?;
-        if header.len() < frame::FIXED_LEN {
-            return Err(self.refuse(format!("a {}-byte header", header.len())).await);
+        let mut first_buf = self.recv_order.lock().await;
+        // The first UCX message of every transport message fits FIRST_MAX bytes, so its receive
+        // is posted before it arrives, into a buffer kept for the connection (no probe, no
+        // allocation). A cancelled receive takes the buffer with it; the next one allocates.
+        let mut buf = std::mem::take(&mut *first_buf);
+        if buf.capacity() < FIRST_MAX {
+            buf = Vec::with_capacity(FIRST_MAX);
         }
-        let fixed: &[u8; frame::FIXED_LEN] = header[..frame::FIXED_LEN].try_into().expect("fixed");
-        let (channel, n) = match frame::decode_fixed(fixed, &self.limits) {
-            Ok(v) => v,
-            Err(e) => return Err(self.refuse_header(e).await),
-        };
-        let entries_end = frame::FIXED_LEN + n as usize * frame::ENTRY_LEN;
-        if header.len() < entries_end {
-            return Err(self
-                .refuse(format!("{n} frames but a {}-byte header", header.len()))
-                .await);
-        }
-        let metas =
-            match frame::decode_entries(&header[frame::FIXED_LEN..entries_end], &self.limits) {
-                Ok(m) => m,
-                Err(e) => return Err(self.refuse_header(e).await),
-            };
-        if header.len() > entries_end {
-            // An inlined message: the frames follow the entries, exactly.
-            let total: u64 = metas.iter().map(|m| m.size).sum();
-            if (header.len() - entries_end) as u64 != total || total > INLINE_MAX as u64 {
+        let (r, buf) = self.ep.recv(buf, TAG).await;
+        let got = match r {
+            Ok(n) => n,
+            Err(ucx::Error::Truncated { message, .. }) => {
                 return Err(self
                     .refuse(format!(
-                        "{} bytes after the header for {total} bytes of frames",
-                        header.len() - entries_end
+                        "a {message}-byte first message (at most {FIRST_MAX})"
                     ))
-                    .await);
+                    .await)
             }
-            let all = Bytes::from(header);
-            let mut at = entries_end;
-            let mut frames = Vec::with_capacity(metas.len());
-            for m in &metas {
-                let f = all.slice(at..at + m.size as usize);
-                at += m.size as usize;
-                // A peer may inline a device frame too: it lands where device frames land.
-                #[cfg(feature = "cuda")]
-                if m.cuda {
-                    frames.push(crate::cuda::from_host(f)?);
-                    continue;
-                }
-                frames.push(Frame::Host(f));
-            }
-            return Ok((channel, Message { frames }));
+            Err(e) => return Err(closed_or(e)),
+        };
+        let first = &buf[..got];
+        let result = self.parse_first(first).await;
+        *first_buf = buf;
+        let (channel, metas, inline) = result?;
+        if let Some(inline) = inline {
+            return Ok((channel, Message { frames: inline }));
         }
         let mut posted = Vec::with_capacity(metas.len());
         for m in &metas {
@@ -264,6 +264,81 @@ impl Conn {
             frames.push(f);
         }
         Ok((channel, Message { frames }))
+    }
+
+    /// Reads a message's first UCX message: the channel, the frame entries (receiving the
+    /// rest of a header longer than [`FIRST_MAX`]) and, for an inlined message, its frames.
+    async fn parse_first(
+        &self,
+        first: &[u8],
+    ) -> Result<(u32, Vec<frame::FrameMeta>, Option<Vec<Frame>>)> {
+        let Some(fixed) = first.first_chunk::<{ frame::FIXED_LEN }>() else {
+            return Err(self.refuse(format!("a {}-byte header", first.len())).await);
+        };
+        let (channel, n) = match frame::decode_fixed(fixed, &self.limits) {
+            Ok(v) => v,
+            Err(e) => return Err(self.refuse_header(e).await),
+        };
+        let entries_end = frame::FIXED_LEN + n as usize * frame::ENTRY_LEN;
+        let mut split_rest = Vec::new();
+        if first.len() < entries_end {
+            // A long header arrives in two parts: FIRST_MAX bytes, then the rest, exactly.
+            if first.len() != FIRST_MAX {
+                return Err(self
+                    .refuse(format!("{n} frames but a {}-byte header", first.len()))
+                    .await);
+            }
+            let want = entries_end - FIRST_MAX;
+            let (r, rest) = self.ep.recv(vec![0u8; want].into_boxed_slice(), TAG).await;
+            match r {
+                Ok(k) if k == want => split_rest = rest.into_vec(),
+                Ok(k) => {
+                    return Err(self
+                        .refuse(format!("the header's second part has {k} of {want} bytes"))
+                        .await)
+                }
+                Err(e) => return Err(closed_or(e)),
+            }
+        }
+        let entries: std::borrow::Cow<'_, [u8]> = if split_rest.is_empty() {
+            std::borrow::Cow::Borrowed(&first[frame::FIXED_LEN..entries_end])
+        } else {
+            let mut all = first[frame::FIXED_LEN..].to_vec();
+            all.extend_from_slice(&split_rest);
+            std::borrow::Cow::Owned(all)
+        };
+        let metas = match frame::decode_entries(&entries, &self.limits) {
+            Ok(m) => m,
+            Err(e) => return Err(self.refuse_header(e).await),
+        };
+        let total: u64 = metas.iter().map(|m| m.size).sum();
+        let after = first.len().saturating_sub(entries_end);
+        if after == 0 && total > 0 {
+            return Ok((channel, metas, None));
+        }
+        // An inlined message: the frames' bytes follow the entries, exactly.
+        if after as u64 != total {
+            return Err(self
+                .refuse(format!(
+                    "{after} bytes after the header for {total} bytes of frames"
+                ))
+                .await);
+        }
+        let all = Bytes::copy_from_slice(first.get(entries_end..).unwrap_or_default());
+        let mut at = 0;
+        let mut frames = Vec::with_capacity(metas.len());
+        for m in &metas {
+            let f = all.slice(at..at + m.size as usize);
+            at += m.size as usize;
+            // A peer may inline a device frame too: it lands where device frames land.
+            #[cfg(feature = "cuda")]
+            if m.cuda {
+                frames.push(crate::cuda::from_host(f)?);
+                continue;
+            }
+            frames.push(Frame::Host(f));
+        }
+        Ok((channel, metas, Some(frames)))
     }
 
     async fn refuse_header(&self, e: frame::HeaderError) -> TransportError {

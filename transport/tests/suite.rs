@@ -34,10 +34,18 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 async fn echo_and_order(addr: &str) {
     let (server, client) = pair(addr).await;
     tokio::time::timeout(STEP, async {
-        for (i, shape) in [vec![], vec![1], vec![0, 5, 100_000], vec![16 << 20]]
-            .iter()
-            .enumerate()
-        {
+        // Empty messages and frames, one byte, mixed sizes, 16 MiB, and more frames than fit a
+        // first UCX message's header (with and without bytes).
+        let shapes = [
+            vec![],
+            vec![0],
+            vec![1],
+            vec![0, 5, 100_000],
+            vec![16 << 20],
+            vec![1; 2000],
+            vec![0; 2000],
+        ];
+        for (i, shape) in shapes.iter().enumerate() {
             let msg = Message::from(
                 shape
                     .iter()
