@@ -82,7 +82,7 @@ pub enum HeaderError {
 /// ```
 pub fn encode(channel: u32, frames: &[FrameMeta]) -> Vec<u8> {
     let mut h = Vec::with_capacity(header_len(frames.len()));
-    encode_into(&mut h, channel, frames);
+    encode_into(&mut h, channel, frames.iter().copied());
     h
 }
 
@@ -92,7 +92,11 @@ pub fn header_len(frames: usize) -> usize {
 }
 
 /// Appends the header for `frames` on `channel` to `h` (see [`encode`]).
-pub fn encode_into(h: &mut Vec<u8>, channel: u32, frames: &[FrameMeta]) {
+pub fn encode_into(
+    h: &mut Vec<u8>,
+    channel: u32,
+    frames: impl ExactSizeIterator<Item = FrameMeta>,
+) {
     h.extend_from_slice(&MAGIC);
     h.extend_from_slice(&channel.to_le_bytes());
     h.extend_from_slice(&(frames.len() as u32).to_le_bytes());

@@ -216,9 +216,8 @@ impl Connection {
     }
 }
 
-/// Checks a message against the limits before sending (the receiver would refuse it) and
-/// describes its frames for the header.
-fn check_outgoing(msg: &Message, limits: &frame::Limits) -> Result<Vec<frame::FrameMeta>> {
+/// Checks a message against the limits before sending (the receiver would refuse it).
+fn check_outgoing(msg: &Message, limits: &frame::Limits) -> Result<()> {
     let n = u32::try_from(msg.frames.len()).unwrap_or(u32::MAX);
     if n > limits.max_frames {
         return Err(frame::HeaderError::TooManyFrames {
@@ -235,12 +234,16 @@ fn check_outgoing(msg: &Message, limits: &frame::Limits) -> Result<Vec<frame::Fr
         }
         .into());
     }
-    Ok(msg
-        .frames
-        .iter()
-        .map(|f| frame::FrameMeta {
-            size: f.len() as u64,
-            cuda: f.is_cuda(),
-        })
-        .collect())
+    Ok(())
+}
+
+/// `msg`'s header on `channel`, with capacity for `room` more bytes.
+fn encode_header(channel: u32, msg: &Message, room: usize) -> Vec<u8> {
+    let mut h = Vec::with_capacity(frame::header_len(msg.frames.len()) + room);
+    let metas = msg.frames.iter().map(|f| frame::FrameMeta {
+        size: f.len() as u64,
+        cuda: f.is_cuda(),
+    });
+    frame::encode_into(&mut h, channel, metas);
+    h
 }

@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
 use crate::frame::{self, Limits};
-use crate::{check_outgoing, Address, Frame, Message, Result, TransportError};
+use crate::{check_outgoing, encode_header, Address, Frame, Message, Result, TransportError};
 
 #[derive(Debug)]
 pub(crate) struct Listener {
@@ -81,8 +81,8 @@ impl Conn {
     }
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
-        let metas = check_outgoing(&msg, &self.limits)?;
-        let header = frame::encode(channel, &metas);
+        check_outgoing(&msg, &self.limits)?;
+        let header = encode_header(channel, &msg, 0);
         // One writer at a time: a message's header and frames are never interleaved.
         let mut w = self.writer.lock().await;
         w.write_all(&header).await?;

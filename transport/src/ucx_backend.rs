@@ -1,15 +1,23 @@
 //! UCX connections over `ucx-rs`: the header as one tagged message, then one tagged message
 //! per frame, all on the same tag (UCX keeps per-tag order). Each process shares one UCX
 //! context and worker, set up from [`crate::UcxIntent`] (see [`crate::configure_ucx`]).
+//!
+//! **Flow control.** UCX completes small (eager) sends whether or not the peer's application
+//! receives, and the peer's UCX buffers what arrives unexpected: a receiver that does not read
+//! would grow without bound. So a sender holds credits: it may have at most [`WINDOW`] messages
+//! that the receiving application has not taken, and the receiver grants credits back (a
+//! 4-byte message on [`CREDIT_TAG`]) for every [`GRANT_EVERY`] messages it takes. Large frames
+//! are bounded by UCX itself (rendezvous waits for the receive).
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use bytes::Bytes;
 use tokio::sync::Mutex;
 
 use crate::frame::{self, Limits};
-use crate::{check_outgoing, Address, Frame, Message, Result, TransportError};
+use crate::{check_outgoing, encode_header, Address, Frame, Message, Result, TransportError};
 
 /// The tag every message and frame of a connection travels on (a UCXX user tag, so it is
 /// hashed with the endpoint's tags like any other).
@@ -19,6 +27,12 @@ pub const TAG: ucx::Tag = ucx::Tag::User(0x5455);
 /// plus the header. Larger messages send the header (in two parts if it is longer than this),
 /// then each frame. The receiver posts a receive of this size before the message arrives.
 const FIRST_MAX: usize = 8 << 10;
+/// Messages a sender may have in flight that the receiving application has not taken yet.
+pub(crate) const WINDOW: u32 = 256;
+/// The receiver grants credits back for every this many messages it takes.
+const GRANT_EVERY: u32 = WINDOW / 2;
+/// The tag credit grants travel on (little-endian `u32`: how many messages were taken).
+const CREDIT_TAG: ucx::Tag = ucx::Tag::User(0x5456);
 
 fn worker() -> Result<ucx::Worker> {
     static WORKER: OnceLock<std::result::Result<ucx::Worker, ucx::Error>> = OnceLock::new();
@@ -46,13 +60,32 @@ pub(crate) struct Listener {
     inner: ucx::Listener,
 }
 
+/// A posted receive of a credit grant.
+type Grant =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (ucx::Result<usize>, Box<[u8]>)> + Send>>;
+
+struct ParkedGrant(Option<Grant>);
+
+impl std::fmt::Debug for ParkedGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "posted" } else { "idle" })
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Conn {
-    ep: ucx::Endpoint,
+    ep: std::sync::Arc<ucx::Endpoint>,
     /// Held while posting a message's sends, so concurrent messages never interleave.
     send_order: std::sync::Mutex<()>,
     /// One receiver at a time reads a header and its frames; holds the first-message buffer.
     recv_order: Mutex<Vec<u8>>,
+    /// Messages this side may still send before it needs a grant from the peer.
+    credits: AtomicU32,
+    /// One sender at a time waits for a grant; a wait whose sender was dropped stays posted
+    /// here for the next one, so no grant is lost to a cancelled send.
+    refill: Mutex<ParkedGrant>,
+    /// Messages taken by the application and not yet granted back to the peer.
+    taken: AtomicU32,
     limits: Limits,
 }
 
@@ -111,24 +144,26 @@ impl Listener {
 impl Conn {
     fn new(ep: ucx::Endpoint) -> Conn {
         Conn {
-            ep,
+            ep: std::sync::Arc::new(ep),
             send_order: std::sync::Mutex::new(()),
             recv_order: Mutex::new(Vec::new()),
+            credits: AtomicU32::new(WINDOW),
+            refill: Mutex::new(ParkedGrant(None)),
+            taken: AtomicU32::new(0),
             limits: Limits::default(),
         }
     }
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
-        let metas = check_outgoing(&msg, &self.limits)?;
+        check_outgoing(&msg, &self.limits)?;
+        self.take_credit().await?;
         // Post under the lock so another sender's header or frames never land between ours
         // (UCX keeps per-tag order, not per-message order). Sends are posted on their first
         // poll, inside the lock; completions are awaited after it is released.
         let total = msg.len();
-        let header_len = frame::header_len(metas.len());
-        if header_len + total <= FIRST_MAX && !msg.has_cuda() {
+        if frame::header_len(msg.frames.len()) + total <= FIRST_MAX && !msg.has_cuda() {
             // Small messages travel as one UCX message: header, then the frames' bytes.
-            let mut header = Vec::with_capacity(header_len + total);
-            frame::encode_into(&mut header, channel, &metas);
+            let mut header = encode_header(channel, &msg, total);
             for f in msg.frames.iter().filter_map(Frame::as_host) {
                 header.extend_from_slice(f);
             }
@@ -136,7 +171,7 @@ impl Conn {
             return r.map_err(closed_or);
         }
         // A header longer than FIRST_MAX goes in two parts (the receiver posts FIRST_MAX bytes).
-        let header = Bytes::from(frame::encode(channel, &metas));
+        let header = Bytes::from(encode_header(channel, &msg, 0));
         let parts = if header.len() > FIRST_MAX {
             vec![header.slice(..FIRST_MAX), header.slice(FIRST_MAX..)]
         } else {
@@ -160,6 +195,55 @@ impl Conn {
             r.map_err(closed_or)?;
         }
         Ok(())
+    }
+
+    /// Takes one credit, waiting for the peer's grant when there is none left.
+    async fn take_credit(&self) -> Result<()> {
+        loop {
+            let took = self
+                .credits
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1));
+            if took.is_ok() {
+                return Ok(());
+            }
+            let mut parked = self.refill.lock().await;
+            if self.credits.load(Ordering::Acquire) > 0 {
+                continue; // another sender received a grant meanwhile
+            }
+            tracing::trace!("waiting for the peer to take messages");
+            let wait = parked.0.get_or_insert_with(|| {
+                let ep = std::sync::Arc::clone(&self.ep);
+                Box::pin(async move { ep.recv(vec![0u8; 4].into_boxed_slice(), CREDIT_TAG).await })
+            });
+            let (r, grant) = wait.as_mut().await;
+            parked.0 = None;
+            let n = r.map_err(closed_or)?;
+            let granted = grant
+                .first_chunk::<4>()
+                .map_or(0, |b| u32::from_le_bytes(*b));
+            if n != 4 || granted == 0 || granted > WINDOW {
+                return Err(self
+                    .refuse(format!(
+                        "a credit grant of {n} bytes for {granted} messages"
+                    ))
+                    .await);
+            }
+            self.credits.fetch_add(granted, Ordering::AcqRel);
+        }
+    }
+
+    /// Counts a message the application took, granting credits back every [`GRANT_EVERY`].
+    async fn took_one(&self) {
+        let taken = self.taken.fetch_add(1, Ordering::AcqRel) + 1;
+        if taken < GRANT_EVERY {
+            return;
+        }
+        self.taken.fetch_sub(taken, Ordering::AcqRel);
+        let (r, _) = self.ep.send(taken.to_le_bytes().to_vec(), CREDIT_TAG).await;
+        if let Err(e) = r {
+            // The peer is gone or going: its next operation says so.
+            tracing::debug!(error = %e, "a credit grant was not delivered");
+        }
     }
 
     /// Runs `sends`, whose first poll posts them, with that first poll under the send lock:
@@ -241,6 +325,7 @@ impl Conn {
         *first_buf = buf;
         let (channel, metas, inline) = result?;
         if let Some(inline) = inline {
+            self.took_one().await;
             return Ok((channel, Message { frames: inline }));
         }
         let mut posted = Vec::with_capacity(metas.len());
@@ -263,6 +348,7 @@ impl Conn {
             }
             frames.push(f);
         }
+        self.took_one().await;
         Ok((channel, Message { frames }))
     }
 
