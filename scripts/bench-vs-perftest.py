@@ -7,29 +7,18 @@ Both sides: server pinned to CPU 0, client to CPU 1, loopback, the same UCX_TLS.
 Rounds alternate A B A B so that drift on a shared machine hits both. Usage:
   cargo build --release --bin ucx-echo && python3 scripts/bench-vs-perftest.py [--rounds 3]
 """
-import argparse, json, os, re, statistics, subprocess, sys, time
+import argparse, json, os, re, statistics, subprocess, sys
+
+from compare import perftest  # scripts/ is on the path when this runs
 
 ECHO = os.path.join(os.path.dirname(__file__), "..", "target", "release", "ucx-echo")
 SIZES = [8, 1 << 20, 64 << 20]
 MIB = float(1 << 20)
 
 
-def perftest(test, size, env, port, iters):
-    srv = subprocess.Popen(["ucx_perftest", "-c", "0", "-p", str(port)], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
-        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", str(port), "-c", "1", "-t", test,
-                              "-s", str(size), "-n", str(iters)], env=env, capture_output=True,
-                             text=True, timeout=300).stdout
-    finally:
-        srv.wait(timeout=30)
-    final = [l for l in out.splitlines() if l.startswith("Final:")]
-    if not final:
-        raise RuntimeError(f"ucx_perftest {test} {size}: no result\n{out}")
-    f = final[0].split()
-    # Final: iters p50_lat avg_lat overall_lat avg_bw(MB/s, 2^20) overall_bw msgrate msgrate
-    return {"p50_us": float(f[2]), "avg_us": float(f[3]), "bw_MiBps": float(f[5])}
+def perftest_row(test, size, env, iters):
+    f = perftest(test, size, iters, env)
+    return {"p50_us": f[1], "avg_us": f[2], "bw_MiBps": f[4]}
 
 
 def ours(variant, env, iters):
@@ -62,7 +51,6 @@ def main():
     a = ap.parse_args()
     print(f"{subprocess.run(['ucx_info', '-v'], capture_output=True, text=True).stdout.splitlines()[0].strip('# ')}, "
           f"{a.rounds} interleaved rounds, medians of rounds; bandwidth in MiB/s")
-    port = 13337
     for tls in a.tls.split(","):
         env = dict(os.environ)
         if tls != "default":
@@ -71,11 +59,9 @@ def main():
         for m in a.modes.split(","):
             res[m] = []
         for _ in range(a.rounds):
-            pt = {"lat": perftest("tag_lat", 8, env, port, a.iters)}
-            port += 1
+            pt = {"lat": perftest_row("tag_lat", 8, env, a.iters)}
             for s in SIZES[1:]:
-                pt[s] = perftest("tag_bw", s, env, port, max(20, a.iters * 4096 // s))
-                port += 1
+                pt[s] = perftest_row("tag_bw", s, env, max(20, a.iters * 4096 // s))
             res["perftest"].append(pt)
             for m in a.modes.split(","):
                 res[m].append(ours(m, env, a.iters))

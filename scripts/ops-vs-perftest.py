@@ -7,25 +7,18 @@ flush (one round trip to remote completion), get = one get (one round trip); lat
 round trip. Server on CPU 0, client on CPU 1. Usage:
   cargo build --release --bin ucx-echo && python3 scripts/ops-vs-perftest.py [--rounds 3]
 """
-import argparse, json, os, statistics, subprocess, sys, time
+import argparse, json, os, statistics, subprocess, sys
+
+from compare import perftest  # scripts/ is on the path when this runs
 
 ECHO = os.path.join(os.path.dirname(__file__), "..", "target", "release", "ucx-echo")
 SIZES = [8, 1 << 20]
 TESTS = {"stream": "stream_lat", "am": "ucp_am_lat", "put": "ucp_put_lat", "get": "ucp_get"}
 
 
-def perftest(test, size, port, iters):
-    srv = subprocess.Popen(["ucx_perftest", "-c", "0", "-p", str(port)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
-        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", str(port), "-c", "1", "-t", test,
-                              "-s", str(size), "-n", str(iters)], capture_output=True, text=True,
-                             timeout=300).stdout
-    finally:
-        srv.wait(timeout=30)
-    f = [l for l in out.splitlines() if l.startswith("Final:")][0].split()
-    return {"lat_us": float(f[2]), "bw_MiBps": float(f[5])}
+def perftest_row(test, size, iters):
+    f = perftest(test, size, iters)
+    return {"lat_us": f[1], "bw_MiBps": f[4]}
 
 
 def ours(op, direct, iters):
@@ -51,16 +44,13 @@ def main():
     ap.add_argument("--iters", type=int, default=20000)
     a = ap.parse_args()
     med = statistics.median
-    port = 14337
     print(f"{a.rounds} interleaved rounds, medians; latency one-way (us), bandwidth MiB/s at 1 MiB")
     print(f"{'op':8}{'perftest 8B':>13}{'direct':>9}{'ratio':>7}{'cl-srv':>9}{'ratio':>7}"
           f"{'perftest bw':>13}{'direct bw':>11}{'ratio':>7}")
     for op, test in TESTS.items():
         pts, dirs, css = [], [], []
         for _ in range(a.rounds):
-            pts.append({s: perftest(test, s, port + i, a.iters if s == 8 else 2000)
-                        for i, s in enumerate(SIZES)})
-            port += len(SIZES)
+            pts.append({s: perftest_row(test, s, a.iters if s == 8 else 2000) for s in SIZES})
             dirs.append(ours(op, True, a.iters))
             css.append(ours(op, False, a.iters))
         p8 = med(r[8]["lat_us"] for r in pts)

@@ -1,7 +1,7 @@
 //! Message ping-pong through `transport` against a `transport-echo server` child process
 //! (CPU 0; this process on CPU 1): `tcp://` and `ucx://` (polling), one host frame per
 //! message, 8 B / 1 MiB / 16 MiB. `cargo bench -p transport --bench transport_pingpong`.
-//! For ratios against ucx-rs in one run, see `scripts/transport-vs-ucx.py`.
+//! For ratios against ucx_perftest and ucx-rs in one run, see `scripts/compare.py`.
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
