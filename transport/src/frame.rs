@@ -126,25 +126,43 @@ pub fn decode_fixed(fixed: &[u8; FIXED_LEN], limits: &Limits) -> Result<(u32, u3
 
 /// Decodes the frame entries and checks the total size.
 pub fn decode_entries(entries: &[u8], limits: &Limits) -> Result<Vec<FrameMeta>, HeaderError> {
+    check_entries(entries, limits)?;
+    Ok(iter_entries(entries).collect())
+}
+
+/// Checks the frame entries (memory types, total size) without allocating; returns the
+/// total size of the frames.
+pub fn check_entries(entries: &[u8], limits: &Limits) -> Result<u64, HeaderError> {
     let mut total = 0u64;
-    let mut out = Vec::with_capacity(entries.len() / ENTRY_LEN);
     for (index, e) in entries.chunks_exact(ENTRY_LEN).enumerate() {
-        let size = u64::from_le_bytes(e[..8].try_into().expect("8 bytes"));
-        let cuda = match e[8] {
-            0 => false,
-            1 => true,
-            value => return Err(HeaderError::MemoryType { index, value }),
-        };
-        total = total.saturating_add(size);
+        if e[8] > 1 {
+            return Err(HeaderError::MemoryType { index, value: e[8] });
+        }
+        total = total.saturating_add(entry_size(e));
         if total > limits.max_message {
             return Err(HeaderError::TooLarge {
                 got: total,
                 max: limits.max_message,
             });
         }
-        out.push(FrameMeta { size, cuda });
     }
-    Ok(out)
+    Ok(total)
+}
+
+/// The entries as [`FrameMeta`]s, for entries that passed [`check_entries`].
+pub fn iter_entries(entries: &[u8]) -> impl ExactSizeIterator<Item = FrameMeta> + '_ {
+    entries.chunks_exact(ENTRY_LEN).map(|e| FrameMeta {
+        size: entry_size(e),
+        cuda: e[8] == 1,
+    })
+}
+
+fn entry_size(e: &[u8]) -> u64 {
+    u64::from_le_bytes(
+        e[..8]
+            .try_into()
+            .expect("an entry starts with 8 size bytes"),
+    )
 }
 
 #[cfg(test)]

@@ -237,13 +237,17 @@ fn check_outgoing(msg: &Message, limits: &frame::Limits) -> Result<()> {
     Ok(())
 }
 
-/// `msg`'s header on `channel`, with capacity for `room` more bytes.
-fn encode_header(channel: u32, msg: &Message, room: usize) -> Vec<u8> {
-    let mut h = Vec::with_capacity(frame::header_len(msg.frames.len()) + room);
-    let metas = msg.frames.iter().map(|f| frame::FrameMeta {
+/// `msg`'s header on `channel`.
+fn encode_header(channel: u32, msg: &Message) -> Vec<u8> {
+    let mut h = Vec::with_capacity(frame::header_len(msg.frames.len()));
+    frame::encode_into(&mut h, channel, header_metas(msg));
+    h
+}
+
+/// How the header describes `msg`'s frames.
+fn header_metas(msg: &Message) -> impl ExactSizeIterator<Item = frame::FrameMeta> + '_ {
+    msg.frames.iter().map(|f| frame::FrameMeta {
         size: f.len() as u64,
         cuda: f.is_cuda(),
-    });
-    frame::encode_into(&mut h, channel, metas);
-    h
+    })
 }

@@ -82,7 +82,7 @@ impl Conn {
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
         check_outgoing(&msg, &self.limits)?;
-        let header = encode_header(channel, &msg, 0);
+        let header = encode_header(channel, &msg);
         // One writer at a time: a message's header and frames are never interleaved.
         let mut w = self.writer.lock().await;
         w.write_all(&header).await?;

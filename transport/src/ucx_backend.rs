@@ -17,7 +17,9 @@ use bytes::Bytes;
 use tokio::sync::Mutex;
 
 use crate::frame::{self, Limits};
-use crate::{check_outgoing, encode_header, Address, Frame, Message, Result, TransportError};
+use crate::{
+    check_outgoing, encode_header, header_metas, Address, Frame, Message, Result, TransportError,
+};
 
 /// The tag every message and frame of a connection travels on (a UCXX user tag, so it is
 /// hashed with the endpoint's tags like any other).
@@ -46,6 +48,14 @@ fn worker() -> Result<ucx::Worker> {
         })
         .clone()
         .map_err(TransportError::from)
+}
+
+/// What a message's first UCX message held.
+enum First {
+    /// The whole message.
+    Inline(Vec<Frame>),
+    /// The header: the frames follow, one UCX message each.
+    Framed(Vec<frame::FrameMeta>),
 }
 
 /// A frame's receive buffer.
@@ -77,6 +87,8 @@ pub(crate) struct Conn {
     ep: std::sync::Arc<ucx::Endpoint>,
     /// Held while posting a message's sends, so concurrent messages never interleave.
     send_order: std::sync::Mutex<()>,
+    /// A small-message send buffer, reused.
+    send_buf: std::sync::Mutex<Option<Vec<u8>>>,
     /// One receiver at a time reads a header and its frames; holds the first-message buffer.
     recv_order: Mutex<Vec<u8>>,
     /// Messages this side may still send before it needs a grant from the peer.
@@ -146,6 +158,7 @@ impl Conn {
         Conn {
             ep: std::sync::Arc::new(ep),
             send_order: std::sync::Mutex::new(()),
+            send_buf: std::sync::Mutex::new(None),
             recv_order: Mutex::new(Vec::new()),
             credits: AtomicU32::new(WINDOW),
             refill: Mutex::new(ParkedGrant(None)),
@@ -163,15 +176,27 @@ impl Conn {
         let total = msg.len();
         if frame::header_len(msg.frames.len()) + total <= FIRST_MAX && !msg.has_cuda() {
             // Small messages travel as one UCX message: header, then the frames' bytes.
-            let mut header = encode_header(channel, &msg, total);
+            // Into a buffer kept for the connection (given back once UCX is done with it).
+            let mut one = self
+                .send_buf
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            let mut one = one
+                .take_if(|b| b.capacity() >= FIRST_MAX)
+                .unwrap_or_default();
+            one.clear();
+            one.reserve(FIRST_MAX);
+            frame::encode_into(&mut one, channel, header_metas(&msg));
             for f in msg.frames.iter().filter_map(Frame::as_host) {
-                header.extend_from_slice(f);
+                one.extend_from_slice(f);
             }
-            let (r, _) = self.post_in_order(self.ep.send(header, TAG)).await;
+            let (r, one) = self.post_in_order(self.ep.send(one, TAG)).await;
+            *self.send_buf.lock().unwrap_or_else(|e| e.into_inner()) = Some(one);
             return r.map_err(closed_or);
         }
         // A header longer than FIRST_MAX goes in two parts (the receiver posts FIRST_MAX bytes).
-        let header = Bytes::from(encode_header(channel, &msg, 0));
+        let header = Bytes::from(encode_header(channel, &msg));
         let parts = if header.len() > FIRST_MAX {
             vec![header.slice(..FIRST_MAX), header.slice(FIRST_MAX..)]
         } else {
@@ -323,11 +348,13 @@ impl Conn {
         let first = &buf[..got];
         let result = self.parse_first(first).await;
         *first_buf = buf;
-        let (channel, metas, inline) = result?;
-        if let Some(inline) = inline {
-            self.took_one().await;
-            return Ok((channel, Message { frames: inline }));
-        }
+        let (channel, metas) = match result? {
+            (channel, First::Inline(frames)) => {
+                self.took_one().await;
+                return Ok((channel, Message { frames }));
+            }
+            (channel, First::Framed(metas)) => (channel, metas),
+        };
         let mut posted = Vec::with_capacity(metas.len());
         for m in &metas {
             match self.recv_buffer(m) {
@@ -354,10 +381,7 @@ impl Conn {
 
     /// Reads a message's first UCX message: the channel, the frame entries (receiving the
     /// rest of a header longer than [`FIRST_MAX`]) and, for an inlined message, its frames.
-    async fn parse_first(
-        &self,
-        first: &[u8],
-    ) -> Result<(u32, Vec<frame::FrameMeta>, Option<Vec<Frame>>)> {
+    async fn parse_first(&self, first: &[u8]) -> Result<(u32, First)> {
         let Some(fixed) = first.first_chunk::<{ frame::FIXED_LEN }>() else {
             return Err(self.refuse(format!("a {}-byte header", first.len())).await);
         };
@@ -393,14 +417,16 @@ impl Conn {
             all.extend_from_slice(&split_rest);
             std::borrow::Cow::Owned(all)
         };
-        let metas = match frame::decode_entries(&entries, &self.limits) {
-            Ok(m) => m,
+        let total = match frame::check_entries(&entries, &self.limits) {
+            Ok(t) => t,
             Err(e) => return Err(self.refuse_header(e).await),
         };
-        let total: u64 = metas.iter().map(|m| m.size).sum();
         let after = first.len().saturating_sub(entries_end);
         if after == 0 && total > 0 {
-            return Ok((channel, metas, None));
+            return Ok((
+                channel,
+                First::Framed(frame::iter_entries(&entries).collect()),
+            ));
         }
         // An inlined message: the frames' bytes follow the entries, exactly.
         if after as u64 != total {
@@ -412,8 +438,8 @@ impl Conn {
         }
         let all = Bytes::copy_from_slice(first.get(entries_end..).unwrap_or_default());
         let mut at = 0;
-        let mut frames = Vec::with_capacity(metas.len());
-        for m in &metas {
+        let mut frames = Vec::with_capacity(n as usize);
+        for m in frame::iter_entries(&entries) {
             let f = all.slice(at..at + m.size as usize);
             at += m.size as usize;
             // A peer may inline a device frame too: it lands where device frames land.
@@ -424,7 +450,7 @@ impl Conn {
             }
             frames.push(Frame::Host(f));
         }
-        Ok((channel, metas, Some(frames)))
+        Ok((channel, First::Inline(frames)))
     }
 
     async fn refuse_header(&self, e: frame::HeaderError) -> TransportError {
