@@ -36,6 +36,9 @@ SCRATCH = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.c
                        "async-ucx-bench")
 ASYNC_UCX = os.path.join(SCRATCH, "target", "debug", "async-ucx-bench")
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+# Server and client on two different CPUs this process may use (the same one if only one).
+_CPUS = sorted(os.sched_getaffinity(0))
+SERVER_CPU, CLIENT_CPU = str(_CPUS[0]), str(_CPUS[min(1, len(_CPUS) - 1)])
 
 
 def size_arg(text):
@@ -48,7 +51,7 @@ def iters_for(size):
 
 
 def pin(cpu, cmd):
-    return ["taskset", "-c", str(cpu), *cmd]
+    return ["taskset", "-c", cpu, *cmd]
 
 
 def pair(server, client, env=None, timeout=600):
@@ -87,11 +90,11 @@ def perftest(test, size, iters, env=None):
     avg msg rate, overall msg rate."""
     _PORT[0] += 1
     p = str(_PORT[0])
-    srv = subprocess.Popen(["ucx_perftest", "-c", "0", "-p", p], stdout=subprocess.DEVNULL,
+    srv = subprocess.Popen(["ucx_perftest", "-c", SERVER_CPU, "-p", p], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, env=env)
     try:
         time.sleep(0.5)
-        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", p, "-c", "1", "-t", test, "-s", str(size),
+        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", p, "-c", CLIENT_CPU, "-t", test, "-s", str(size),
                               "-n", str(iters)], capture_output=True, text=True, timeout=600, env=env).stdout
     finally:
         try:
@@ -120,14 +123,14 @@ class UcxRs:
         self.name = "ucx-rs direct endpoint" if direct else "ucx-rs (ucx-echo)"
 
     def latency(self, size):
-        out = pair([ECHO, "server", "--bind", "127.0.0.1", "--cpu", "0", "--mode", "polling", "--once"],
-                   [ECHO, "client", "--connect", "127.0.0.1:PORT", "--cpu", "1", "--mode", "polling",
+        out = pair([ECHO, "server", "--bind", "127.0.0.1", "--cpu", SERVER_CPU, "--mode", "polling", "--once"],
+                   [ECHO, "client", "--connect", "127.0.0.1:PORT", "--cpu", CLIENT_CPU, "--mode", "polling",
                     "--sizes", str(size), "--iters", str(iters_for(size)), "--json", *self.direct])
         return json_rows(out)[0]["median_us"]
 
     def msgrate(self, messages, window=64):
-        out = pair([ECHO, "server", "--bind", "127.0.0.1", "--cpu", "0", "--mode", "polling", "--once"],
-                   [ECHO, "client", "--connect", "127.0.0.1:PORT", "--cpu", "1", "--mode", "polling",
+        out = pair([ECHO, "server", "--bind", "127.0.0.1", "--cpu", SERVER_CPU, "--mode", "polling", "--once"],
+                   [ECHO, "client", "--connect", "127.0.0.1:PORT", "--cpu", CLIENT_CPU, "--mode", "polling",
                     "--sizes", "8", "--iters", str(messages), "--bw", "--window", str(window), "--json",
                     *self.direct])
         return json_rows(out)[0]["stream_MBps"] * 1e6 / 8
@@ -140,8 +143,8 @@ class Transport:
 
     def latency(self, size):
         flags = ["--ucx-progress", "polling"] if self.scheme == "ucx" else []
-        out = pair(pin(0, [TECHO, "server", "--listen", f"{self.scheme}://127.0.0.1:0", "--once", *flags]),
-                   pin(1, [TECHO, "client", "--connect", "ADDR", "--sizes", str(size), "--iters",
+        out = pair(pin(SERVER_CPU, [TECHO, "server", "--listen", f"{self.scheme}://127.0.0.1:0", "--once", *flags]),
+                   pin(CLIENT_CPU, [TECHO, "client", "--connect", "ADDR", "--sizes", str(size), "--iters",
                            str(iters_for(size)), *flags]))
         return json_rows(out)[0]["median_us"]
 
@@ -164,11 +167,11 @@ class Ucxx:
         common = ["-m", "ucxx.benchmarks.send_recv", "-n", str(size), "--n-iter", n, "--n-warmup-iter", "100"]
         _PORT[0] += 1
         p = str(_PORT[0])
-        srv = subprocess.Popen([self.python, *common, "--server-only", "-p", p, "-b", "0"],
+        srv = subprocess.Popen([self.python, *common, "--server-only", "-p", p, "-b", SERVER_CPU],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             time.sleep(2)
-            run = subprocess.run([self.python, *common, "--client-only", "-s", "127.0.0.1", "-p", p, "-c", "1",
+            run = subprocess.run([self.python, *common, "--client-only", "-s", "127.0.0.1", "-p", p, "-c", CLIENT_CPU,
                                   "--no-detailed-report"], capture_output=True, text=True, timeout=600)
             out = run.stdout + run.stderr
         finally:
@@ -192,8 +195,8 @@ class AsyncUcx:
         self.env = dict(os.environ, LD_LIBRARY_PATH=":".join(libs))
 
     def latency(self, size):
-        out = pair(pin(0, [self.binary, "server"]),
-                   pin(1, [self.binary, "client", "127.0.0.1:PORT", str(size), str(min(iters_for(size), 5000))]),
+        out = pair(pin(SERVER_CPU, [self.binary, "server"]),
+                   pin(CLIENT_CPU, [self.binary, "client", "127.0.0.1:PORT", str(size), str(min(iters_for(size), 5000))]),
                    env=self.env)
         return json_rows(out)[0]["median_us"]
 
@@ -241,7 +244,8 @@ def main():
     else:
         skipped.append("async-ucx: not built (--build-async-ucx)")
     ucx = subprocess.run(["ucx_info", "-v"], capture_output=True, text=True).stdout.splitlines()[0].strip("# ")
-    print(f"{ucx}; {a.rounds} interleaved rounds; one-way medians; server CPU 0, client CPU 1")
+    print(f"{ucx}; {a.rounds} interleaved rounds; one-way medians; server CPU {SERVER_CPU}, "
+          f"client CPU {CLIENT_CPU}")
     for s in skipped:
         print(f"  skipped {s}")
     res = {i.name: {s: [] for s in sizes} for i in impls}
@@ -291,6 +295,9 @@ def main():
         with open(a.json, "a") as f:
             f.write(json.dumps({"ucx": ucx, "rounds": a.rounds, "latency_us": res, "msgrate": rates,
                                 "errors": errors}) + "\n")
+    core = {Perftest.name, UcxRs().name, UcxRs(direct=True).name, "transport ucx://", "transport tcp://"}
+    if core & errors.keys():
+        sys.exit(f"failed: {', '.join(sorted(core & errors.keys()))}")
 
 
 if __name__ == "__main__":

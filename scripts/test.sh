@@ -19,5 +19,13 @@ timeout 300 cargo run -q -j2 -p transport --example over_every_backend
 cargo test -j2 --workspace --all-features
 # Whether this machine ran the device tests, and if not why (they return early without a GPU).
 cargo run -q -j2 --features cuda --bin ucx-gpu-echo -- info
+echo "example gpu_echo (device buffers; says why it skips without a GPU):"
+timeout 300 cargo run -q -j2 --features cuda --example gpu_echo
+python3 -m py_compile scripts/compare.py scripts/bench-vs-perftest.py scripts/ops-vs-perftest.py
 # Interop with the real UCXX from PyPI, both directions (installs it into target/ucxx-venv once).
 bash tests/interop/run.sh
+# The comparison command works end to end (one short round at 8 B; its figures are not judged
+# here: this machine is shared and noisy).
+cargo build -q -j2 --release -p ucx-stack --bin ucx-echo
+cargo build -q -j2 --release -p transport --bins
+timeout 600 python3 scripts/compare.py --rounds 1 --sizes 8
