@@ -5,7 +5,7 @@
 //! frames. Messages on one connection arrive in the order they were sent; several logical
 //! channels share a connection (the channel number travels in the header), and concurrent
 //! senders on one connection are safe (a message's header and frames are never interleaved
-//! with another's). Frames are host memory ([`bytes::Bytes`]) or, with the `cuda` feature,
+//! with another's), and `recv` is cancel-safe. Frames are host memory ([`bytes::Bytes`]) or, with the `cuda` feature,
 //! CUDA device buffers (see [`Frame`] and the `cuda` module).
 //!
 //! ```
@@ -42,8 +42,15 @@ pub use message::{Frame, Message};
 pub use ucx_config::{configure_ucx, UcxIntent};
 
 /// The UCX tag a `ucx://` connection's headers and frames travel on: peers that speak the wire
-/// format with `ucx-rs` (or UCXX) directly use it.
+/// format with `ucx-rs` (or UCXX) directly use it, with [`UCX_FIRST_MAX`] and the credits on
+/// [`UCX_CREDIT_TAG`] (see the `ucx://` wire format in the crate's README).
 pub const UCX_TAG: ucx::Tag = ucx_backend::TAG;
+/// The most bytes in the first UCX message of a `ucx://` message (its receive is posted ahead).
+pub const UCX_FIRST_MAX: usize = ucx_backend::FIRST_MAX;
+/// The tag `ucx://` credit grants travel on: a little-endian `u32`, messages taken.
+pub const UCX_CREDIT_TAG: ucx::Tag = ucx_backend::CREDIT_TAG;
+/// Messages a `ucx://` sender may have that the peer's application has not taken.
+pub const UCX_WINDOW: u32 = ucx_backend::WINDOW;
 
 /// Time limit for [`connect`].
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -110,8 +117,53 @@ enum ListenerInner {
 /// A connection carrying messages; see the crate docs.
 #[derive(Debug)]
 pub struct Connection {
-    inner: ConnInner,
+    inner: std::sync::Arc<ConnInner>,
     peer: Address,
+    /// One receiver at a time. A `recv` dropped mid-way (`select!`, a timeout) leaves its
+    /// receive here and the next `recv` goes on with it: no message, or part of one, is lost.
+    recv_slot: tokio::sync::Mutex<Box<dyn RecvSlot>>,
+}
+
+/// Where a connection's receive of one whole message lives while it is in progress: allocated
+/// once per connection and refilled in place, so a receive costs no allocation.
+trait RecvSlot: Send {
+    /// Polls the receive in progress, starting one first if there is none.
+    fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(u32, Message)>>;
+}
+
+struct Slot<F, M> {
+    receiving: std::pin::Pin<Box<Option<F>>>,
+    start: M,
+}
+
+impl<F, M> RecvSlot for Slot<F, M>
+where
+    F: std::future::Future<Output = Result<(u32, Message)>> + Send,
+    M: Fn() -> F + Send,
+{
+    fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(u32, Message)>> {
+        if self.receiving.is_none() {
+            self.receiving.as_mut().set(Some((self.start)()));
+        }
+        let Some(receiving) = self.receiving.as_mut().as_pin_mut() else {
+            unreachable!("filled just above")
+        };
+        let r = std::task::ready!(receiving.poll(cx));
+        self.receiving.as_mut().set(None);
+        std::task::Poll::Ready(r)
+    }
+}
+
+impl std::fmt::Debug for dyn RecvSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecvSlot")
+    }
 }
 
 #[derive(Debug)]
@@ -153,10 +205,7 @@ pub async fn connect(addr: &Address) -> Result<Connection> {
         .await
         .map_err(|_| TransportError::Timeout(CONNECT_TIMEOUT))??;
     tracing::debug!(peer = %addr, "connected");
-    Ok(Connection {
-        inner,
-        peer: addr.clone(),
-    })
+    Ok(Connection::new(inner, addr.clone()))
 }
 
 impl Listener {
@@ -173,7 +222,7 @@ impl Listener {
                 (ConnInner::Ucx(c), peer)
             }
         };
-        Ok(Connection { inner, peer })
+        Ok(Connection::new(inner, peer))
     }
 
     /// The bound address (port 0 resolved).
@@ -183,9 +232,32 @@ impl Listener {
 }
 
 impl Connection {
+    fn new(inner: ConnInner, peer: Address) -> Connection {
+        let inner = std::sync::Arc::new(inner);
+        let conn = std::sync::Arc::clone(&inner);
+        let start = move || {
+            let conn = std::sync::Arc::clone(&conn);
+            async move {
+                match &*conn {
+                    ConnInner::Inproc(c) => c.recv().await,
+                    ConnInner::Tcp(c) => c.recv().await,
+                    ConnInner::Ucx(c) => c.recv().await,
+                }
+            }
+        };
+        Connection {
+            inner,
+            peer,
+            recv_slot: tokio::sync::Mutex::new(Box::new(Slot {
+                receiving: Box::pin(None),
+                start,
+            })),
+        }
+    }
+
     /// Sends `msg` on `channel`. Waits while the peer is not keeping up (bounded buffering).
     pub async fn send(&self, channel: u32, msg: Message) -> Result<()> {
-        match &self.inner {
+        match &*self.inner {
             ConnInner::Inproc(c) => c.send(channel, msg).await,
             ConnInner::Tcp(c) => c.send(channel, msg).await,
             ConnInner::Ucx(c) => c.send(channel, msg).await,
@@ -193,17 +265,17 @@ impl Connection {
     }
 
     /// The next message, with its channel.
+    ///
+    /// Cancel-safe: a `recv` dropped before it returns (in `select!`, under a timeout) loses
+    /// nothing; the next `recv` resumes it.
     pub async fn recv(&self) -> Result<(u32, Message)> {
-        match &self.inner {
-            ConnInner::Inproc(c) => c.recv().await,
-            ConnInner::Tcp(c) => c.recv().await,
-            ConnInner::Ucx(c) => c.recv().await,
-        }
+        let mut slot = self.recv_slot.lock().await;
+        std::future::poll_fn(|cx| slot.poll_recv(cx)).await
     }
 
     /// Closes the connection; the peer's pending `recv` fails with [`TransportError::Closed`].
     pub async fn close(&self) -> Result<()> {
-        match &self.inner {
+        match &*self.inner {
             ConnInner::Inproc(c) => c.close(),
             ConnInner::Tcp(c) => c.close().await,
             ConnInner::Ucx(c) => c.close().await,

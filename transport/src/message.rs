@@ -8,8 +8,8 @@ use crate::Result;
 /// One frame of a message.
 ///
 /// Host frames are reference-counted [`Bytes`] (cloning shares, never copies). With the `cuda`
-/// feature a frame can also be a CUDA device buffer, shared the same way; see
-/// [`crate::cuda`] for where received device frames land.
+/// feature a frame can also be a CUDA device buffer, shared the same way; the crate's `cuda`
+/// module says where received device frames land.
 ///
 /// ```
 /// use transport::Frame;
@@ -22,7 +22,9 @@ use crate::Result;
 pub enum Frame {
     /// Host memory.
     Host(Bytes),
-    /// CUDA device memory (its first `len()` bytes).
+    /// CUDA device memory: its first [`len`](ucx::cuda::DeviceBuffer::len) bytes. A buffer
+    /// filled by a kernel needs [`set_len`](ucx::cuda::DeviceBuffer::set_len) first (a fresh
+    /// `DeviceBuffer::alloc` has length 0).
     #[cfg(feature = "cuda")]
     Cuda(std::sync::Arc<ucx::cuda::DeviceBuffer>),
 }

@@ -83,15 +83,18 @@ impl Conn {
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
         check_outgoing(&msg, &self.limits)?;
         let header = encode_header(channel, &msg);
+        // Device frames are staged through host memory, before anything is written: a copy
+        // that fails must not leave half a message on the wire.
+        let frames = msg
+            .frames
+            .iter()
+            .map(Frame::to_host)
+            .collect::<Result<Vec<_>>>()?;
         // One writer at a time: a message's header and frames are never interleaved.
         let mut w = self.writer.lock().await;
         w.write_all(&header).await?;
-        for f in &msg.frames {
-            match f.as_host() {
-                Some(b) => w.write_all(b).await?,
-                // Device frames are staged through host memory.
-                None => w.write_all(&f.to_host()?).await?,
-            }
+        for f in &frames {
+            w.write_all(f).await?;
         }
         Ok(())
     }
@@ -123,7 +126,15 @@ impl Conn {
             let bytes = crate::pool::into_bytes(b);
             #[cfg(feature = "cuda")]
             if m.cuda {
-                frames.push(crate::cuda::from_host(bytes)?);
+                match crate::cuda::from_host(bytes) {
+                    Ok(d) => frames.push(d),
+                    Err(e) => {
+                        // The message is lost: the connection ends rather than skip it.
+                        tracing::warn!(error = %e, "closing a TCP connection: a device frame could not land");
+                        let _ = self.writer.lock().await.shutdown().await;
+                        return Err(e);
+                    }
+                }
                 continue;
             }
             frames.push(Frame::Host(bytes));

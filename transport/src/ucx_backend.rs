@@ -1,13 +1,22 @@
-//! UCX connections over `ucx-rs`: the header as one tagged message, then one tagged message
-//! per frame, all on the same tag (UCX keeps per-tag order). Each process shares one UCX
-//! context and worker, set up from [`crate::UcxIntent`] (see [`crate::configure_ucx`]).
+//! UCX connections over `ucx-rs`. Each process shares one UCX context and worker, set up from
+//! [`crate::UcxIntent`] (see [`crate::configure_ucx`]).
+//!
+//! **On the wire** (all on [`TAG`], whose per-tag order UCX keeps): a message's first UCX
+//! message is at most [`FIRST_MAX`] bytes, so the receiver can post that receive before the
+//! message arrives.
+//! - If the header ([`crate::frame`]) and all frame bytes fit, and no frame is in device memory,
+//!   that one UCX message is the whole message (inlined).
+//! - Otherwise it is the header, or the header's first `FIRST_MAX` bytes followed by a second
+//!   UCX message with the rest; then one UCX message per frame. A message with no bytes at all
+//!   has no frame messages.
 //!
 //! **Flow control.** UCX completes small (eager) sends whether or not the peer's application
-//! receives, and the peer's UCX buffers what arrives unexpected: a receiver that does not read
-//! would grow without bound. So a sender holds credits: it may have at most [`WINDOW`] messages
-//! that the receiving application has not taken, and the receiver grants credits back (a
-//! 4-byte message on [`CREDIT_TAG`]) for every [`GRANT_EVERY`] messages it takes. Large frames
-//! are bounded by UCX itself (rendezvous waits for the receive).
+//! receives, and the peer's UCX buffers what arrives unexpected. So a sender holds credits: it
+//! may have at most [`WINDOW`] messages that the receiving application has not taken, and the
+//! receiver grants credits back, a little-endian `u32` count on [`CREDIT_TAG`], for every
+//! [`GRANT_EVERY`] messages it takes. The bound is in messages, not bytes: frames below UCX's
+//! rendezvous threshold travel eagerly, so what a receiver that does not read can hold is at
+//! most `WINDOW` messages' eager frames. Rendezvous frames wait for the receive.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -28,13 +37,13 @@ pub const TAG: ucx::Tag = ucx::Tag::User(0x5455);
 /// frames fit (host frames only) go as that one message: one transfer instead of one per frame
 /// plus the header. Larger messages send the header (in two parts if it is longer than this),
 /// then each frame. The receiver posts a receive of this size before the message arrives.
-const FIRST_MAX: usize = 8 << 10;
+pub const FIRST_MAX: usize = 8 << 10;
 /// Messages a sender may have in flight that the receiving application has not taken yet.
-pub(crate) const WINDOW: u32 = 256;
+pub const WINDOW: u32 = 256;
 /// The receiver grants credits back for every this many messages it takes.
-const GRANT_EVERY: u32 = WINDOW / 2;
+pub const GRANT_EVERY: u32 = WINDOW / 2;
 /// The tag credit grants travel on (little-endian `u32`: how many messages were taken).
-const CREDIT_TAG: ucx::Tag = ucx::Tag::User(0x5456);
+pub const CREDIT_TAG: ucx::Tag = ucx::Tag::User(0x5456);
 
 fn worker() -> Result<ucx::Worker> {
     static WORKER: OnceLock<std::result::Result<ucx::Worker, ucx::Error>> = OnceLock::new();
@@ -82,6 +91,8 @@ impl std::fmt::Debug for ParkedGrant {
     }
 }
 
+/// A UCX connection. Its `recv` is not cancel-safe by itself: [`crate::Connection`] parks an
+/// interrupted receive and resumes it.
 #[derive(Debug)]
 pub(crate) struct Conn {
     ep: std::sync::Arc<ucx::Endpoint>,
@@ -89,8 +100,8 @@ pub(crate) struct Conn {
     send_order: std::sync::Mutex<()>,
     /// A small-message send buffer, reused.
     send_buf: std::sync::Mutex<Option<Vec<u8>>>,
-    /// One receiver at a time reads a header and its frames; holds the first-message buffer.
-    recv_order: Mutex<Vec<u8>>,
+    /// The buffer first messages are received into, kept between receives.
+    first_buf: std::sync::Mutex<Vec<u8>>,
     /// Messages this side may still send before it needs a grant from the peer.
     credits: AtomicU32,
     /// One sender at a time waits for a grant; a wait whose sender was dropped stays posted
@@ -159,7 +170,7 @@ impl Conn {
             ep: std::sync::Arc::new(ep),
             send_order: std::sync::Mutex::new(()),
             send_buf: std::sync::Mutex::new(None),
-            recv_order: Mutex::new(Vec::new()),
+            first_buf: std::sync::Mutex::new(Vec::new()),
             credits: AtomicU32::new(WINDOW),
             refill: Mutex::new(ParkedGrant(None)),
             taken: AtomicU32::new(0),
@@ -202,24 +213,66 @@ impl Conn {
         } else {
             vec![header]
         };
-        let results = self
-            .post_in_order(futures::future::join_all(
-                parts
-                    .into_iter()
-                    .map(|h| self.send_frame(Frame::Host(h)))
-                    // With no bytes at all, the header says everything: no frame messages.
-                    .chain(
-                        msg.frames
-                            .into_iter()
-                            .filter(|_| total > 0)
-                            .map(|f| self.send_frame(f)),
-                    ),
-            ))
-            .await;
-        for r in results {
-            r.map_err(closed_or)?;
+        // With no bytes at all, the header says everything: no frame messages.
+        let frames = if total > 0 { msg.frames } else { Vec::new() };
+        #[cfg(feature = "cuda")]
+        for f in &frames {
+            // Wait for the producer's GPU work here, not under the send lock.
+            if let Frame::Cuda(d) = f {
+                d.stream()
+                    .synchronize()
+                    .map_err(|e| TransportError::Ucx(ucx::Error::Cuda(e.to_string())))?;
+            }
+        }
+        let sends: Vec<_> = parts
+            .into_iter()
+            .map(Frame::Host)
+            .chain(frames)
+            .map(|f| Box::pin(self.send_frame(f)))
+            .collect();
+        let results = self.post_all_in_order(sends).await;
+        if let Some(e) = results.into_iter().find_map(|r| r.err()) {
+            // Part of the message may be on the wire: the peer's stream is out of step, so
+            // the connection ends here.
+            if !e.is_disconnect() {
+                tracing::warn!(error = %e, "a send failed part-way: closing the UCX connection");
+                self.ep.abort();
+            }
+            return Err(closed_or(e));
         }
         Ok(())
+    }
+
+    /// Polls every send once, in order, under the send lock (each send posts on its first
+    /// poll), so what one message posts is never interleaved with another's; then waits for
+    /// those that did not complete at once, outside the lock.
+    async fn post_all_in_order<F>(
+        &self,
+        mut sends: Vec<std::pin::Pin<Box<F>>>,
+    ) -> Vec<ucx::Result<()>>
+    where
+        F: std::future::Future<Output = ucx::Result<()>>,
+    {
+        let mut done: Vec<Option<ucx::Result<()>>> = Vec::with_capacity(sends.len());
+        std::future::poll_fn(|cx| {
+            let _order = self.send_order.lock().unwrap_or_else(|e| e.into_inner());
+            for s in sends.iter_mut() {
+                done.push(match s.as_mut().poll(cx) {
+                    std::task::Poll::Ready(r) => Some(r),
+                    std::task::Poll::Pending => None,
+                });
+            }
+            std::task::Poll::Ready(())
+        })
+        .await;
+        let mut out = Vec::with_capacity(sends.len());
+        for (s, d) in sends.into_iter().zip(done) {
+            out.push(match d {
+                Some(r) => r,
+                None => s.await,
+            });
+        }
+        out
     }
 
     /// Takes one credit, waiting for the peer's grant when there is none left.
@@ -247,11 +300,9 @@ impl Conn {
                 .first_chunk::<4>()
                 .map_or(0, |b| u32::from_le_bytes(*b));
             if n != 4 || granted == 0 || granted > WINDOW {
-                return Err(self
-                    .refuse(format!(
-                        "a credit grant of {n} bytes for {granted} messages"
-                    ))
-                    .await);
+                return Err(self.refuse(format!(
+                    "a credit grant of {n} bytes for {granted} messages"
+                )));
             }
             self.credits.fetch_add(granted, Ordering::AcqRel);
         }
@@ -264,7 +315,7 @@ impl Conn {
             return;
         }
         self.taken.fetch_sub(taken, Ordering::AcqRel);
-        let (r, _) = self.ep.send(taken.to_le_bytes().to_vec(), CREDIT_TAG).await;
+        let (r, _) = Box::pin(self.ep.send(taken.to_le_bytes().to_vec(), CREDIT_TAG)).await;
         if let Err(e) = r {
             // The peer is gone or going: its next operation says so.
             tracing::debug!(error = %e, "a credit grant was not delivered");
@@ -297,7 +348,7 @@ impl Conn {
     }
 
     /// Where a frame as `m` describes it is received: device frames into device memory where a
-    /// GPU can be used ([`crate::cuda`]), everything else into (pooled) host memory.
+    /// GPU can be used (the crate's `cuda` module), everything else into (pooled) host memory.
     fn recv_buffer(&self, m: &frame::FrameMeta) -> Result<RecvBuf> {
         let size = m.size as usize;
         #[cfg(feature = "cuda")]
@@ -325,11 +376,12 @@ impl Conn {
     }
 
     pub(crate) async fn recv(&self) -> Result<(u32, Message)> {
-        let mut first_buf = self.recv_order.lock().await;
+        // One receive at a time: `Connection::recv` holds its slot for the whole message.
         // The first UCX message of every transport message fits FIRST_MAX bytes, so its receive
         // is posted before it arrives, into a buffer kept for the connection (no probe, no
-        // allocation). A cancelled receive takes the buffer with it; the next one allocates.
-        let mut buf = std::mem::take(&mut *first_buf);
+        // allocation).
+        let mut buf =
+            std::mem::take(&mut *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()));
         if buf.capacity() < FIRST_MAX {
             buf = Vec::with_capacity(FIRST_MAX);
         }
@@ -337,17 +389,15 @@ impl Conn {
         let got = match r {
             Ok(n) => n,
             Err(ucx::Error::Truncated { message, .. }) => {
-                return Err(self
-                    .refuse(format!(
-                        "a {message}-byte first message (at most {FIRST_MAX})"
-                    ))
-                    .await)
+                return Err(self.refuse(format!(
+                    "a {message}-byte first message (at most {FIRST_MAX})"
+                )))
             }
             Err(e) => return Err(closed_or(e)),
         };
         let first = &buf[..got];
         let result = self.parse_first(first).await;
-        *first_buf = buf;
+        *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()) = buf;
         let (channel, metas) = match result? {
             (channel, First::Inline(frames)) => {
                 self.took_one().await;
@@ -355,23 +405,40 @@ impl Conn {
             }
             (channel, First::Framed(metas)) => (channel, metas),
         };
+        // Kept out of this future (boxed): every receive's state stays small, and large
+        // messages pay one allocation.
+        Box::pin(self.recv_frames(channel, metas)).await
+    }
+
+    /// Receives the frames of a message whose header announced `metas`.
+    async fn recv_frames(
+        &self,
+        channel: u32,
+        metas: Vec<frame::FrameMeta>,
+    ) -> Result<(u32, Message)> {
         let mut posted = Vec::with_capacity(metas.len());
         for m in &metas {
             match self.recv_buffer(m) {
                 Ok(b) => posted.push(self.recv_frame(b)),
                 // No device memory for this frame: the rest of the message cannot be received
                 // in order any more, so the connection ends here.
-                Err(e) => return Err(self.refuse(format!("receiving a device frame: {e}")).await),
+                Err(e) => return Err(self.refuse(format!("receiving a device frame: {e}"))),
             }
         }
         let recvs = futures::future::join_all(posted).await;
         let mut frames = Vec::with_capacity(recvs.len());
         for ((r, f), m) in recvs.into_iter().zip(&metas) {
-            let n = r.map_err(closed_or)?;
+            let n = match r {
+                Ok(n) => n,
+                Err(ucx::Error::Truncated { message, .. }) => {
+                    return Err(
+                        self.refuse(format!("a {message}-byte frame announced as {}", m.size))
+                    )
+                }
+                Err(e) => return Err(closed_or(e)),
+            };
             if n as u64 != m.size {
-                return Err(self
-                    .refuse(format!("a {n}-byte frame announced as {}", m.size))
-                    .await);
+                return Err(self.refuse(format!("a {n}-byte frame announced as {}", m.size)));
             }
             frames.push(f);
         }
@@ -383,29 +450,32 @@ impl Conn {
     /// rest of a header longer than [`FIRST_MAX`]) and, for an inlined message, its frames.
     async fn parse_first(&self, first: &[u8]) -> Result<(u32, First)> {
         let Some(fixed) = first.first_chunk::<{ frame::FIXED_LEN }>() else {
-            return Err(self.refuse(format!("a {}-byte header", first.len())).await);
+            return Err(self.refuse(format!("a {}-byte header", first.len())));
         };
         let (channel, n) = match frame::decode_fixed(fixed, &self.limits) {
             Ok(v) => v,
-            Err(e) => return Err(self.refuse_header(e).await),
+            Err(e) => return Err(self.refuse_header(e)),
         };
         let entries_end = frame::FIXED_LEN + n as usize * frame::ENTRY_LEN;
         let mut split_rest = Vec::new();
         if first.len() < entries_end {
             // A long header arrives in two parts: FIRST_MAX bytes, then the rest, exactly.
             if first.len() != FIRST_MAX {
-                return Err(self
-                    .refuse(format!("{n} frames but a {}-byte header", first.len()))
-                    .await);
+                return Err(self.refuse(format!("{n} frames but a {}-byte header", first.len())));
             }
             let want = entries_end - FIRST_MAX;
-            let (r, rest) = self.ep.recv(vec![0u8; want].into_boxed_slice(), TAG).await;
+            let (r, rest) = Box::pin(self.ep.recv(vec![0u8; want].into_boxed_slice(), TAG)).await;
             match r {
                 Ok(k) if k == want => split_rest = rest.into_vec(),
                 Ok(k) => {
-                    return Err(self
-                        .refuse(format!("the header's second part has {k} of {want} bytes"))
-                        .await)
+                    return Err(
+                        self.refuse(format!("the header's second part has {k} of {want} bytes"))
+                    )
+                }
+                Err(ucx::Error::Truncated { message, .. }) => {
+                    return Err(self.refuse(format!(
+                        "the header's second part has {message} of {want} bytes"
+                    )))
                 }
                 Err(e) => return Err(closed_or(e)),
             }
@@ -419,7 +489,7 @@ impl Conn {
         };
         let total = match frame::check_entries(&entries, &self.limits) {
             Ok(t) => t,
-            Err(e) => return Err(self.refuse_header(e).await),
+            Err(e) => return Err(self.refuse_header(e)),
         };
         let after = first.len().saturating_sub(entries_end);
         if after == 0 && total > 0 {
@@ -430,11 +500,9 @@ impl Conn {
         }
         // An inlined message: the frames' bytes follow the entries, exactly.
         if after as u64 != total {
-            return Err(self
-                .refuse(format!(
-                    "{after} bytes after the header for {total} bytes of frames"
-                ))
-                .await);
+            return Err(self.refuse(format!(
+                "{after} bytes after the header for {total} bytes of frames"
+            )));
         }
         let all = Bytes::copy_from_slice(first.get(entries_end..).unwrap_or_default());
         let mut at = 0;
@@ -445,7 +513,10 @@ impl Conn {
             // A peer may inline a device frame too: it lands where device frames land.
             #[cfg(feature = "cuda")]
             if m.cuda {
-                frames.push(crate::cuda::from_host(f)?);
+                match crate::cuda::from_host(f) {
+                    Ok(d) => frames.push(d),
+                    Err(e) => return Err(self.refuse(format!("landing a device frame: {e}"))),
+                }
                 continue;
             }
             frames.push(Frame::Host(f));
@@ -453,13 +524,13 @@ impl Conn {
         Ok((channel, First::Inline(frames)))
     }
 
-    async fn refuse_header(&self, e: frame::HeaderError) -> TransportError {
+    fn refuse_header(&self, e: frame::HeaderError) -> TransportError {
         tracing::warn!(error = %e, "closing a UCX connection after a bad header");
         self.ep.abort();
         TransportError::BadHeader(e)
     }
 
-    async fn refuse(&self, why: String) -> TransportError {
+    fn refuse(&self, why: String) -> TransportError {
         tracing::warn!(why, "closing a UCX connection after a malformed message");
         self.ep.abort();
         TransportError::Closed(format!("malformed message from the peer: {why}"))

@@ -44,6 +44,12 @@ async fn echo_and_order(addr: &str) {
             vec![16 << 20],
             vec![1; 2000],
             vec![0; 2000],
+            // ucx://: the largest inlined message, the smallest that is not, and a header one
+            // byte over the first message (its second part is 1 byte), with and without bytes.
+            vec![transport::UCX_FIRST_MAX - 21],
+            vec![transport::UCX_FIRST_MAX - 20],
+            vec![0; 909],
+            vec![1; 909],
         ];
         for (i, shape) in shapes.iter().enumerate() {
             let msg = Message::from(
@@ -240,7 +246,7 @@ async fn tcp_garbage_header_closes_the_connection() {
         .unwrap();
     let server = l.accept().await.unwrap();
     // Right magic, absurd frame count: refused before anything is allocated.
-    let mut junk = b"UTM1".to_vec();
+    let mut junk = transport::frame::MAGIC.to_vec();
     junk.extend_from_slice(&0u32.to_le_bytes());
     junk.extend_from_slice(&u32::MAX.to_le_bytes());
     raw.write_all(&junk).await.unwrap();
@@ -270,7 +276,7 @@ async fn ucx_garbage_closes_the_connection() {
     for (what, bytes) in [
         ("wrong magic", b"GET / HTTP/1.1\r\n\r\n".to_vec()),
         ("absurd frame count", {
-            let mut h = b"UTM1".to_vec();
+            let mut h = transport::frame::MAGIC.to_vec();
             h.extend_from_slice(&0u32.to_le_bytes());
             h.extend_from_slice(&u32::MAX.to_le_bytes());
             h

@@ -174,7 +174,24 @@ impl DeviceBuffer {
         Ok(out)
     }
 
-    /// Bytes holding data (set by a receive or a host copy).
+    /// Sets how many bytes hold data, for contents written by GPU work (a kernel, a copy)
+    /// rather than by a receive or [`copy_from_host`](Self::copy_from_host): sends carry the
+    /// first `len` bytes. Fails past the capacity.
+    ///
+    /// Bytes nobody wrote hold whatever the allocation held; that is never undefined behaviour
+    /// for Rust (device memory is not Rust memory), only meaningless data.
+    pub fn set_len(&mut self, len: usize) -> Result<()> {
+        if len > self.cap {
+            return Err(Error::InvalidArgument(format!(
+                "length {len} over the {}-byte capacity",
+                self.cap
+            )));
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Bytes holding data (set by a receive, a host copy or [`set_len`](Self::set_len)).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -237,8 +254,11 @@ unsafe impl IoBuf for DeviceBuffer {
 }
 
 /// A shared device buffer can be sent (not received into): several messages may carry it.
-// SAFETY: the Arc keeps the buffer, and so its device memory, alive while the operation holds
-// this clone; nobody can write through a shared reference, so the bytes stay as they were.
+/// GPU work that writes the buffer (through [`DeviceBuffer::device_ptr`]) while a send holds
+/// it changes what is sent, as with any device buffer; it cannot corrupt Rust memory.
+// SAFETY: the Arc keeps the buffer, and so its device allocation of `len` bytes, alive and at
+// the same address while the operation holds this clone; `len` cannot change through a shared
+// reference.
 unsafe impl IoBuf for Arc<DeviceBuffer> {
     fn stable_ptr(&self) -> *const u8 {
         self.ptr as *const u8
