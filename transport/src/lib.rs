@@ -41,9 +41,13 @@ pub use address::{Address, AddressError};
 pub use message::{Frame, Message};
 pub use ucx_config::{configure_ucx, UcxIntent};
 
-/// The UCX tag a `ucx://` connection's headers and frames travel on: peers that speak the wire
-/// format with `ucx-rs` (or UCXX) directly use it, with [`UCX_FIRST_MAX`] and the credits on
-/// [`UCX_CREDIT_TAG`] (see the `ucx://` wire format in the crate's README).
+/// The UCX tag a `ucx://` connection's headers and frames travel on. For peers that speak the
+/// wire format with `ucx-rs` (or UCXX) directly: a message's first UCX message is at most
+/// [`UCX_FIRST_MAX`] bytes, either the whole message (the [`frame`] header followed by every
+/// frame's bytes, host frames only) or its header (in two UCX messages when longer than
+/// `UCX_FIRST_MAX`, split there), then one UCX message per frame; a message of 0 bytes has no
+/// frame messages. A sender may have [`UCX_WINDOW`] messages the receiving application has not
+/// taken; the receiver grants them back on [`UCX_CREDIT_TAG`].
 pub const UCX_TAG: ucx::Tag = ucx_backend::TAG;
 /// The most bytes in the first UCX message of a `ucx://` message (its receive is posted ahead).
 pub const UCX_FIRST_MAX: usize = ucx_backend::FIRST_MAX;
