@@ -6,13 +6,12 @@
 //! inproc://, tcp:// and ucx:// (UCX's device path, or staging where UCX has no CUDA).
 #![cfg(feature = "cuda")]
 
-use std::time::Duration;
+mod common;
 
+use common::{pair, STEP};
 use tokio::io::AsyncWriteExt;
 use transport::frame::{encode, FrameMeta};
-use transport::{connect, listen, Address, Connection, Frame, Message};
-
-const STEP: Duration = Duration::from_secs(60);
+use transport::{listen, Address, Frame, Message};
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
@@ -105,15 +104,6 @@ async fn ucx_device_frames_land_where_they_can() {
         .unwrap();
     sent.unwrap();
     check_landed(&got.unwrap().1, &frames, "ucx framed");
-}
-
-async fn pair(addr: &str) -> (Connection, Connection) {
-    let mut l = listen(&addr.parse::<Address>().unwrap()).await.unwrap();
-    let a = l.local_addr().clone();
-    let (s, c) = tokio::time::timeout(STEP, async { tokio::join!(l.accept(), connect(&a)) })
-        .await
-        .expect("connect in time");
-    (s.unwrap(), c.unwrap())
 }
 
 /// Frames sent from device memory arrive in device memory with the same bytes (GPU only).

@@ -4,12 +4,13 @@
 //!   than one poll of a join would post) never interleave;
 //! - `recv` under a short timeout, cancelled again and again mid-message, loses nothing.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use transport::{connect, listen, Address, Connection, Message, UcxIntent};
-
-const STEP: Duration = Duration::from_secs(60);
+use common::STEP;
+use transport::{Connection, Message, UcxIntent};
 
 fn polling() {
     // Once per process; the other tests in this file see the same setting.
@@ -21,22 +22,7 @@ fn polling() {
 
 async fn pair(addr: &str) -> (Connection, Connection) {
     polling();
-    // inproc names are process-wide: give each test its own.
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let addr = if addr.starts_with("inproc://") {
-        format!(
-            "{addr}-{}",
-            N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-        )
-    } else {
-        addr.to_string()
-    };
-    let mut l = listen(&addr.parse::<Address>().unwrap()).await.unwrap();
-    let a = l.local_addr().clone();
-    let (s, c) = tokio::time::timeout(STEP, async { tokio::join!(l.accept(), connect(&a)) })
-        .await
-        .expect("connect in time");
-    (s.unwrap(), c.unwrap())
+    common::pair(addr).await
 }
 
 /// Message `i` of sender `ch`: its identity in the first frame, then `k` frames of bytes.

@@ -1,29 +1,11 @@
 //! The same behaviour over every backend: inproc://, tcp:// and ucx:// (real UCX, loopback).
 
+mod common;
+
 use std::time::Duration;
 
-use transport::{connect, listen, Address, Connection, Message, TransportError};
-
-const STEP: Duration = Duration::from_secs(30);
-
-async fn pair(addr: &str) -> (Connection, Connection) {
-    // inproc names are process-wide: give each test its own.
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let addr = if addr.starts_with("inproc://") {
-        format!(
-            "{addr}-{}",
-            N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-        )
-    } else {
-        addr.to_string()
-    };
-    let mut l = listen(&addr.parse::<Address>().unwrap()).await.unwrap();
-    let a = l.local_addr().clone();
-    let (s, c) = tokio::time::timeout(STEP, async { tokio::join!(l.accept(), connect(&a)) })
-        .await
-        .expect("connect in time");
-    (s.unwrap(), c.unwrap())
-}
+use common::{pair, STEP};
+use transport::{connect, listen, Address, Message, TransportError};
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
