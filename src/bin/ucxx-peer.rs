@@ -2,13 +2,16 @@
 //! Python side, on the real UCXX package). Both run the same script; see that file.
 //!
 //! ```text
-//! ucxx-peer server [--closer client|server] [--steps a,b,...]   # prints LISTENING <port>
-//! ucxx-peer client --port P [--closer ...] [--steps ...]
+//! ucxx-peer server [--closer client|server] [--steps a,b,...] [--memory host|cuda]   # prints LISTENING <port>
+//! ucxx-peer client --port P [--closer ...] [--steps ...] [--memory host|cuda]
 //! ucxx-peer bench-server --bytes N --iters K [--mode M]   # the server side of UCXX's send_recv benchmark
 //! ```
 //! `bench-server` answers UCXX's `python -m ucxx.benchmarks.send_recv --client-only` (TAG API,
 //! one buffer): `K` times receive `N` bytes with no tag and send them back, then close.
 //! Exit status 0 when every step checked out; prints `OK <step>` per step.
+//!
+//! `--memory cuda` (built with `--features cuda`, on a GPU): the tagless arrays are sent from and
+//! received into device memory (`DeviceBuffer`s on GPU 0), as the Python side does with CuPy.
 
 use std::io::Write;
 use std::time::Duration;
@@ -43,11 +46,12 @@ struct Args {
     mode: ProgressMode,
     closer: String,
     steps: Vec<String>,
+    cuda: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: ucxx-peer server|client [--port P] [--closer client|server] [--steps tagless,tags,forced,obj,multi,am]\n\
+        "usage: ucxx-peer server|client [--port P] [--closer client|server] [--steps tagless,tags,forced,obj,multi,am] [--memory host|cuda]\n\
          \x20      ucxx-peer bench-server [--port P] --bytes N --iters K [--mode polling|blocking|thread]"
     );
     std::process::exit(2)
@@ -70,6 +74,7 @@ fn parse() -> Args {
             .split(',')
             .map(String::from)
             .collect(),
+        cuda: false,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
@@ -79,6 +84,13 @@ fn parse() -> Args {
             "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage()),
             "--mode" => a.mode = val().parse().unwrap_or_else(|_| usage()),
             "--closer" => a.closer = val(),
+            "--memory" => {
+                a.cuda = match val().as_str() {
+                    "host" => false,
+                    "cuda" => true,
+                    _ => usage(),
+                }
+            }
             "--steps" => {
                 a.steps = val()
                     .split(',')
@@ -111,9 +123,12 @@ fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), BoxError> {
     }
 }
 
-async fn initiator(ep: &Endpoint, steps: &[String]) -> Result<(), BoxError> {
+async fn initiator(ep: &Endpoint, steps: &[String], gpu: &Gpu) -> Result<(), BoxError> {
     let has = |s: &str| steps.iter().any(|x| x == s);
-    if has("tagless") {
+    if has("tagless") && gpu.is_some() {
+        device::initiator_tagless(ep, gpu).await?;
+        println!("OK tagless (device memory)");
+    } else if has("tagless") {
         for (i, &n) in SIZES.iter().enumerate() {
             let out = data(n, i as u64);
             let ((s, out), (r, back)) = futures::join!(
@@ -192,9 +207,12 @@ async fn initiator(ep: &Endpoint, steps: &[String]) -> Result<(), BoxError> {
     Ok(())
 }
 
-async fn responder(ep: &Endpoint, steps: &[String]) -> Result<(), BoxError> {
+async fn responder(ep: &Endpoint, steps: &[String], gpu: &Gpu) -> Result<(), BoxError> {
     let has = |s: &str| steps.iter().any(|x| x == s);
-    if has("tagless") {
+    if has("tagless") && gpu.is_some() {
+        device::responder_tagless(ep, gpu).await?;
+        println!("OK tagless (device memory)");
+    } else if has("tagless") {
         for n in SIZES.into_iter().chain([FLOATS * 8]) {
             let (r, buf) = ep.recv(Vec::with_capacity(n), Tag::Default).await;
             check(r? == n, || format!("tagless: expected {n} bytes"))?;
@@ -273,6 +291,8 @@ async fn finish(ep: &Endpoint, closer: &str, me: &str) -> Result<(), BoxError> {
 
 async fn run(a: Args) -> Result<(), BoxError> {
     let ctx = Context::new()?;
+    // After the UCX context, once, kept for the whole run.
+    let gpu = device::open(a.cuda)?;
     let worker = Worker::new(&ctx, a.mode)?;
     let limit = STEP_TIMEOUT * 5;
     if a.role == "bench-server" {
@@ -310,13 +330,13 @@ async fn run(a: Args) -> Result<(), BoxError> {
         let ep = tokio::time::timeout(limit, accept)
             .await
             .map_err(|_| "no client")?;
-        tokio::time::timeout(limit, responder(&ep, &a.steps))
+        tokio::time::timeout(limit, responder(&ep, &a.steps, &gpu))
             .await
             .map_err(|_| Error::Timeout(limit))??;
         finish(&ep, &a.closer, "server").await?;
     } else {
         let ep = Endpoint::connect(&worker, ("127.0.0.1", a.port)).await?;
-        tokio::time::timeout(limit, initiator(&ep, &a.steps))
+        tokio::time::timeout(limit, initiator(&ep, &a.steps, &gpu))
             .await
             .map_err(|_| Error::Timeout(limit))??;
         finish(&ep, &a.closer, "client").await?;
@@ -338,5 +358,91 @@ fn main() {
             println!("FAIL {e}");
             std::process::exit(1);
         }
+    }
+}
+
+/// GPU 0's context and stream under `--memory cuda`, else nothing.
+#[cfg(feature = "cuda")]
+type Gpu = Option<(
+    std::sync::Arc<ucx::cuda::cudarc::driver::CudaContext>,
+    std::sync::Arc<ucx::cuda::cudarc::driver::CudaStream>,
+)>;
+#[cfg(not(feature = "cuda"))]
+type Gpu = Option<std::convert::Infallible>;
+
+/// The tagless step with device buffers on our side (the Python side uses CuPy arrays).
+#[cfg(feature = "cuda")]
+mod device {
+    use super::*;
+    use ucx::cuda::DeviceBuffer;
+
+    pub fn open(cuda: bool) -> Result<Gpu, BoxError> {
+        if !cuda {
+            return Ok(None);
+        }
+        let ctx = ucx::cuda::open(0)?;
+        let stream = ctx.default_stream();
+        Ok(Some((ctx, stream)))
+    }
+
+    fn stream(gpu: &Gpu) -> &std::sync::Arc<ucx::cuda::cudarc::driver::CudaStream> {
+        &gpu.as_ref().expect("called with a GPU").1
+    }
+
+    pub async fn initiator_tagless(ep: &Endpoint, gpu: &Gpu) -> Result<(), BoxError> {
+        let floats: Vec<u8> = (0..FLOATS)
+            .flat_map(|i| (i as f64 * 1.5 - 7.25).to_ne_bytes())
+            .collect();
+        let arrays = SIZES
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| data(n, i as u64))
+            .chain([floats]);
+        for out in arrays {
+            let n = out.len();
+            let dev = DeviceBuffer::from_host(stream(gpu), &out)?;
+            let back = DeviceBuffer::alloc(stream(gpu), n)?;
+            let ((s, _), (r, back)) =
+                futures::join!(ep.send(dev, Tag::Default), ep.recv(back, Tag::Default));
+            s?;
+            r?;
+            check(back.to_host()? == out, || {
+                format!("tagless {n} B differs (device)")
+            })?;
+        }
+        Ok(())
+    }
+
+    pub async fn responder_tagless(ep: &Endpoint, gpu: &Gpu) -> Result<(), BoxError> {
+        for n in SIZES.into_iter().chain([FLOATS * 8]) {
+            let (r, buf) = ep
+                .recv(DeviceBuffer::alloc(stream(gpu), n)?, Tag::Default)
+                .await;
+            check(r? == n, || format!("tagless: expected {n} bytes (device)"))?;
+            let (s, _) = ep.send(buf, Tag::Default).await;
+            s?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod device {
+    use super::*;
+
+    pub fn open(cuda: bool) -> Result<Gpu, BoxError> {
+        if cuda {
+            return Err("--memory cuda needs a build with --features cuda".into());
+        }
+        Ok(None)
+    }
+
+    // Never called: `open` returns no GPU in builds without the feature.
+    pub async fn initiator_tagless(_: &Endpoint, _: &Gpu) -> Result<(), BoxError> {
+        Err("device memory needs a build with --features cuda".into())
+    }
+
+    pub async fn responder_tagless(_: &Endpoint, _: &Gpu) -> Result<(), BoxError> {
+        Err("device memory needs a build with --features cuda".into())
     }
 }

@@ -10,6 +10,10 @@
 #    step of tests/interop/ucxx_peer.py (tags, forced tags, objects, multi-buffer, active
 #    messages), each side closing once; and a UCXX client with a corrupted handshake, after
 #    which our listener still serves a good client.
+#
+# On a GPU machine, UCXX_INTEROP_MEMORY=cuda runs the pairings with device memory on both sides:
+# CuPy arrays in Python (cupy must import in the venv) and DeviceBuffers in Rust (ucxx-peer
+# built with --features cuda). The default is host memory (numpy).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=target/ucxx-venv
@@ -30,7 +34,11 @@ LIBUCX=$SITE/libucx
 UCX_VERSION=$(cat "$LIBUCX/VERSION.txt" 2>/dev/null || echo "?")
 UCXX_VERSION=$("$PY" -c "import ucxx; print(ucxx.__version__)")
 echo "interop: UCXX $UCXX_VERSION, UCX $UCX_VERSION (from the wheel, for both sides)"
-UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=target/ucx-ucxx cargo build -q -j2 --bin ucxx-peer
+MEMORY=${UCXX_INTEROP_MEMORY:-host}
+FEATURES=()
+[ "$MEMORY" = cuda ] && FEATURES=(--features cuda)
+echo "interop: $MEMORY memory on both sides"
+UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=target/ucx-ucxx cargo build -q -j2 "${FEATURES[@]}" --bin ucxx-peer
 PEER=target/ucx-ucxx/debug/ucxx-peer
 export LD_LIBRARY_PATH=$LIBUCX/lib:$SITE/libucx_cu12.libs
 export UCX_MODULE_DIR=$LIBUCX/lib/ucx UCX_WARN_UNUSED_ENV_VARS=n
@@ -74,11 +82,11 @@ wait_server() {
 
 run_pair() { # $1: server kind, $2: client kind, $3: closer
   local s=$1 c=$2 closer=$3 rc=0
-  start_server "$s" --closer "$closer"
+  start_server "$s" --closer "$closer" --memory "$MEMORY"
   if [ "$c" = rust ]; then
-    timeout 300 "$PEER" client --port "$PORT" --closer "$closer" > "$LOG/client.out" 2> "$LOG/client.err" || rc=$?
+    timeout 300 "$PEER" client --port "$PORT" --closer "$closer" --memory "$MEMORY" > "$LOG/client.out" 2> "$LOG/client.err" || rc=$?
   else
-    timeout 300 "$PY" "$SCRIPT" client --port "$PORT" --closer "$closer" > "$LOG/client.out" 2> "$LOG/client.err" || rc=$?
+    timeout 300 "$PY" "$SCRIPT" client --port "$PORT" --closer "$closer" --memory "$MEMORY" > "$LOG/client.out" 2> "$LOG/client.err" || rc=$?
   fi
   wait_server
   local steps
