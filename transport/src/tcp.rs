@@ -85,16 +85,19 @@ impl Conn {
         let header = encode_header(channel, &msg);
         // Device frames are staged through host memory, before anything is written: a copy
         // that fails must not leave half a message on the wire.
-        let frames = msg
-            .frames
-            .iter()
-            .map(Frame::to_host)
-            .collect::<Result<Vec<_>>>()?;
+        let staged = if msg.has_cuda() {
+            msg.to_host()?
+        } else {
+            Vec::new()
+        };
         // One writer at a time: a message's header and frames are never interleaved.
         let mut w = self.writer.lock().await;
         w.write_all(&header).await?;
-        for f in &frames {
-            w.write_all(f).await?;
+        for (i, f) in msg.frames.iter().enumerate() {
+            match f.as_host() {
+                Some(b) => w.write_all(b).await?,
+                None => w.write_all(&staged[i]).await?,
+            }
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ mod common;
 use common::{pair, STEP};
 use tokio::io::AsyncWriteExt;
 use transport::frame::{encode, FrameMeta};
-use transport::{listen, Address, Frame, Message};
+use transport::{listen, Frame, Message};
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
@@ -49,13 +49,7 @@ fn check_landed(msg: &Message, frames: &[Vec<u8>], what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_device_frames_land_where_they_can() {
     let mut l = listen(&"tcp://127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let Address::Tcp { port, .. } = l.local_addr().clone() else {
-        unreachable!()
-    };
-    let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let server = l.accept().await.unwrap();
+    let (server, mut raw) = common::raw_tcp(&mut l).await;
     let (header, frames) = device_message(&[0, 10, 200_000]);
     raw.write_all(&header).await.unwrap();
     for f in &frames {
@@ -73,16 +67,9 @@ async fn tcp_device_frames_land_where_they_can() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ucx_device_frames_land_where_they_can() {
     let mut l = listen(&"ucx://127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let Address::Ucx { port, .. } = l.local_addr().clone() else {
-        unreachable!()
-    };
     let ctx = ucx::Context::new().unwrap();
     let worker = ucx::Worker::new(&ctx, ucx::ProgressMode::Thread).unwrap();
-    let (server, raw) = tokio::join!(
-        l.accept(),
-        ucx::Endpoint::connect(&worker, ("127.0.0.1", port))
-    );
-    let (server, raw) = (server.unwrap(), raw.unwrap());
+    let (server, raw) = common::raw_ucx(&mut l, &worker).await;
     // Inlined: header and bytes in one UCX message.
     let (header, frames) = device_message(&[3, 100]);
     let mut one = header;

@@ -220,13 +220,7 @@ async fn slow_receiver_blocks_sends(addr: &str, size: usize, most: usize) {
 async fn tcp_garbage_header_closes_the_connection() {
     use tokio::io::AsyncWriteExt;
     let mut l = listen(&"tcp://127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let Address::Tcp { port, .. } = l.local_addr().clone() else {
-        unreachable!()
-    };
-    let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let server = l.accept().await.unwrap();
+    let (server, mut raw) = common::raw_tcp(&mut l).await;
     // Right magic, absurd frame count: refused before anything is allocated.
     let mut junk = transport::frame::MAGIC.to_vec();
     junk.extend_from_slice(&0u32.to_le_bytes());
@@ -235,10 +229,7 @@ async fn tcp_garbage_header_closes_the_connection() {
     let r = tokio::time::timeout(STEP, server.recv()).await.unwrap();
     assert!(matches!(r, Err(TransportError::BadHeader(_))), "{r:?}");
     // Wrong magic.
-    let mut raw2 = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let server2 = l.accept().await.unwrap();
+    let (server2, mut raw2) = common::raw_tcp(&mut l).await;
     raw2.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
     let r = tokio::time::timeout(STEP, server2.recv()).await.unwrap();
     assert!(matches!(r, Err(TransportError::BadHeader(_))), "{r:?}");
@@ -250,9 +241,6 @@ async fn tcp_garbage_header_closes_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ucx_garbage_closes_the_connection() {
     let mut l = listen(&"ucx://127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let Address::Ucx { port, .. } = l.local_addr().clone() else {
-        unreachable!()
-    };
     let ctx = ::ucx::Context::new().unwrap();
     let worker = ::ucx::Worker::new(&ctx, ::ucx::ProgressMode::Thread).unwrap();
     for (what, bytes) in [
@@ -282,11 +270,7 @@ async fn ucx_garbage_closes_the_connection() {
             h
         }),
     ] {
-        let (server, raw) = tokio::join!(
-            l.accept(),
-            ::ucx::Endpoint::connect(&worker, ("127.0.0.1", port))
-        );
-        let (server, raw) = (server.unwrap(), raw.unwrap());
+        let (server, raw) = common::raw_ucx(&mut l, &worker).await;
         let (r, _) = raw.send(bytes, transport::UCX_TAG).await;
         r.unwrap();
         let r = tokio::time::timeout(STEP, server.recv()).await.unwrap();

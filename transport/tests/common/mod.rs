@@ -26,3 +26,33 @@ pub async fn pair(addr: &str) -> (Connection, Connection) {
         .expect("connect in time");
     (s.unwrap(), c.unwrap())
 }
+
+/// A raw TCP socket connected to the TCP listener `l`, with the connection `l` accepted: for
+/// peers that write the wire format (or garbage) by hand.
+#[allow(dead_code)] // not every test file uses every helper
+pub async fn raw_tcp(l: &mut transport::Listener) -> (Connection, tokio::net::TcpStream) {
+    let Address::Tcp { port, .. } = l.local_addr().clone() else {
+        panic!("not a tcp:// listener: {}", l.local_addr())
+    };
+    let raw = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    (l.accept().await.unwrap(), raw)
+}
+
+/// A raw `ucx-rs` endpoint (same handshake) connected from `worker` to the UCX listener `l`,
+/// with the connection `l` accepted.
+#[allow(dead_code)] // not every test file uses every helper
+pub async fn raw_ucx(
+    l: &mut transport::Listener,
+    worker: &::ucx::Worker,
+) -> (Connection, ::ucx::Endpoint) {
+    let Address::Ucx { port, .. } = l.local_addr().clone() else {
+        panic!("not a ucx:// listener: {}", l.local_addr())
+    };
+    let (server, raw) = tokio::join!(
+        l.accept(),
+        ::ucx::Endpoint::connect(worker, ("127.0.0.1", port))
+    );
+    (server.unwrap(), raw.unwrap())
+}
