@@ -12,10 +12,12 @@ use std::sync::Arc;
 
 use ucx_sys as sys;
 
-use crate::buffer::{IoBufMut, MemoryType};
-use crate::endpoint::DEFAULT_MAX_MESSAGE;
+use crate::buffer::{IoBuf, IoBufMut, MemoryType};
+use crate::endpoint::{EpShared, DEFAULT_MAX_MESSAGE};
 use crate::error::{check, Error, Result};
+use crate::ops::{self, Landing};
 use crate::worker::{Locked, WorkerShared};
+use crate::Endpoint;
 
 /// The AM id this crate sends and handles.
 pub const AM_ID: u32 = 0;
@@ -33,10 +35,7 @@ pub struct HostAllocator;
 
 impl AmAllocator for HostAllocator {
     fn allocate(&self, len: usize) -> Result<Box<dyn IoBufMut>> {
-        let mut v: Vec<u8> = Vec::new();
-        v.try_reserve_exact(len)
-            .map_err(|_| Error::InvalidArgument(format!("cannot allocate {len} bytes")))?;
-        Ok(Box::new(v))
+        Ok(Box::new(alloc_host(len)?))
     }
 }
 
@@ -216,6 +215,162 @@ unsafe extern "C" fn am_recv_cb(
 impl AmQueue {
     fn push_back(&mut self, m: AmMessage) {
         self.messages.push_back(m);
+    }
+}
+
+/// An empty `Vec` with room for exactly `len` bytes, or [`Error::Alloc`].
+pub(crate) fn alloc_host(len: usize) -> Result<Vec<u8>> {
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| Error::Alloc { bytes: len })?;
+    Ok(v)
+}
+
+impl EpShared {
+    async fn am_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
+        // UCXX's header: the sender's memory type, so the receiver can pick an allocator.
+        let header: &'static [u8; HEADER_LEN] =
+            &HEADERS[usize::from(buf.memory_type() == MemoryType::Cuda)];
+        self.send_like(buf, sys::UCP_AM_SEND_FLAG_REPLY, move |ep, p, n, param| {
+            let header = header.as_ptr();
+            // SAFETY: see send_like; the header is static, valid for ever.
+            unsafe {
+                sys::ucp_am_send_nbx(ep, AM_ID, header.cast(), HEADER_LEN, p.cast(), n, param)
+            }
+        })
+        .await
+    }
+
+    /// The next active message that came through this endpoint.
+    async fn am_next(&self) -> Result<AmMessage> {
+        self.wait_for(|_| {
+            let ep = self.raw();
+            (ep != 0).then(|| self.worker.am_queue().take(ep)).flatten()
+        })
+        .await
+    }
+
+    /// Receives a rendezvous active message into `buf` (which UCX writes directly, whatever
+    /// its memory type, or through pinned memory for a staged device buffer), or releases the
+    /// descriptor when `buf` is an error or too small.
+    async fn am_recv_rndv<B: IoBufMut>(
+        &self,
+        desc: usize,
+        length: usize,
+        buf: Result<B>,
+    ) -> Result<B> {
+        let landing = buf.and_then(|b| {
+            if b.bytes_total() < length {
+                return Err(Error::Truncated {
+                    message: length,
+                    buffer: b.bytes_total(),
+                });
+            }
+            Landing::new(&self.worker, b).map_err(|(e, _)| e)
+        });
+        let mut landing = match landing {
+            Ok(l) => l,
+            Err(e) => {
+                let locked = self.worker.lock();
+                // SAFETY: the descriptor came from the AM handler and was taken out of the
+                // queue, so it is released exactly once.
+                unsafe { sys::ucp_am_data_release(locked.handle(), desc as *mut c_void) };
+                return Err(e);
+            }
+        };
+        let posted = {
+            let locked = self.worker.lock();
+            // SAFETY: desc came from the AM handler (taken out of the queue, received once);
+            // the landing has at least `length` writable bytes (checked above) and goes to
+            // `complete` right below.
+            unsafe { ops::am_recv_data(&locked, desc, &mut landing, length) }
+        };
+        let (mut c, mut landing) = self.complete(posted, landing, true).await;
+        c.length = length;
+        let r = self.received(&c, &mut landing, length);
+        let (r, buf) = landing.land(r);
+        r.map(|_| buf)
+    }
+
+    async fn am_recv(&self, max: usize) -> Result<Vec<u8>> {
+        let msg = self.am_next().await?;
+        let (desc, length) = match msg.body {
+            AmBody::Data(v) => return Ok(v),
+            AmBody::Rndv { desc, length } => (desc, length),
+        };
+        let buf = capped(length, max).and_then(|()| alloc_host(length));
+        self.am_recv_rndv(desc, length, buf).await
+    }
+
+    async fn am_recv_buf(&self, max: usize) -> Result<AmBuffer> {
+        let msg = self.am_next().await?;
+        let (desc, length) = match msg.body {
+            AmBody::Data(v) => {
+                let len = v.len();
+                #[cfg(feature = "cuda")]
+                if msg.mem == MemoryType::Cuda {
+                    // Eager data arrives in host memory; a device allocator still gets it.
+                    let mut b = self.worker.am_allocator(msg.mem).allocate(len)?;
+                    if b.cuda_stream().is_some() {
+                        crate::cuda::unstage(&mut b, &v)?;
+                        return Ok(AmBuffer {
+                            sender_memory: msg.mem,
+                            buffer: b,
+                            len,
+                        });
+                    }
+                }
+                return Ok(AmBuffer {
+                    sender_memory: msg.mem,
+                    buffer: Box::new(v),
+                    len,
+                });
+            }
+            AmBody::Rndv { desc, length } => (desc, length),
+        };
+        let allocator = self.worker.am_allocator(msg.mem);
+        let buf = capped(length, max).and_then(|()| allocator.allocate(length));
+        let buffer = self.am_recv_rndv(desc, length, buf).await?;
+        Ok(AmBuffer {
+            sender_memory: msg.mem,
+            buffer,
+            len: length,
+        })
+    }
+}
+
+/// Refuses a rendezvous message over the receiver's limit.
+fn capped(length: usize, max: usize) -> Result<()> {
+    if length > max {
+        return Err(Error::Truncated {
+            message: length,
+            buffer: max,
+        });
+    }
+    Ok(())
+}
+
+/// Active messages.
+impl Endpoint {
+    /// Sends `buf` as one active message. The receiver allocates ([`am_recv`](Self::am_recv));
+    /// small messages go eagerly, large ones by rendezvous.
+    pub async fn am_send<B: IoBuf>(&self, buf: B) -> (Result<()>, B) {
+        self.shared.am_send(buf).await
+    }
+
+    /// Receives the next active message sent through this connection, allocating exactly its
+    /// size (rendezvous messages over [`max_message`](Self::set_max_message) are refused).
+    /// Messages that arrived before the peer failed are still delivered.
+    pub async fn am_recv(&self) -> Result<Vec<u8>> {
+        self.shared.am_recv(self.max_message).await
+    }
+
+    /// Like [`am_recv`](Self::am_recv), but a rendezvous message is received into a buffer
+    /// from the allocator registered for the sender's memory type
+    /// ([`Worker::set_am_allocator`](crate::Worker::set_am_allocator)); UCX writes it there
+    /// directly.
+    pub async fn am_recv_buf(&self) -> Result<AmBuffer> {
+        self.shared.am_recv_buf(self.max_message).await
     }
 }
 

@@ -59,6 +59,7 @@ mod endpoint;
 mod error;
 mod listener;
 pub mod multi;
+mod ops;
 mod probe;
 mod request;
 mod rma;
@@ -72,7 +73,7 @@ pub use context::{
     DEFAULT_OPTIONS,
 };
 pub use endpoint::{ConnectOptions, Endpoint, DEFAULT_MAX_MESSAGE, DEFAULT_TIMEOUT};
-pub use error::{Error, Result, Status};
+pub use error::{Error, HandshakeError, ProtocolError, Result, RkeyError, Status};
 pub use listener::Listener;
 pub use probe::{Probed, ProbedMessage, TagInfo};
 pub use rma::{MemoryHandle, RemoteKey};

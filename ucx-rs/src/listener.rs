@@ -15,7 +15,7 @@ use futures::task::AtomicWaker;
 use ucx_sys as sys;
 
 use crate::endpoint::{EpShared, Target, DEFAULT_TIMEOUT};
-use crate::error::{check, Error, Result};
+use crate::error::{check, Error, HandshakeError, Result};
 use crate::worker::{as_void, ProgressMode, Worker};
 use crate::Endpoint;
 
@@ -201,9 +201,7 @@ impl Listener {
                                 Ok(ep)
                             }
                             Ok(Err(e)) => Err(e),
-                            Err(_) => Err(Error::Handshake(format!(
-                                "no handshake from {peer:?} within {limit:?}"
-                            ))),
+                            Err(_) => Err(HandshakeError::TimedOut(limit).into()),
                         }
                         .inspect_err(|e| tracing::warn!(?peer, error = %e, "rejected connection"))
                     }));
@@ -232,7 +230,8 @@ impl Stream for Listener {
         }
         if let Poll::Ready(Some(joined)) = self.handshakes.poll_next_unpin(cx) {
             return Poll::Ready(Some(joined.unwrap_or_else(|e| {
-                Err(Error::Handshake(format!("handshake task ended: {e}")))
+                tracing::warn!(error = %e, "handshake task ended");
+                Err(HandshakeError::Aborted.into())
             })));
         }
         if polling {

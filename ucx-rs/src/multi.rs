@@ -5,6 +5,12 @@
 //! UCXX's `Header::serialize` does): `bool next`, `size_t nframes`, `int isCUDA[100]`,
 //! `size_t size[100]`. More than 100 frames chain headers with `next = true`.
 
+use crate::am::alloc_host;
+use crate::buffer::{IoBuf, MemoryType};
+use crate::error::{ProtocolError, Result};
+use crate::wire::Tag;
+use crate::Endpoint;
+
 /// Frames described by one header.
 pub const FRAMES_PER_HEADER: usize = 100;
 /// Size of one serialized header.
@@ -66,23 +72,24 @@ pub fn encode_headers(frames: &[FrameInfo]) -> Vec<Vec<u8>> {
 /// assert_eq!(decode_header(&encode_headers(&f)[0]), Ok((false, f.to_vec())));
 /// assert!(decode_header(&[0u8; 10]).is_err());
 /// ```
-pub fn decode_header(bytes: &[u8]) -> Result<(bool, Vec<FrameInfo>), String> {
+pub fn decode_header(bytes: &[u8]) -> Result<(bool, Vec<FrameInfo>), ProtocolError> {
     if bytes.len() != HEADER_LEN {
-        return Err(format!(
-            "multi-buffer header of {} bytes, expected {HEADER_LEN}",
-            bytes.len()
-        ));
+        return Err(ProtocolError::MultiHeaderLength {
+            got: bytes.len(),
+            expected: HEADER_LEN,
+        });
     }
     let next = match bytes[0] {
         0 => false,
         1 => true,
-        b => return Err(format!("multi-buffer header: `next` is {b}, not a bool")),
+        b => return Err(ProtocolError::MultiHeaderNext(b)),
     };
     let nframes = u64::from_ne_bytes(bytes[1..9].try_into().expect("8 bytes"));
     if nframes > FRAMES_PER_HEADER as u64 {
-        return Err(format!(
-            "multi-buffer header announces {nframes} frames, at most {FRAMES_PER_HEADER}"
-        ));
+        return Err(ProtocolError::MultiHeaderFrames {
+            got: nframes,
+            max: FRAMES_PER_HEADER,
+        });
     }
     let cuda_at = |j: usize| {
         let o = 9 + 4 * j;
@@ -94,14 +101,107 @@ pub fn decode_header(bytes: &[u8]) -> Result<(bool, Vec<FrameInfo>), String> {
     };
     let mut frames = Vec::with_capacity(nframes as usize);
     for j in 0..nframes as usize {
-        let size = usize::try_from(size_at(j))
-            .map_err(|_| format!("multi-buffer frame {j} has size {}", size_at(j)))?;
+        let size = usize::try_from(size_at(j)).map_err(|_| ProtocolError::MultiFrameSize {
+            index: j,
+            size: size_at(j),
+        })?;
         frames.push(FrameInfo {
             size,
             cuda: cuda_at(j) != 0,
         });
     }
     Ok((next, frames))
+}
+
+/// Multi-buffer messages.
+impl Endpoint {
+    /// UCXX's `send_multi`: sends the buffers as one logical message (headers, then one
+    /// transfer per buffer, all on `tag`) and hands them back in order.
+    pub async fn send_multi<B: IoBuf>(
+        &self,
+        bufs: Vec<B>,
+        tag: impl Into<Tag>,
+    ) -> (Result<()>, Vec<B>) {
+        let (t, _) = self.tag_pair(tag.into());
+        let frames: Vec<FrameInfo> = bufs
+            .iter()
+            .map(|b| FrameInfo {
+                size: b.bytes_init(),
+                cuda: b.memory_type() == MemoryType::Cuda,
+            })
+            .collect();
+        let headers = encode_headers(&frames);
+        // join_all polls in order on its first poll, so UCX sees the sends in this order.
+        let (hs, fs) = futures::join!(
+            futures::future::join_all(headers.into_iter().map(|h| self.shared.tag_send(h, t))),
+            futures::future::join_all(bufs.into_iter().map(|b| self.shared.tag_send(b, t)))
+        );
+        let mut result = Ok(());
+        for (r, _) in &hs {
+            if let (Ok(()), Err(e)) = (&result, r) {
+                result = Err(e.clone());
+            }
+        }
+        let mut bufs = Vec::with_capacity(fs.len());
+        for (r, b) in fs {
+            if let (Ok(()), Err(e)) = (&result, r) {
+                result = Err(e);
+            }
+            bufs.push(b);
+        }
+        (result, bufs)
+    }
+
+    /// UCXX's `recv_multi`: receives the headers, then every frame into host memory.
+    /// Announced sizes are checked before anything is allocated: at most [`MAX_FRAMES`] frames
+    /// and [`max_message`](Self::set_max_message) bytes in all.
+    pub async fn recv_multi(&self, tag: impl Into<Tag>) -> Result<Vec<Vec<u8>>> {
+        let (_, t) = self.tag_pair(tag.into());
+        let mut frames = Vec::new();
+        loop {
+            let (r, h) = self
+                .shared
+                .tag_recv(Vec::with_capacity(HEADER_LEN), t)
+                .await;
+            r?;
+            let (next, more) = decode_header(&h)?;
+            frames.extend(more);
+            if frames.len() > MAX_FRAMES {
+                return Err(ProtocolError::TooManyFrames { max: MAX_FRAMES }.into());
+            }
+            if !next {
+                break;
+            }
+        }
+        let total = frames
+            .iter()
+            .try_fold(0usize, |acc, f| acc.checked_add(f.size));
+        if total.is_none_or(|t| t > self.max_message) {
+            return Err(ProtocolError::TooLarge {
+                max: self.max_message,
+            }
+            .into());
+        }
+        let bufs = frames
+            .iter()
+            .map(|f| alloc_host(f.size))
+            .collect::<Result<Vec<_>>>()?;
+        let got =
+            futures::future::join_all(bufs.into_iter().map(|b| self.shared.tag_recv(b, t))).await;
+        let mut out = Vec::with_capacity(got.len());
+        for ((r, b), f) in got.into_iter().zip(&frames) {
+            let n = r?;
+            if n != f.size {
+                return Err(ProtocolError::SizeMismatch {
+                    got: n,
+                    announced: f.size,
+                }
+                .into());
+            }
+            out.push(b);
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -149,10 +249,13 @@ mod tests {
         }])
         .remove(0);
         h[0] = 2;
-        assert!(decode_header(&h).unwrap_err().contains("not a bool"));
+        assert_eq!(decode_header(&h), Err(ProtocolError::MultiHeaderNext(2)));
         h[0] = 0;
         h[1..9].copy_from_slice(&101u64.to_ne_bytes());
-        assert!(decode_header(&h).unwrap_err().contains("101"));
+        assert_eq!(
+            decode_header(&h),
+            Err(ProtocolError::MultiHeaderFrames { got: 101, max: 100 })
+        );
         assert!(decode_header(&h[..100]).is_err());
     }
 }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use ucx_sys as sys;
 
 use crate::buffer::IoBufMut;
-use crate::error::{Error, Result, Status};
-use crate::request::{post, CbKind, Completion, InFlight, Posted};
+use crate::error::{Error, Result};
+use crate::ops::{self, Landing};
+use crate::request::Posted;
 use crate::worker::{Worker, WorkerShared};
 
 /// What a receive or a probe reports about a tagged message.
@@ -69,8 +70,14 @@ impl ProbedMessage {
         let handle = std::mem::replace(&mut self.handle, 0);
         let cap = buf.bytes_total();
         let fits = self.info.length <= cap;
-        let posted = post_msg_recv(&self.worker, handle, &mut buf, if fits { cap } else { 0 });
-        let (c, mut buf) = complete(&self.worker, posted, buf).await;
+        let posted = {
+            let locked = self.worker.lock();
+            // SAFETY: the handle came from a removing probe on this worker and is received
+            // exactly once (taken out of `self` above); the buffer goes to `complete` below.
+            // A buffer that is too small receives 0 bytes, which discards the message.
+            unsafe { ops::msg_recv(&locked, handle, &mut buf, if fits { cap } else { 0 }) }
+        };
+        let (mut c, mut buf) = ops::complete(&self.worker, posted, buf, true).await;
         if !fits {
             return (
                 Err(Error::Truncated {
@@ -80,12 +87,11 @@ impl ProbedMessage {
                 buf,
             );
         }
-        if c.status != sys::UCS_OK {
-            return (Err(Error::Ucx(Status(c.status))), buf);
-        }
-        // SAFETY: UCX wrote the whole message (length <= capacity) from the start.
-        unsafe { buf.set_init(self.info.length) };
-        (Ok(self.info.length), buf)
+        // ucp_tag_msg_recv_nbx does not report the length of an immediate completion; the
+        // probe already told it.
+        c.length = self.info.length;
+        let r = ops::filled(&c, &mut buf, cap, None);
+        (r, buf)
     }
 }
 
@@ -96,46 +102,15 @@ impl Drop for ProbedMessage {
         }
         // Unreceived: receive it into nothing, which releases it inside UCX.
         let mut empty: Vec<u8> = Vec::new();
-        let posted = post_msg_recv(&self.worker, self.handle, &mut empty, 0);
+        let posted = {
+            let locked = self.worker.lock();
+            // SAFETY: the handle is unreceived (non-zero) and received here exactly once; the
+            // empty buffer is parked in the operation below until it completes.
+            unsafe { ops::msg_recv(&locked, self.handle, &mut empty, 0) }
+        };
         if let Posted::Pending(op) = posted {
             op.park(Box::new(empty));
         }
-    }
-}
-
-fn post_msg_recv<B: IoBufMut>(
-    worker: &WorkerShared,
-    handle: usize,
-    buf: &mut B,
-    cap: usize,
-) -> Posted {
-    let locked = worker.lock();
-    let (ptr, mt) = (buf.stable_mut_ptr(), buf.memory_type());
-    post(&locked, CbKind::TagRecv, Some(mt.to_ucs()), |param, imm| {
-        imm.for_tag(param);
-        // SAFETY: `handle` came from ucp_tag_probe_nb(remove=1) on this worker and is received
-        // exactly once (ProbedMessage gives it up when receiving); the buffer has `cap`
-        // writable bytes and stays alive until completion.
-        unsafe {
-            sys::ucp_tag_msg_recv_nbx(
-                locked.handle(),
-                ptr.cast(),
-                cap,
-                handle as sys::ucp_tag_message_h,
-                param,
-            )
-        }
-    })
-}
-
-async fn complete<B: Send + 'static>(
-    worker: &WorkerShared,
-    posted: Posted,
-    buf: B,
-) -> (Completion, B) {
-    match posted {
-        Posted::Done(c) => (c, buf),
-        Posted::Pending(op) => InFlight::new(op, buf, worker, true).finish().await,
     }
 }
 
@@ -174,59 +149,22 @@ impl Worker {
     /// peers connected by worker address, or forced tags). Returns the size and sender tag.
     /// Dropping the future cancels the receive; the buffer is freed only after UCX lets go.
     pub async fn tag_recv<B: IoBufMut>(&self, buf: B, tag: u64, mask: u64) -> (Result<TagInfo>, B) {
-        #[cfg(feature = "cuda")]
-        match crate::cuda::stage_recv(&self.shared, &buf) {
-            Err(e) => return (Err(e), buf),
-            Ok(Some(pinned)) => {
-                let (r, pinned) = self.tag_recv_raw(pinned, tag, mask).await;
-                return match r {
-                    Ok(info) => {
-                        let (n, buf) = crate::endpoint::unstaged(Ok(info.length), buf, &pinned);
-                        (n.map(|_| info), buf)
-                    }
-                    Err(e) => (Err(e), buf),
-                };
-            }
-            Ok(None) => {}
-        }
-        self.tag_recv_raw(buf, tag, mask).await
-    }
-
-    async fn tag_recv_raw<B: IoBufMut>(
-        &self,
-        mut buf: B,
-        tag: u64,
-        mask: u64,
-    ) -> (Result<TagInfo>, B) {
-        let cap = buf.bytes_total();
+        let mut landing = match Landing::new(&self.shared, buf) {
+            Ok(l) => l,
+            Err((e, buf)) => return (Err(e), buf),
+        };
+        let cap = landing.bytes_total();
         let posted = {
             let locked = self.shared.lock();
-            let (ptr, mt) = (buf.stable_mut_ptr(), buf.memory_type());
-            post(&locked, CbKind::TagRecv, Some(mt.to_ucs()), |param, imm| {
-                imm.for_tag(param);
-                // SAFETY: the worker is locked; the buffer has `cap` writable bytes until the
-                // operation completes (owned by InFlight or parked in the op).
-                unsafe { sys::ucp_tag_recv_nbx(locked.handle(), ptr.cast(), cap, tag, mask, param) }
-            })
+            // SAFETY: the landing goes to `complete` right below.
+            unsafe { ops::tag_recv(&locked, &mut landing, tag, mask) }
         };
-        let (c, mut buf) = complete(&self.shared, posted, buf).await;
-        let r = match c.status {
-            sys::UCS_OK => {
-                // SAFETY: UCX wrote c.length <= cap bytes from the start of the buffer.
-                unsafe { buf.set_init(c.length.min(cap)) };
-                Ok(TagInfo {
-                    length: c.length,
-                    sender_tag: c.sender_tag,
-                })
-            }
-            sys::UCS_ERR_MESSAGE_TRUNCATED => Err(Error::Truncated {
-                message: c.length,
-                buffer: cap,
-            }),
-            sys::UCS_ERR_CANCELED => Err(Error::Canceled),
-            st => Err(Error::Ucx(Status(st))),
-        };
-        (r, buf)
+        let (c, mut landing) = ops::complete(&self.shared, posted, landing, true).await;
+        let r = ops::filled(&c, &mut landing, cap, None).map(|_| TagInfo {
+            length: c.length,
+            sender_tag: c.sender_tag,
+        });
+        landing.land(r)
     }
 
     /// Probes for a message whose raw tag matches `tag` under `mask` (non-blocking).

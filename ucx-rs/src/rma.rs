@@ -30,7 +30,7 @@ use ucx_sys as sys;
 use crate::buffer::{IoBuf, IoBufMut};
 use crate::context::Context;
 use crate::endpoint::Endpoint;
-use crate::error::{check, Error, Result};
+use crate::error::{check, Error, ProtocolError, Result, RkeyError};
 use crate::worker::WorkerShared;
 
 const MAGIC: &[u8; 4] = b"URK1";
@@ -196,7 +196,7 @@ impl<B: IoBufMut> Drop for MemoryHandle<B> {
 }
 
 /// A UCX remote key handle, destroyed when the last operation using it is done.
-pub(crate) struct RkeyInner {
+struct RkeyInner {
     rkey: sys::ucp_rkey_h,
     worker: Arc<WorkerShared>,
 }
@@ -216,8 +216,8 @@ impl Drop for RkeyInner {
 
 /// A peer's registered region, reachable through one endpoint.
 pub struct RemoteKey<'ep> {
-    pub(crate) inner: Arc<RkeyInner>,
-    pub(crate) ep: &'ep Endpoint,
+    inner: Arc<RkeyInner>,
+    ep: &'ep Endpoint,
     addr: u64,
     len: usize,
 }
@@ -232,43 +232,38 @@ impl fmt::Debug for RemoteKey<'_> {
 }
 
 /// Checks a packed key: returns (UCX rkey bytes, address, length).
-pub(crate) fn parse_packed(packed: &[u8]) -> Result<(&[u8], u64, usize)> {
-    let bad = |why: String| Error::InvalidArgument(format!("remote key rejected: {why}"));
+pub(crate) fn parse_packed(packed: &[u8]) -> Result<(&[u8], u64, usize), RkeyError> {
     if packed.len() < FIXED + CHECKSUM {
-        return Err(bad(format!("{} bytes is too short", packed.len())));
+        return Err(RkeyError::TooShort(packed.len()));
     }
     if &packed[..4] != MAGIC {
-        return Err(bad("not a key packed by MemoryHandle::pack_rkey".into()));
+        return Err(RkeyError::Magic);
     }
     let rkey_len = u32::from_le_bytes(packed[4..8].try_into().expect("4")) as usize;
     if rkey_len > MAX_RKEY || packed.len() != FIXED + rkey_len + CHECKSUM {
-        return Err(bad(format!(
-            "length {} does not match its {rkey_len}-byte key",
-            packed.len()
-        )));
+        return Err(RkeyError::Length {
+            got: packed.len(),
+            rkey: rkey_len,
+        });
     }
     let (body, sum) = packed.split_at(FIXED + rkey_len);
     if checksum(body) != sum {
-        return Err(bad("checksum mismatch (corrupted)".into()));
+        return Err(RkeyError::Checksum);
     }
     let addr = u64::from_le_bytes(packed[8..16].try_into().expect("8"));
     let len = u64::from_le_bytes(packed[16..24].try_into().expect("8"));
-    let len = usize::try_from(len).map_err(|_| bad(format!("region length {len}")))?;
+    let len = usize::try_from(len).map_err(|_| RkeyError::RegionLength(len))?;
     Ok((&packed[FIXED..FIXED + rkey_len], addr, len))
 }
 
 impl<'ep> RemoteKey<'ep> {
-    pub(crate) fn new(inner: RkeyInner, ep: &'ep Endpoint, addr: u64, len: usize) -> Self {
+    fn new(inner: RkeyInner, ep: &'ep Endpoint, addr: u64, len: usize) -> Self {
         RemoteKey {
             inner: Arc::new(inner),
             ep,
             addr,
             len,
         }
-    }
-
-    pub(crate) fn make_inner(rkey: sys::ucp_rkey_h, worker: Arc<WorkerShared>) -> RkeyInner {
-        RkeyInner { rkey, worker }
     }
 
     /// Length of the remote region.
@@ -307,9 +302,100 @@ impl<'ep> RemoteKey<'ep> {
             Err(e) => (Err(e), buf),
         }
     }
+}
 
-    pub(crate) fn raw(inner: &RkeyInner) -> sys::ucp_rkey_h {
-        inner.rkey
+/// Remote memory access through an endpoint.
+impl Endpoint {
+    /// Unpacks a peer's key (from [`MemoryHandle::pack_rkey`]) for puts and gets through this
+    /// endpoint. Truncated or corrupted keys are refused ([`ProtocolError::RemoteKey`]).
+    pub fn unpack_rkey(&self, packed: &[u8]) -> Result<RemoteKey<'_>> {
+        let (raw, addr, len) = parse_packed(packed).map_err(ProtocolError::RemoteKey)?;
+        let locked = self.shared.worker.lock();
+        let ep = self.shared.live(&locked)?;
+        let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
+        // SAFETY: ep is live under the lock; `raw` is a key blob produced by ucp_rkey_pack
+        // (magic, length and checksum verified above); rkey is an out-pointer.
+        check(unsafe { sys::ucp_ep_rkey_unpack(ep, raw.as_ptr().cast(), &mut rkey) })?;
+        drop(locked);
+        let inner = RkeyInner {
+            rkey,
+            worker: Arc::clone(&self.shared.worker),
+        };
+        Ok(RemoteKey::new(inner, self, addr, len))
+    }
+
+    async fn rma_put<B: IoBuf>(
+        &self,
+        buf: B,
+        remote: u64,
+        key: &Arc<RkeyInner>,
+    ) -> (Result<()>, B) {
+        #[cfg(feature = "cuda")]
+        if let Err(e) = crate::cuda::require_zero_copy(&self.shared.worker, &buf) {
+            return (Err(e), buf);
+        }
+        let posted = {
+            let rkey = key.rkey;
+            let (p, len, mt) = (buf.stable_ptr(), buf.bytes_init(), buf.memory_type());
+            self.shared.post_live(Some(mt.to_ucs()), |ep, param| {
+                // SAFETY: ep live under the lock; the buffer and the rkey stay alive until the
+                // operation completes (both owned by InFlight or parked in the op).
+                unsafe { sys::ucp_put_nbx(ep, p.cast(), len, remote, rkey, param) }
+            })
+        };
+        let posted = match posted {
+            Ok(posted) => posted,
+            Err(e) => return (Err(e), buf),
+        };
+        let (c, (buf, _key)) = self
+            .shared
+            .complete(posted, (buf, Arc::clone(key)), false)
+            .await;
+        (self.shared.outcome(&c), buf)
+    }
+
+    async fn rma_get<B: IoBufMut>(
+        &self,
+        mut buf: B,
+        remote: u64,
+        key: &Arc<RkeyInner>,
+    ) -> (Result<usize>, B) {
+        #[cfg(feature = "cuda")]
+        if let Err(e) = crate::cuda::require_zero_copy(&self.shared.worker, &buf) {
+            return (Err(e), buf);
+        }
+        let len = buf.bytes_total();
+        let posted = {
+            let rkey = key.rkey;
+            let (p, mt) = (buf.stable_mut_ptr(), buf.memory_type());
+            self.shared.post_live(Some(mt.to_ucs()), |ep, param| {
+                // SAFETY: as in rma_put; the buffer is writable for `len` bytes.
+                unsafe { sys::ucp_get_nbx(ep, p.cast(), len, remote, rkey, param) }
+            })
+        };
+        let posted = match posted {
+            Ok(posted) => posted,
+            Err(e) => return (Err(e), buf),
+        };
+        let (mut c, (mut buf, _key)) = self
+            .shared
+            .complete(posted, (buf, Arc::clone(key)), false)
+            .await;
+        // A get reports no length: on success UCX wrote all `len` bytes.
+        c.length = len;
+        let r = self.shared.received(&c, &mut buf, len);
+        (r, buf)
+    }
+
+    /// Waits until every operation posted on this endpoint (puts included) has completed
+    /// remotely (`ucp_ep_flush_nbx`).
+    pub async fn flush(&self) -> Result<()> {
+        let posted = self.shared.post_live(None, |ep, param| {
+            // SAFETY: ep is live under the lock.
+            unsafe { sys::ucp_ep_flush_nbx(ep, param) }
+        })?;
+        let (c, ()) = self.shared.complete(posted, (), false).await;
+        self.shared.outcome(&c)
     }
 }
 
@@ -337,10 +423,7 @@ mod tests {
         assert!(parse_packed(&p[..p.len() - 1]).is_err(), "truncated");
         let mut bad = p.clone();
         bad[30] ^= 1;
-        assert!(parse_packed(&bad)
-            .unwrap_err()
-            .to_string()
-            .contains("checksum"));
+        assert_eq!(parse_packed(&bad).unwrap_err(), RkeyError::Checksum);
         let mut bad = p.clone();
         bad[0] = b'X';
         assert!(parse_packed(&bad).is_err());

@@ -6,6 +6,7 @@
 //!   argument tuple, read as a `u64`: `"(12345,)"` for one argument, `"(12345, 678)"` for two.
 //! * A user tag `t` becomes `hash64bits(msg_tag, hash(t))` where `hash` is Python's integer hash.
 
+use crate::error::HandshakeError;
 use sha1::{Digest, Sha1};
 
 /// Size of the handshake message in bytes.
@@ -81,20 +82,22 @@ impl Handshake {
     /// assert_eq!(Handshake::decode(&h.encode()), Ok(h));
     /// assert!(Handshake::decode(&[0u8; 5]).is_err());
     /// ```
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+    pub fn decode(bytes: &[u8]) -> Result<Self, HandshakeError> {
         if bytes.len() != HANDSHAKE_LEN {
-            return Err(format!(
-                "expected {HANDSHAKE_LEN} handshake bytes, got {}",
-                bytes.len()
-            ));
+            return Err(HandshakeError::Length {
+                got: bytes.len(),
+                expected: HANDSHAKE_LEN,
+            });
         }
         let msg_tag = u64::from_ne_bytes(bytes[..8].try_into().expect("8 bytes"));
         let checksum = u64::from_ne_bytes(bytes[8..].try_into().expect("8 bytes"));
         let expected = hash64bits1(msg_tag);
         if checksum != expected {
-            return Err(format!(
-                "bad checksum {checksum:#018x} for tag {msg_tag:#018x} (expected {expected:#018x})"
-            ));
+            return Err(HandshakeError::Checksum {
+                tag: msg_tag,
+                got: checksum,
+                expected,
+            });
         }
         Ok(Handshake { msg_tag, checksum })
     }
@@ -197,8 +200,24 @@ mod tests {
         let mut b = h.encode();
         assert_eq!(Handshake::decode(&b).unwrap(), h);
         b[9] ^= 1;
-        assert!(Handshake::decode(&b).unwrap_err().contains("bad checksum"));
-        assert!(Handshake::decode(&b[..15]).unwrap_err().contains("15"));
+        assert!(matches!(
+            Handshake::decode(&b),
+            Err(HandshakeError::Checksum {
+                tag: 0xdead_beef_0123_4567,
+                ..
+            })
+        ));
+        assert!(Handshake::decode(&b)
+            .unwrap_err()
+            .to_string()
+            .contains("bad checksum"));
+        assert_eq!(
+            Handshake::decode(&b[..15]),
+            Err(HandshakeError::Length {
+                got: 15,
+                expected: 16
+            })
+        );
     }
 
     #[test]

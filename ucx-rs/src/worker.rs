@@ -402,14 +402,8 @@ impl Worker {
                 unsafe { sys::ucp_worker_flush_nbx(locked.handle(), param) }
             })
         };
-        let status = match posted {
-            crate::request::Posted::Done(c) => c.status,
-            crate::request::Posted::Pending(op) => {
-                crate::request::wait(&op, &self.shared).await;
-                op.completion().status
-            }
-        };
-        check(status)
+        let (c, ()) = crate::ops::complete(&self.shared, posted, (), false).await;
+        check(c.status)
     }
 
     /// Orders the worker's operations: those posted after the fence complete remotely after

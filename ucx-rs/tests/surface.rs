@@ -45,14 +45,32 @@ async fn bad_multi_header_is_rejected() {
     })
     .await;
     sent.0.unwrap();
-    assert!(matches!(got, Err(Error::InvalidArgument(_))), "{got:?}");
+    assert!(
+        matches!(
+            got,
+            Err(Error::Protocol(ucx::ProtocolError::TooLarge { .. }))
+        ),
+        "{got:?}"
+    );
     // A short message where a header belongs.
     let (sent, got) = within("short header", async {
         tokio::join!(client.send(vec![1u8; 20], 4), server.recv_multi(4))
     })
     .await;
     sent.0.unwrap();
-    assert!(got.is_err(), "{got:?}");
+    let e = got.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Protocol(ucx::ProtocolError::MultiHeaderLength { got: 20, .. })
+        ),
+        "{e:?}"
+    );
+    // Bad bytes from a peer are invalid data to std::io users.
+    assert_eq!(
+        std::io::Error::from(e).kind(),
+        std::io::ErrorKind::InvalidData
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
