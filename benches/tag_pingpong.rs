@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use test_support::{listening_port, START_LIMIT};
 use ucx::{Context, Endpoint, ProgressMode, Worker};
-use ucx_stack::child::listening_port;
 use ucx_stack::{echo, measure::pin_to_cpu};
 
 struct Server(Child, u16);
@@ -30,7 +30,7 @@ impl Server {
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn ucx-echo server");
-        let port = listening_port(&mut child).expect("server port");
+        let port = listening_port(&mut child, START_LIMIT).expect("server port");
         Server(child, port)
     }
 }

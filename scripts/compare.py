@@ -1,24 +1,37 @@
 #!/usr/bin/env python3
-"""One comparison run: ucx_perftest beside everything that moves the same bytes.
+"""The comparison tool: ucx_perftest beside everything that moves the same bytes, in one run.
 
-Ping-pong, loopback, server on CPU 0 and client on CPU 1 for every implementation, one-way
-median latency (half a round trip), rounds interleaved A B C A B C so that drift on a shared
-machine hits all of them. Each result is printed with its ratio to ucx_perftest:
+Ping-pong over loopback, server and client pinned to two CPUs, one-way median latency (half a
+round trip), rounds interleaved A B C A B C so that drift on a shared machine hits all of
+them. Each result is printed with its ratio to ucx_perftest measured in the same run:
 
   ucx_perftest -t tag_lat       the reference (system UCX)
-  ucx-rs                        `ucx-echo` (client-server endpoint, polling progress), and with
-                                a direct (worker-address) endpoint as ucx_perftest uses
-  transport ucx://, tcp://      `transport-echo` (one frame per message, polling for UCX)
+  ucx-rs                        `ucx-echo`: client-server endpoint, and a direct (worker-address)
+                                endpoint as ucx_perftest uses, per progress mode (--modes)
+  transport ucx://, tcp://      `transport-echo` (one frame per message)
   UCXX (Python)                 `python -m ucxx.benchmarks.send_recv`, its defaults (numpy,
                                 thread progress), UCX from its wheel; when installed
   async-ucx                     the published crate through scripts/async-ucx-bench (it bundles
                                 UCX 1.12.1); when built (--build-async-ucx)
 
-With --msgrate it also streams 8 B messages (many in flight) through ucx-rs beside
-`ucx_perftest -t tag_bw -s 8`, and reports messages per second.
+Options that add or change tables:
+  --tls default,tcp     repeat everything under each UCX_TLS (default: UCX's own choice)
+  --modes polling,blocking,thread
+                        ucx-rs and transport ucx:// in each progress mode (default: polling)
+  --ops stream,am,put,get
+                        the other UCP operations beside ucx_perftest's stream_lat, ucp_am_lat,
+                        ucp_put_lat and ucp_get (ours: put = put + flush, get = one blocking get,
+                        both full round trips; perftest's put_lat needs none and ucp_get streams)
+  --stream              streamed sends (64 in flight, acknowledged at the end) beside
+                        ucx_perftest -t tag_bw: bandwidth, and messages per second below 64 KiB
+  --msgrate             --stream at 8 B only (message rate)
+  --ab OLD NEW          A/B of two ucx-echo builds instead (latency, client-server and direct;
+                        with --msgrate the message rate too)
+  --interop             UCXX's own send_recv client against a UCXX listener and against ours
+                        (ucxx-peer bench-server, built against the wheel's UCX)
 
   cargo build --release -p ucx-stack --bin ucx-echo && cargo build --release -p transport --bins
-  python3 scripts/compare.py [--rounds 3] [--sizes 8,1m,64m] [--msgrate] [--json FILE]
+  python3 scripts/compare.py [--rounds 3] [--sizes 8,1m,64m] [options above] [--json FILE]
 
 Optional peers:
   UCXX:      bash tests/interop/run.sh   (creates target/ucxx-venv with ucxx-cu12 and numpy),
@@ -29,124 +42,96 @@ Optional peers:
 """
 import argparse, glob, json, os, shutil, statistics, subprocess, sys, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runner import (CLIENT_CPU, SERVER_CPU, json_rows, next_port, pair, perftest, pin, size_arg,  # noqa: E402
+                    size_name, start_server, stop)
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ECHO = os.path.join(ROOT, "target", "release", "ucx-echo")
 TECHO = os.path.join(ROOT, "target", "release", "transport-echo")
 SCRATCH = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ucx-stack",
                        "async-ucx-bench")
 ASYNC_UCX = os.path.join(SCRATCH, "target", "debug", "async-ucx-bench")
-UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-# Server and client on two different CPUs this process may use (the same one if only one).
-_CPUS = sorted(os.sched_getaffinity(0))
-SERVER_CPU, CLIENT_CPU = str(_CPUS[0]), str(_CPUS[min(1, len(_CPUS) - 1)])
-
-
-def size_arg(text):
-    t = text.strip().lower()
-    return int(t[:-1]) * UNITS[t[-1]] if t[-1] in UNITS else int(t)
+SMALL = 64 << 10  # below: report latency (lower is better); from here: bandwidth (higher is better)
+PERFTEST_OPS = {"tag": "tag_lat", "stream": "stream_lat", "am": "ucp_am_lat", "put": "ucp_put_lat", "get": "ucp_get"}
 
 
 def iters_for(size):
     return 20000 if size <= 4096 else max(20, min(2000, (512 << 20) // size))
 
 
-def pin(cpu, cmd):
-    return ["taskset", "-c", cpu, *cmd]
-
-
-def pair(server, client, env=None, timeout=600):
-    """Starts `server`, reads its first line (it names the address), runs `client` with the
-    address substituted for ADDR/PORT; returns the client's stdout."""
-    srv = subprocess.Popen(server, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    try:
-        line = srv.stdout.readline().split()
-        if len(line) < 2:
-            raise RuntimeError(f"{server[2]}: no address from the server")
-        addr = line[1]
-        port = addr.rsplit(":", 1)[-1]
-        cmd = [c.replace("ADDR", addr).replace("PORT", port) for c in client]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        if out.returncode != 0:
-            raise RuntimeError(f"{cmd[2]} failed: {out.stderr.strip()[-500:]}")
-        return out.stdout
-    finally:
-        try:
-            srv.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait()
-
-
-def json_rows(text):
-    return [json.loads(l) for l in text.splitlines() if l.startswith("{")]
-
-
-_PORT = [15000]
-
-
-def perftest(test, size, iters, env=None):
-    """One ucx_perftest run (server CPU 0, client CPU 1, loopback); returns its "Final:" fields:
-    iters, typical (p50) latency us, avg latency, overall latency, avg bw MiB/s, overall bw,
-    avg msg rate, overall msg rate."""
-    _PORT[0] += 1
-    p = str(_PORT[0])
-    srv = subprocess.Popen(["ucx_perftest", "-c", SERVER_CPU, "-p", p], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, env=env)
-    try:
-        time.sleep(0.5)
-        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", p, "-c", CLIENT_CPU, "-t", test, "-s", str(size),
-                              "-n", str(iters)], capture_output=True, text=True, timeout=600, env=env).stdout
-    finally:
-        try:
-            srv.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-    final = [l for l in out.splitlines() if l.startswith("Final:")]
-    if not final:
-        raise RuntimeError(f"ucx_perftest -t {test} -s {size}: no result\n{out[-500:]}")
-    return [float(x) for x in final[0].split()[1:]]
-
-
 class Perftest:
-    name = "ucx_perftest tag_lat"
+    def __init__(self, op="tag"):
+        self.test = PERFTEST_OPS[op]
+        self.name = f"ucx_perftest {self.test}"
 
-    def latency(self, size):
-        return perftest("tag_lat", size, iters_for(size))[1]
+    def latency(self, size, env):
+        return perftest(self.test, size, iters_for(size), env)["lat_us"]
 
-    def msgrate(self, messages):
-        return perftest("tag_bw", 8, messages)[6]
+    def stream(self, size, messages, env):
+        """(MB/s, messages/s) of ucx_perftest -t tag_bw."""
+        r = perftest("tag_bw", size, messages, env)
+        return r["bw_MiBps"] * (1 << 20) / 1e6, r["msgrate"]
 
 
 class UcxRs:
-    def __init__(self, direct=False):
+    def __init__(self, mode="polling", direct=False, op="tag", binary=ECHO, label=None):
+        self.mode, self.op, self.binary = mode, op, binary
         self.direct = ["--direct"] if direct else []
-        self.name = "ucx-rs direct endpoint" if direct else "ucx-rs (ucx-echo)"
+        who = label or "ucx-rs"
+        self.name = f"{who} {op + ' ' if op != 'tag' else ''}{mode}{' direct' if direct else ''}"
 
-    def latency(self, size):
-        out = pair([ECHO, "server", "--bind", "127.0.0.1", "--cpu", SERVER_CPU, "--mode", "polling", "--once"],
-                   [ECHO, "client", "--connect", "127.0.0.1:PORT", "--cpu", CLIENT_CPU, "--mode", "polling",
-                    "--sizes", str(size), "--iters", str(iters_for(size)), "--json", *self.direct])
-        return json_rows(out)[0]["median_us"]
+    def _run(self, size, iters, extra, env):
+        return json_rows(pair(
+            [self.binary, "server", "--bind", "127.0.0.1", "--cpu", SERVER_CPU, "--mode", self.mode, "--once"],
+            [self.binary, "client", "--connect", "127.0.0.1:PORT", "--cpu", CLIENT_CPU, "--mode", self.mode,
+             "--sizes", str(size), "--iters", str(iters), "--test", self.op, "--json", *extra, *self.direct],
+            env=env))[0]
 
-    def msgrate(self, messages, window=64):
-        out = pair([ECHO, "server", "--bind", "127.0.0.1", "--cpu", SERVER_CPU, "--mode", "polling", "--once"],
-                   [ECHO, "client", "--connect", "127.0.0.1:PORT", "--cpu", CLIENT_CPU, "--mode", "polling",
-                    "--sizes", "8", "--iters", str(messages), "--bw", "--window", str(window), "--json",
-                    *self.direct])
-        return json_rows(out)[0]["stream_MBps"] * 1e6 / 8
+    def latency(self, size, env):
+        return self._run(size, iters_for(size), [], env)["median_us"]
+
+    def stream(self, size, messages, env):
+        r = self._run(size, messages, ["--bw", "--window", "64"], env)
+        return r["stream_MBps"], r["stream_msgs_per_s"]
 
 
 class Transport:
-    def __init__(self, scheme):
-        self.scheme = scheme
-        self.name = f"transport {scheme}://"
+    def __init__(self, scheme, mode="polling"):
+        self.scheme, self.mode = scheme, mode
+        self.name = f"transport {scheme}://" + (f" {mode}" if scheme == "ucx" else "")
 
-    def latency(self, size):
-        flags = ["--ucx-progress", "polling"] if self.scheme == "ucx" else []
+    def latency(self, size, env):
+        flags = ["--ucx-progress", self.mode] if self.scheme == "ucx" else []
         out = pair(pin(SERVER_CPU, [TECHO, "server", "--listen", f"{self.scheme}://127.0.0.1:0", "--once", *flags]),
                    pin(CLIENT_CPU, [TECHO, "client", "--connect", "ADDR", "--sizes", str(size), "--iters",
-                           str(iters_for(size)), *flags]))
+                                    str(iters_for(size)), *flags]), env=env)
         return json_rows(out)[0]["median_us"]
+
+
+def ucxx_send_recv(python, size, iters, server_cmd, env=None, ucxx_server=True):
+    """UCXX's send_recv benchmark client against a server; returns its median latency (us) and
+    bandwidth line. `server_cmd` gets `-p PORT` (UCXX's server, which prints nothing) or is
+    ours (prints LISTENING)."""
+    common = ["-m", "ucxx.benchmarks.send_recv", "-n", str(size), "--n-iter", str(iters), "--n-warmup-iter", "100"]
+    if ucxx_server:
+        port = next_port()
+        srv = subprocess.Popen([python, *common, "--server-only", "-p", port, "-b", SERVER_CPU, *server_cmd],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        time.sleep(2)  # UCXX's server says nothing when it is ready
+    else:
+        srv, addr = start_server(server_cmd, env)
+        port = addr.rsplit(":", 1)[-1]
+    try:
+        run = subprocess.run([python, *common, "--client-only", "-s", "127.0.0.1", "-p", port, "-c", CLIENT_CPU,
+                              "--no-detailed-report"], capture_output=True, text=True, timeout=600, env=env)
+        out = run.stdout + run.stderr
+    finally:
+        stop(srv)
+    for line in out.splitlines():
+        if line.startswith("Latency (median)"):
+            return float(line.split("|")[1].split()[0]) / 1000.0
+    raise RuntimeError(f"UCXX send_recv: no result\n{out[-500:]}")
 
 
 class Ucxx:
@@ -155,34 +140,34 @@ class Ucxx:
     def __init__(self, python):
         self.python = python
 
-    def latency(self, size):
+    def latency(self, size, env):
         # Its server sometimes misses the client's first connection attempt: one more try.
+        n = min(iters_for(size), 2000)
         try:
-            return self.once(size)
+            return ucxx_send_recv(self.python, size, n, [], env)
         except RuntimeError:
-            return self.once(size)
+            return ucxx_send_recv(self.python, size, n, [], env)
 
-    def once(self, size):
-        n = str(min(iters_for(size), 2000))
-        common = ["-m", "ucxx.benchmarks.send_recv", "-n", str(size), "--n-iter", n, "--n-warmup-iter", "100"]
-        _PORT[0] += 1
-        p = str(_PORT[0])
-        srv = subprocess.Popen([self.python, *common, "--server-only", "-p", p, "-b", SERVER_CPU],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            time.sleep(2)
-            run = subprocess.run([self.python, *common, "--client-only", "-s", "127.0.0.1", "-p", p, "-c", CLIENT_CPU,
-                                  "--no-detailed-report"], capture_output=True, text=True, timeout=600)
-            out = run.stdout + run.stderr
-        finally:
-            try:
-                srv.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                srv.kill()
-        for line in out.splitlines():
-            if line.startswith("Latency (median)"):
-                return float(line.split("|")[1].split()[0]) / 1000.0
-        raise RuntimeError(f"UCXX: no result\n{out[-500:]}")
+
+class UcxxClientToRust:
+    """UCXX's send_recv client against our ucxx-peer bench-server (the wheel's UCX on both sides)."""
+    name = "UCXX client -> ucx-rs listener"
+
+    def __init__(self, python, peer, env):
+        self.python, self.peer, self.env = python, peer, env
+
+    def latency(self, size, _env):
+        n = min(iters_for(size), 2000)
+        return ucxx_send_recv(self.python, size, n, pin(SERVER_CPU, [
+            self.peer, "bench-server", "--mode", "polling", "--bytes", str(size), "--iters", str(n + 100)]),
+            self.env, ucxx_server=False)
+
+
+class UcxxToUcxx(UcxxClientToRust):
+    name = "UCXX client -> UCXX listener"
+
+    def latency(self, size, _env):
+        return ucxx_send_recv(self.python, size, min(iters_for(size), 2000), [], self.env)
 
 
 class AsyncUcx:
@@ -192,12 +177,12 @@ class AsyncUcx:
         self.binary = binary
         libs = glob.glob(os.path.join(SCRATCH, "target", "debug", "build", "ucx1-sys-*", "out", "lib"))
         # The crate links the UCX it bundles; without this the system's (another ABI) loads.
-        self.env = dict(os.environ, LD_LIBRARY_PATH=":".join(libs))
+        self.env = {"LD_LIBRARY_PATH": ":".join(libs)}
 
-    def latency(self, size):
+    def latency(self, size, env):
         out = pair(pin(SERVER_CPU, [self.binary, "server"]),
                    pin(CLIENT_CPU, [self.binary, "client", "127.0.0.1:PORT", str(size), str(min(iters_for(size), 5000))]),
-                   env=self.env)
+                   env=dict(env or os.environ, **self.env))
         return json_rows(out)[0]["median_us"]
 
 
@@ -210,94 +195,180 @@ def build_async_ucx():
     subprocess.run(["cargo", "build", "-j2"], cwd=SCRATCH, check=True)
 
 
+def interop_peer(python):
+    """Builds ucxx-peer against the UCX inside UCXX's wheel; returns (binary, env to run with)."""
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    libucx = os.path.join(site, "libucx")
+    target = os.path.join(ROOT, "target", "ucx-ucxx")
+    subprocess.run(["cargo", "build", "-q", "-j2", "--release", "-p", "ucxx-peer"], cwd=ROOT, check=True,
+                   env=dict(os.environ, UCX_PREFIX=libucx, CARGO_TARGET_DIR=target))
+    libs = ":".join([os.path.join(libucx, "lib")] + glob.glob(os.path.join(site, "libucx_cu*.libs")))
+    env = dict(os.environ, LD_LIBRARY_PATH=libs, UCX_MODULE_DIR=os.path.join(libucx, "lib", "ucx"),
+               UCX_WARN_UNUSED_ENV_VARS="n")
+    return os.path.join(target, "release", "ucxx-peer"), env
+
+
 def fmt(size, us):
-    if size < (64 << 10):
+    if size < SMALL:
         return f"{us:10.2f} us"
     return f"{size / (us * 1e-6) / 1e9:7.2f} GB/s"
+
+
+def interleave(impls, sizes, rounds, measure, label):
+    """Runs measure(impl, size) for every impl and size, `rounds` times interleaved; returns
+    ({name: {size: [values]}}, {name: error})."""
+    res = {i.name: {s: [] for s in sizes} for i in impls}
+    errors = {}
+    for r in range(rounds):
+        for s in sizes:
+            for i in impls:
+                if i.name in errors:
+                    continue
+                try:
+                    res[i.name][s].append(measure(i, s))
+                except Exception as e:  # one peer failing must not hide the others
+                    errors[i.name] = (str(e).strip().splitlines() or ["?"])[-1][:300]
+        print(f"{label}: round {r + 1}/{rounds} done", flush=True)
+    return res, errors
+
+
+def latency_table(impls, sizes, res, errors, base):
+    med = statistics.median
+    print(f"\n{'':34}" + "".join(f"{size_name(s):>26}" for s in sizes))
+    for i in impls:
+        line = f"{i.name:34}"
+        for s in sizes:
+            v = res[i.name][s]
+            if not v or not res[base][s]:
+                line += f"{'-':>26}"
+                continue
+            m, b = med(v), med(res[base][s])
+            ratio = m / b if s < SMALL else b / m
+            line += f"{fmt(s, m):>16} {ratio:6.2f}x  "
+        print(line)
+        if i.name in errors:
+            print(f"{'':34}failed: {errors[i.name]}")
+
+
+def stream_table(impls, sizes, res, errors, base):
+    med = statistics.median
+    print(f"\nStreamed, 64 in flight (message rate below {size_name(SMALL)}, bandwidth from there)")
+    print(f"{'':34}" + "".join(f"{size_name(s):>26}" for s in sizes))
+    for i in impls:
+        line = f"{i.name:34}"
+        for s in sizes:
+            v = res[i.name][s]
+            if not v or not res[base][s]:
+                line += f"{'-':>26}"
+                continue
+            k = 1 if s < SMALL else 0
+            m, b = med(x[k] for x in v), med(x[k] for x in res[base][s])
+            text = f"{m / 1e6:8.2f} M msg/s" if k else f"{m / 1e3:8.2f} GB/s"
+            line += f"{text:>16} {m / b:6.2f}x  "
+        print(line)
+        if i.name in errors:
+            print(f"{'':34}failed: {errors[i.name]}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", default="8,1m,64m")
-    ap.add_argument("--msgrate", action="store_true", help="also the 8 B message rate")
+    ap.add_argument("--tls", default="default", help="comma-separated UCX_TLS values; default: UCX's choice")
+    ap.add_argument("--modes", default="polling", help="progress modes for ucx-rs and transport ucx://")
+    ap.add_argument("--ops", default="", help="also these UCP operations: stream,am,put,get")
+    ap.add_argument("--stream", action="store_true", help="streamed bandwidth / message rate beside tag_bw")
+    ap.add_argument("--msgrate", action="store_true", help="--stream at 8 B only")
+    ap.add_argument("--ab", nargs=2, metavar=("OLD", "NEW"), help="A/B of two ucx-echo binaries")
+    ap.add_argument("--interop", action="store_true", help="UCXX client against UCXX's listener and ours")
     ap.add_argument("--ucxx-python", default=os.path.join(ROOT, "target", "ucxx-venv", "bin", "python"))
     ap.add_argument("--build-async-ucx", action="store_true")
     ap.add_argument("--json", help="append the raw results as JSON lines to this file")
     a = ap.parse_args()
     sizes = [size_arg(s) for s in a.sizes.split(",")]
-    for tool in (ECHO, TECHO):
+    modes = a.modes.split(",")
+    ops = [o for o in a.ops.split(",") if o]
+    for o in ops:
+        if o not in PERFTEST_OPS or o == "tag":
+            sys.exit(f"--ops: unknown operation {o!r} (stream, am, put, get)")
+    tools = [ECHO] if a.ab or a.interop else [ECHO, TECHO]
+    for tool in ([] if a.ab else tools):
         if not os.path.exists(tool):
             sys.exit(f"{tool} is missing: cargo build --release -p ucx-stack --bin ucx-echo && "
                      "cargo build --release -p transport --bins")
     if a.build_async_ucx:
         build_async_ucx()
-    impls = [Perftest(), UcxRs(), UcxRs(direct=True), Transport("ucx"), Transport("tcp")]
+    has_ucxx = os.path.exists(a.ucxx_python) and subprocess.run(
+        [a.ucxx_python, "-c", "import ucxx"], capture_output=True).returncode == 0
     skipped = []
-    if os.path.exists(a.ucxx_python) and subprocess.run([a.ucxx_python, "-c", "import ucxx"],
-                                                        capture_output=True).returncode == 0:
-        impls.append(Ucxx(a.ucxx_python))
+    base = Perftest()
+    if a.ab:
+        impls = [base] + [UcxRs(m, d, binary=b, label=l) for l, b in (("A", a.ab[0]), ("B", a.ab[1]))
+                          for m in modes for d in (False, True)]
+    elif a.interop:
+        if not has_ucxx:
+            sys.exit(f"--interop needs UCXX: no python with ucxx at {a.ucxx_python} (bash tests/interop/run.sh)")
+        peer, penv = interop_peer(a.ucxx_python)
+        impls = [UcxxToUcxx(a.ucxx_python, peer, penv), UcxxClientToRust(a.ucxx_python, peer, penv)]
+        base = impls[0]
     else:
-        skipped.append(f"UCXX: no python with ucxx at {a.ucxx_python} (bash tests/interop/run.sh makes one)")
-    if os.path.exists(ASYNC_UCX):
-        impls.append(AsyncUcx(ASYNC_UCX))
-    else:
-        skipped.append("async-ucx: not built (--build-async-ucx)")
+        impls = [base]
+        for m in modes:
+            impls += [UcxRs(m), UcxRs(m, direct=True)]
+        impls += [Transport("ucx", m) for m in modes] + [Transport("tcp")]
+        if has_ucxx:
+            impls.append(Ucxx(a.ucxx_python))
+        else:
+            skipped.append(f"UCXX: no python with ucxx at {a.ucxx_python} (bash tests/interop/run.sh makes one)")
+        if os.path.exists(ASYNC_UCX):
+            impls.append(AsyncUcx(ASYNC_UCX))
+        else:
+            skipped.append("async-ucx: not built (--build-async-ucx)")
+        for o in ops:
+            impls += [Perftest(o)] + [UcxRs(m, d, op=o) for m in modes for d in (False, True)]
     ucx = subprocess.run(["ucx_info", "-v"], capture_output=True, text=True).stdout.splitlines()[0].strip("# ")
     print(f"{ucx}; {a.rounds} interleaved rounds; one-way medians; server CPU {SERVER_CPU}, "
           f"client CPU {CLIENT_CPU}")
     for s in skipped:
         print(f"  skipped {s}")
-    res = {i.name: {s: [] for s in sizes} for i in impls}
-    errors = {}
-    for r in range(a.rounds):
-        for s in sizes:
-            for i in impls:
-                if i.name in errors:
-                    continue
-                try:
-                    res[i.name][s].append(i.latency(s))
-                except Exception as e:  # one peer failing must not hide the others
-                    errors[i.name] = str(e).strip().splitlines()[-1][:300]
-        print(f"round {r + 1}/{a.rounds} done", flush=True)
-    med = statistics.median
-    base = {s: med(res[Perftest.name][s]) for s in sizes}
-    head = "".join(f"{(str(s >> 20) + ' MiB') if s >= 1 << 20 else (str(s) + ' B'):>26}" for s in sizes)
-    print(f"\n{'':26}{head}")
-    for i in impls:
-        line = f"{i.name:26}"
-        for s in sizes:
-            v = res[i.name][s]
-            if not v:
-                line += f"{'-':>26}"
-                continue
-            m = med(v)
-            ratio = m / base[s] if s < (64 << 10) else base[s] / m
-            line += f"{fmt(s, m):>16} {ratio:6.2f}x  "
-        print(line)
-        if i.name in errors:
-            print(f"{'':26}failed: {errors[i.name]}")
-    print("ratios: latency over ucx_perftest's for small sizes (lower is better), bandwidth over "
-          "ucx_perftest's from 64 KiB (higher is better)")
-    rates = {}
-    if a.msgrate:
-        n = 1_000_000
-        rates = {"ucx_perftest tag_bw -s 8": [], "ucx-rs (ucx-echo --bw)": [], "ucx-rs direct endpoint": []}
-        for _ in range(a.rounds):
-            rates["ucx_perftest tag_bw -s 8"].append(Perftest().msgrate(n))
-            rates["ucx-rs (ucx-echo --bw)"].append(UcxRs().msgrate(n // 4))
-            rates["ucx-rs direct endpoint"].append(UcxRs(direct=True).msgrate(n // 4))
-        b = med(rates["ucx_perftest tag_bw -s 8"])
-        print(f"\n8 B message rate, window 64, {a.rounds} interleaved rounds")
-        for k, v in rates.items():
-            print(f"{k:26}{med(v) / 1e6:10.2f} M msg/s {med(v) / b:6.2f}x")
+    report = {"ucx": ucx, "rounds": a.rounds, "tls": {}}
+    failed = set()
+    stream_sizes = [8] if a.msgrate else sizes if a.stream else []
+    for tls in a.tls.split(","):
+        env = dict(os.environ)
+        if tls != "default":
+            env["UCX_TLS"] = tls
+        print(f"\n== UCX_TLS={tls}")
+        res, errors = interleave(impls, sizes, a.rounds, lambda i, s: i.latency(s, env), "latency")
+        # Each operation's rows against its own ucx_perftest test.
+        groups = [[i for i in impls if getattr(i, "op", "tag") == "tag" and
+                   not (isinstance(i, Perftest) and i.test != "tag_lat")]]
+        for o in ops:
+            groups.append([i for i in impls if getattr(i, "op", None) == o or
+                           (isinstance(i, Perftest) and i.test == PERFTEST_OPS[o])])
+        for g in groups:
+            latency_table(g, sizes, res, errors, g[0].name)
+        print("ratios: latency over the first row's below 64 KiB (lower is better), bandwidth over it from "
+              "64 KiB (higher is better)")
+        entry = {"latency_us": res, "errors": errors}
+        if stream_sizes:
+            streamers = [base] + [i for i in impls if isinstance(i, UcxRs) and i.op == "tag"]
+            sres, serrors = interleave(
+                streamers, stream_sizes, a.rounds,
+                lambda i, s: i.stream(s, 1_000_000 if isinstance(i, Perftest) and s < SMALL else
+                                      250_000 if s < SMALL else max(20, (2 << 30) // s), env), "stream")
+            stream_table(streamers, stream_sizes, sres, serrors, base.name)
+            entry["stream"] = sres
+            errors.update(serrors)
+        report["tls"][tls] = entry
+        core = {i.name for i in impls if not isinstance(i, (Ucxx, AsyncUcx))}
+        failed |= core & errors.keys()
     if a.json:
         with open(a.json, "a") as f:
-            f.write(json.dumps({"ucx": ucx, "rounds": a.rounds, "latency_us": res, "msgrate": rates,
-                                "errors": errors}) + "\n")
-    core = {Perftest.name, UcxRs().name, UcxRs(direct=True).name, "transport ucx://", "transport tcp://"}
-    if core & errors.keys():
-        sys.exit(f"failed: {', '.join(sorted(core & errors.keys()))}")
+            f.write(json.dumps(report) + "\n")
+    if failed:
+        sys.exit(f"failed: {', '.join(sorted(failed))}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ cargo clippy -j2 --workspace --all-targets -- -D warnings
 # With CUDA device buffers too (cudarc loads the driver at run time; device tests skip without
 # a GPU, printing why).
 cargo clippy -j2 --workspace --all-targets --all-features -- -D warnings
+# transport for tcp:// and inproc:// alone: no UCX, no hwloc.
+cargo clippy -j2 -p transport --no-default-features --all-targets -- -D warnings
 for ex in echo many_clients active_messages rma; do
   echo "example $ex:"
   timeout 300 cargo run -q -j2 --example "$ex"
@@ -17,15 +19,18 @@ done
 echo "example over_every_backend (transport):"
 timeout 300 cargo run -q -j2 -p transport --example over_every_backend
 cargo test -j2 --workspace --all-features
+cargo test -j2 -p transport --no-default-features
 # Whether this machine ran the device tests, and if not why (they return early without a GPU).
 cargo run -q -j2 --features cuda --bin ucx-gpu-echo -- info
 echo "example gpu_echo (device buffers; says why it skips without a GPU):"
 timeout 300 cargo run -q -j2 --features cuda --example gpu_echo
-python3 -m py_compile scripts/compare.py scripts/bench-vs-perftest.py scripts/ops-vs-perftest.py
+python3 -m py_compile scripts/compare.py scripts/runner.py scripts/gpu/proof.py
 # Interop with the real UCXX from PyPI, both directions (installs it into target/ucxx-venv once).
 bash tests/interop/run.sh
 # The comparison command works end to end (one short round at 8 B; its figures are not judged
 # here: this machine is shared and noisy).
 cargo build -q -j2 --release -p ucx-stack --bin ucx-echo
 cargo build -q -j2 --release -p transport --bins
-timeout 600 python3 scripts/compare.py --rounds 1 --sizes 8
+timeout 600 python3 scripts/compare.py --rounds 1 --sizes 8 --ops stream,am --msgrate
+# UCXX's own client against its listener and ours.
+timeout 900 python3 scripts/compare.py --rounds 1 --sizes 8 --interop

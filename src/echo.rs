@@ -12,8 +12,11 @@ pub const CTRL_TAG: Tag = Tag::User(2);
 /// Tag of data messages.
 pub const DATA_TAG: Tag = Tag::User(1);
 
-const PINGPONG: u64 = 1;
-const SINK: u64 = 2;
+/// `count` times: receive `size` bytes on DATA_TAG and send them back.
+pub const PINGPONG: u64 = 1;
+/// Receive `count` messages of `size` bytes on DATA_TAG (many in flight), then answer with one
+/// byte on CTRL_TAG.
+pub const SINK: u64 = 2;
 /// The client's worker address follows (`size` bytes); the server connects to it, answers with
 /// its own address and serves that address-connected endpoint until `BYE`.
 const ADDRESS: u64 = 3;
@@ -35,11 +38,77 @@ pub const MAX_SIZE: u64 = 1 << 30;
 /// registration cache and the page tables are warm, as in `ucx_perftest`).
 pub const SINK_WINDOW: usize = 4;
 
-fn command(kind: u64, size: usize, count: usize) -> Vec<u8> {
-    [kind, size as u64, count as u64]
-        .iter()
-        .flat_map(|v| v.to_ne_bytes())
-        .collect()
+/// One command of the echo protocol: 24 bytes on [`CTRL_TAG`], `kind`, `size` and `count` as
+/// native-endian `u64`s, in that order. `ucx-echo` and `ucx-gpu-echo` speak the same layout.
+///
+/// ```
+/// use ucx_stack::echo::{Command, SINK};
+/// let c = Command::new(SINK, 4096, 10);
+/// assert_eq!(Command::decode(&c.encode()).unwrap(), c);
+/// assert!(Command::decode(&[0u8; 23]).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Command {
+    /// What to do ([`PINGPONG`], [`SINK`], ...).
+    pub kind: u64,
+    /// Message size in bytes.
+    pub size: u64,
+    /// Number of messages.
+    pub count: u64,
+}
+
+impl Command {
+    /// Bytes of an encoded command.
+    pub const LEN: usize = 24;
+
+    /// A command of `kind` for `count` messages of `size` bytes.
+    pub fn new(kind: u64, size: usize, count: usize) -> Command {
+        Command {
+            kind,
+            size: size as u64,
+            count: count as u64,
+        }
+    }
+
+    /// The 24 bytes on the wire.
+    pub fn encode(&self) -> Vec<u8> {
+        [self.kind, self.size, self.count]
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect()
+    }
+
+    /// Parses the 24 bytes of a command.
+    pub fn decode(bytes: &[u8]) -> Result<Command> {
+        if bytes.len() != Self::LEN {
+            return Err(Error::InvalidArgument(format!(
+                "a {}-byte command, expected {}",
+                bytes.len(),
+                Self::LEN
+            )));
+        }
+        let word = |i: usize| u64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8"));
+        Ok(Command {
+            kind: word(0),
+            size: word(1),
+            count: word(2),
+        })
+    }
+
+    /// Sends the command on `ep`.
+    pub async fn send(self, ep: &Endpoint) -> Result<()> {
+        ep.send(self.encode(), CTRL_TAG).await.0
+    }
+
+    /// The next command from `ep`, or `None` when the peer closed.
+    pub async fn recv(ep: &Endpoint) -> Result<Option<Command>> {
+        let (r, cmd) = ep.recv(Vec::with_capacity(Self::LEN), CTRL_TAG).await;
+        match r {
+            Ok(_) => Command::decode(&cmd).map(Some),
+            Err(e) if e.is_disconnect() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// Serves echo commands on `ep` until the peer closes. Returns the number of commands served.
@@ -54,15 +123,9 @@ fn serve_boxed(ep: Endpoint) -> futures::future::BoxFuture<'static, Result<u64>>
 async fn serve_inner(ep: Endpoint) -> Result<u64> {
     let mut served = 0;
     loop {
-        let (r, cmd) = ep.recv(vec![0u8; 24], CTRL_TAG).await;
-        match r {
-            Ok(24) => {}
-            Ok(n) => return Err(Error::InvalidArgument(format!("command of {n} bytes"))),
-            Err(e) if e.is_disconnect() => return Ok(served),
-            Err(e) => return Err(e),
-        }
-        let word = |i: usize| u64::from_ne_bytes(cmd[i * 8..i * 8 + 8].try_into().expect("8"));
-        let (kind, size, count) = (word(0), word(1), word(2));
+        let Some(Command { kind, size, count }) = Command::recv(&ep).await? else {
+            return Ok(served);
+        };
         if kind == BYE {
             return Ok(served);
         }
@@ -145,8 +208,7 @@ async fn serve_inner(ep: Endpoint) -> Result<u64> {
 /// address over `ep`, connects to the server's. End it with [`bye`].
 pub async fn direct(ep: &Endpoint) -> Result<Endpoint> {
     let mine = ep.worker().address()?;
-    let (r, _) = ep.send(command(ADDRESS, mine.len(), 0), CTRL_TAG).await;
-    r?;
+    Command::new(ADDRESS, mine.len(), 0).send(ep).await?;
     let (r, _) = ep.send(mine, CTRL_TAG).await;
     r?;
     let theirs = ep.recv_vec(CTRL_TAG).await?;
@@ -158,16 +220,14 @@ pub async fn direct(ep: &Endpoint) -> Result<Endpoint> {
 /// Tells the server this endpoint is done (needed for address-connected endpoints, whose
 /// close the peer may not notice).
 pub async fn bye(ep: &Endpoint) -> Result<()> {
-    let (r, _) = ep.send(command(BYE, 0, 0), CTRL_TAG).await;
-    r
+    Command::new(BYE, 0, 0).send(ep).await
 }
 
 /// Ping-pongs `size`-byte messages, checking every echoed byte on the first and last
 /// round trip; returns the summary of the `iters` measured round trips.
 pub async fn pingpong(ep: &Endpoint, size: usize, warmup: usize, iters: usize) -> Result<Summary> {
     let total = warmup + iters;
-    let (r, _) = ep.send(command(PINGPONG, size, total), CTRL_TAG).await;
-    r?;
+    Command::new(PINGPONG, size, total).send(ep).await?;
     let expected: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
     let mut sbuf = expected.clone();
     let mut rbuf = vec![0u8; size];
@@ -215,8 +275,7 @@ async fn stream_once(
     count: usize,
     window: usize,
 ) -> Result<()> {
-    let (r, _) = ep.send(command(SINK, data.len(), count), CTRL_TAG).await;
-    r?;
+    Command::new(SINK, data.len(), count).send(ep).await?;
     let ack = ep.recv(vec![0u8; 1], CTRL_TAG);
     send_window(ep, vec![data.clone(); window.max(1)], count).await?;
     let (r, _) = ack.await;
@@ -315,8 +374,7 @@ pub async fn time_op(
     match op {
         Op::Tag => return pingpong(ep, size, warmup, iters).await,
         Op::Stream => {
-            let (r, _) = ep.send(command(STREAM_ECHO, size, total), CTRL_TAG).await;
-            r?;
+            Command::new(STREAM_ECHO, size, total).send(ep).await?;
             let (mut sbuf, mut rbuf) = (vec![5u8; size], Vec::with_capacity(size));
             for i in 0..total {
                 let t0 = Instant::now();
@@ -329,8 +387,7 @@ pub async fn time_op(
             }
         }
         Op::Am => {
-            let (r, _) = ep.send(command(AM_ECHO, size, total), CTRL_TAG).await;
-            r?;
+            Command::new(AM_ECHO, size, total).send(ep).await?;
             let mut sbuf = vec![6u8; size];
             for i in 0..total {
                 let t0 = Instant::now();
@@ -344,8 +401,7 @@ pub async fn time_op(
             }
         }
         Op::Put | Op::Get => {
-            let (r, _) = ep.send(command(RMA_REGION, size, 1), CTRL_TAG).await;
-            r?;
+            Command::new(RMA_REGION, size, 1).send(ep).await?;
             let key = ep.unpack_rkey(&ep.recv_vec(CTRL_TAG).await?)?;
             let mut buf = vec![7u8; size];
             for i in 0..total {
@@ -375,8 +431,7 @@ pub async fn time_op(
 
 /// Active-message round trip through the server; returns what came back.
 pub async fn am_echo(ep: &Endpoint, data: Vec<u8>) -> Result<Vec<u8>> {
-    let (r, _) = ep.send(command(AM_ECHO, data.len(), 1), CTRL_TAG).await;
-    r?;
+    Command::new(AM_ECHO, data.len(), 1).send(ep).await?;
     let (r, _) = ep.am_send(data).await;
     r?;
     ep.am_recv().await
@@ -384,8 +439,7 @@ pub async fn am_echo(ep: &Endpoint, data: Vec<u8>) -> Result<Vec<u8>> {
 
 /// Multi-buffer round trip through the server; returns the frames that came back.
 pub async fn multi_echo(ep: &Endpoint, frames: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
-    let (r, _) = ep.send(command(MULTI_ECHO, 0, 1), CTRL_TAG).await;
-    r?;
+    Command::new(MULTI_ECHO, 0, 1).send(ep).await?;
     let (r, _) = ep.send_multi(frames, DATA_TAG).await;
     r?;
     ep.recv_multi(DATA_TAG).await
@@ -393,8 +447,7 @@ pub async fn multi_echo(ep: &Endpoint, frames: Vec<Vec<u8>>) -> Result<Vec<Vec<u
 
 /// Stream round trip through the server; returns the bytes that came back.
 pub async fn stream_echo(ep: &Endpoint, data: Vec<u8>) -> Result<Vec<u8>> {
-    let (r, _) = ep.send(command(STREAM_ECHO, data.len(), 1), CTRL_TAG).await;
-    r?;
+    Command::new(STREAM_ECHO, data.len(), 1).send(ep).await?;
     let n = data.len();
     let (r, _) = ep.stream_send(data).await;
     r?;
@@ -411,8 +464,7 @@ pub async fn rma_roundtrip(
     offset: usize,
     data: Vec<u8>,
 ) -> Result<(Vec<u8>, Vec<u8>)> {
-    let (r, _) = ep.send(command(RMA_REGION, size, 1), CTRL_TAG).await;
-    r?;
+    Command::new(RMA_REGION, size, 1).send(ep).await?;
     let packed = ep.recv_vec(CTRL_TAG).await?;
     let key = ep.unpack_rkey(&packed)?;
     let n = data.len();

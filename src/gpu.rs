@@ -1,11 +1,12 @@
 //! The GPU echo protocol (feature `cuda`), used by the `ucx-gpu-echo` tool and its tests.
 //!
-//! The client sends a 24-byte command on [`CTRL_TAG`](crate::echo::CTRL_TAG) (`size`, `count`,
-//! `kind`, native-endian `u64`s); the server then receives `count` messages of `size` bytes on
-//! [`DATA_TAG`](crate::echo::DATA_TAG) into buffers of its memory kind and either sends each
-//! back from the same buffer (`kind` 0, echo) or, after the last one, answers with one byte on
-//! `CTRL_TAG` (`kind` 1, sink: the client streams with many sends in flight). Either side may use device or host memory, so one run covers
-//! device→device, host→device and device→host transfers.
+//! The commands are the echo protocol's ([`Command`], 24 bytes on
+//! [`CTRL_TAG`](crate::echo::CTRL_TAG)): the server then receives `count` messages of `size`
+//! bytes on [`DATA_TAG`](crate::echo::DATA_TAG) into buffers of its memory kind and either
+//! sends each back from the same buffer ([`PINGPONG`]) or, after the last one, answers with one
+//! byte on `CTRL_TAG` ([`SINK`]: the client streams with many sends in flight). Either side may
+//! use device or host memory, so one run covers device→device, host→device and device→host
+//! transfers.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +15,7 @@ use ucx::cuda::cudarc::driver::CudaStream;
 use ucx::cuda::DeviceBuffer;
 use ucx::{Endpoint, Error, IoBuf, IoBufMut, Result};
 
-use crate::echo::{CTRL_TAG, DATA_TAG, MAX_SIZE};
+use crate::echo::{Command, CTRL_TAG, DATA_TAG, MAX_SIZE, PINGPONG, SINK};
 use crate::measure::Summary;
 
 /// Where a side of the echo keeps its buffers.
@@ -139,34 +140,18 @@ unsafe impl IoBufMut for EchoBuf {
     }
 }
 
-const ECHO: u64 = 0;
-const SINK: u64 = 1;
-
-fn command(size: usize, count: usize, kind: u64) -> Vec<u8> {
-    [size as u64, count as u64, kind]
-        .iter()
-        .flat_map(|v| v.to_ne_bytes())
-        .collect()
-}
-
 /// Serves echo commands with buffers of `mem` until the client closes; returns the number of
 /// commands served.
 pub async fn serve(ep: &Endpoint, mem: Memory, stream: Option<&Arc<CudaStream>>) -> Result<u64> {
     let mut served = 0;
     loop {
-        let (r, cmd) = ep.recv(Vec::with_capacity(24), CTRL_TAG).await;
-        match r {
-            Ok(24) => {}
-            Ok(n) => {
-                return Err(Error::InvalidArgument(format!(
-                    "a {n}-byte command, expected 24"
-                )))
-            }
-            Err(Error::Closed) | Err(Error::Ucx(_)) if served > 0 => return Ok(served),
-            Err(e) => return Err(e),
-        }
-        let word = |i: usize| u64::from_ne_bytes(cmd[8 * i..8 * i + 8].try_into().expect("8"));
-        let (size, count, kind) = (word(0), word(1), word(2));
+        let Some(Command { kind, size, count }) = Command::recv(ep).await? else {
+            return if served > 0 {
+                Ok(served)
+            } else {
+                Err(Error::Closed)
+            };
+        };
         if size > MAX_SIZE {
             return Err(Error::InvalidArgument(format!(
                 "a {size}-byte echo is over the {MAX_SIZE}-byte limit"
@@ -176,6 +161,9 @@ pub async fn serve(ep: &Endpoint, mem: Memory, stream: Option<&Arc<CudaStream>>)
             sink(ep, mem, stream, size as usize, count).await?;
             served += 1;
             continue;
+        }
+        if kind != PINGPONG {
+            return Err(Error::InvalidArgument(format!("unknown command {kind}")));
         }
         let mut buf = EchoBuf::alloc(mem, stream, size as usize)?;
         for _ in 0..count {
@@ -233,8 +221,7 @@ pub async fn stream_bandwidth(
 
 async fn stream_once(ep: &Endpoint, free: Vec<EchoBuf>, count: usize) -> Result<Vec<EchoBuf>> {
     let size = free.first().map_or(0, |b| b.len());
-    let (r, _) = ep.send(command(size, count, SINK), CTRL_TAG).await;
-    r?;
+    Command::new(SINK, size, count).send(ep).await?;
     let ack = ep.recv(Vec::with_capacity(1), CTRL_TAG);
     let sends = crate::echo::send_window(ep, free, count);
     let ((a, _), s) = futures::join!(ack, sends);
@@ -280,8 +267,7 @@ pub async fn pingpong(
     check_all: bool,
 ) -> Result<EchoRun> {
     let total = warmup + iters;
-    let (r, _) = ep.send(command(size, total, ECHO), CTRL_TAG).await;
-    r?;
+    Command::new(PINGPONG, size, total).send(ep).await?;
     let mut sbuf = EchoBuf::alloc(mem, stream, size)?;
     let mut rbuf = EchoBuf::alloc(mem, stream, size)?;
     let mut expected = pattern(size, 0);

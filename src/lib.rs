@@ -11,7 +11,6 @@
 //! The server serves commands until the client closes. The protocol trusts its peer: it is for
 //! benchmarks and tests (worker addresses it passes to UCX cannot be validated).
 
-pub mod child;
 pub mod cli;
 pub mod echo;
 #[cfg(feature = "cuda")]

@@ -7,7 +7,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ucx_stack::child::listening_port;
+use test_support::{listening_port, START_LIMIT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ucx-gpu-echo");
 
@@ -29,7 +29,7 @@ impl Server {
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn ucx-gpu-echo server");
-        let port = listening_port(&mut child).expect("server port");
+        let port = listening_port(&mut child, START_LIMIT).expect("server port");
         Server(child, port)
     }
 }

@@ -3,8 +3,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use test_support::{listening_port, START_LIMIT};
 use ucx::{Context, Endpoint, ProgressMode, Worker};
-use ucx_stack::child::listening_port;
 use ucx_stack::echo;
 
 const STEP: Duration = Duration::from_secs(60);
@@ -27,7 +27,7 @@ impl Server {
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn ucx-echo server");
-        let port = listening_port(&mut child).expect("server port");
+        let port = listening_port(&mut child, START_LIMIT).expect("server port");
         Server { child, port }
     }
 

@@ -7,7 +7,7 @@ Runs against the UCX of the PyPI libucx-cu13 wheel (cuda_copy/cuda_ipc). Needs t
   UCX_PREFIX=$W/libucx cargo build --release --features cuda --bin ucx-gpu-echo
   LD_LIBRARY_PATH=$W/libucx/lib:$W/libucx_cu13.libs UCX_MODULE_DIR=$W/libucx/lib/ucx \
     python3 scripts/gpu/proof.py --echo target/release/ucx-gpu-echo --perftest $W/libucx/bin/ucx_perftest \
-    [--part echo|bench|sweep|all]
+    [--part echo|bench|sweep|mixed|floor|all]
 
 Parts:
   echo   two processes echo 1 B .. 1 GiB, every byte of every round trip compared, for
@@ -18,8 +18,14 @@ Parts:
   bench  ping-pong with device buffers beside ucx_perftest -m cuda (tag_lat, and tag_bw for
          reference), interleaved rounds, ratios of medians.
   sweep  small device messages: UCX's own device path vs staging through pinned host memory.
+  floor  where the ~150 us floor of small device messages comes from: ucx_perftest -m cuda
+         variants (receive or send side on the device, transports) and ucx-gpu-echo with one or
+         both sides in device memory, staged or not.
 """
 import argparse, json, os, statistics, subprocess, sys, time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from runner import perftest as run_perftest, start_server, stop  # noqa: E402
 
 SERVER_CPU, CLIENT_CPU = "2", "4"
 
@@ -29,14 +35,9 @@ def log(*a):
 
 
 def server(echo, memory, env, extra=()):
-    srv = subprocess.Popen(["taskset", "-c", SERVER_CPU, echo, "server", "--bind", "127.0.0.1",
-                            "--memory", memory, "--once", *extra],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = srv.stdout.readline()
-    if not line.startswith("LISTENING"):
-        srv.kill()
-        raise RuntimeError(f"server did not start: {line!r} {srv.stderr.read()}")
-    return srv, int(line.split()[1])
+    srv, port = start_server(["taskset", "-c", SERVER_CPU, echo, "server", "--bind", "127.0.0.1",
+                              "--memory", memory, "--once", *extra], env)
+    return srv, int(port)
 
 
 def client(echo, port, memory, sizes, iters, env, check, extra=(), timeout=150):
@@ -53,10 +54,7 @@ def run_pair(echo, smem, cmem, sizes, iters, senv, cenv, check, sextra=(), cextr
     try:
         rc, rows, err = client(echo, port, cmem, sizes, iters, cenv, check, cextra)
     finally:
-        try:
-            srv.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+        stop(srv, 60)
     return rc, rows, err, srv.returncode
 
 
@@ -112,39 +110,19 @@ def part_mixed(a, env, results):
     results["mixed"] = out
 
 
-def perftest(pt, test, size, iters, env, port):
-    srv = subprocess.Popen(["taskset", "-c", SERVER_CPU, pt, "-p", str(port)], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.7)
-        out = subprocess.run(["taskset", "-c", CLIENT_CPU, pt, "127.0.0.1", "-p", str(port), "-t", test,
-                              "-m", "cuda", "-s", str(size), "-n", str(iters)],
-                             env=env, capture_output=True, text=True, timeout=200)
-    finally:
-        try:
-            srv.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-    final = [l for l in out.stdout.splitlines() if l.startswith("Final:")]
-    if not final:
-        raise RuntimeError(f"perftest {test} {size}: {out.stdout[-1500:]} {out.stderr[-1500:]}")
-    f = final[0].split()
-    # Final: iters typical_lat avg_lat overall_lat avg_bw overall_bw(MB/s = 2^20) msgrate msgrate
-    return {"lat_us": float(f[2]), "avg_us": float(f[3]), "bw_MiBps": float(f[5])}
+def perftest(pt, test, size, iters, env, memory="cuda"):
+    return run_perftest(test, size, iters, env, ("-m", memory), binary=pt, cpus=(SERVER_CPU, CLIENT_CPU))
 
 
 def part_bench(a, env, results):
     sizes = [8, 1 << 20, 64 << 20]
     iters = {8: 2000, 1 << 20: 1000, 64 << 20: 200}
     rounds = []
-    port = 23000
     for r in range(a.rounds):
         row = {"perftest_lat": {}, "perftest_bw": {}, "ours": {}, "ours_no_stage": {}}
         for s in sizes:
-            port += 1
-            row["perftest_lat"][s] = perftest(a.perftest, "tag_lat", s, iters[s], env, port)
-            port += 1
-            row["perftest_bw"][s] = perftest(a.perftest, "tag_bw", s, iters[s], env, port)
+            row["perftest_lat"][s] = perftest(a.perftest, "tag_lat", s, iters[s], env)
+            row["perftest_bw"][s] = perftest(a.perftest, "tag_bw", s, iters[s], env)
         for key, extra in (("ours", ()), ("ours_no_stage", ("--stage-below", "0"))):
             for s in sizes:
                 rc, rows, err, _ = run_pair(a.echo, "cuda", "cuda", [s], iters[s], env, env, False, extra, extra)
@@ -184,6 +162,38 @@ def part_sweep(a, env, results):
         log(f"{s:>8} {out['ucx device path'][s]:>16.2f} {out['staged'][s]:>24.2f}")
 
 
+def part_floor(a, env, results):
+    """ucx_perftest -m variants and our echo with one or both sides on the device (8 B and 64 KiB)."""
+    out = {}
+    variants = [("cuda 8B", "cuda", 8, {}), ("host,cuda 8B (recv into cuda)", "host,cuda", 8, {}),
+                ("cuda,host 8B (send from cuda)", "cuda,host", 8, {}),
+                ("cuda 8B MEMTYPE_CACHE=n", "cuda", 8, {"UCX_MEMTYPE_CACHE": "n"}),
+                ("cuda 8B RNDV_THRESH=0", "cuda", 8, {"UCX_RNDV_THRESH": "0"}),
+                ("cuda 8B TLS=sm,cuda_copy", "cuda", 8, {"UCX_TLS": "sm,cuda_copy"}),
+                ("cuda 8B TLS=sm,cuda_ipc,cuda_copy", "cuda", 8, {"UCX_TLS": "sm,cuda_ipc,cuda_copy"}),
+                ("cuda 8B TLS=tcp,cuda_copy", "cuda", 8, {"UCX_TLS": "tcp,cuda_copy"}),
+                ("cuda 64KiB", "cuda", 65536, {}), ("cuda 64KiB TLS=^cuda_ipc", "cuda", 65536, {"UCX_TLS": "^cuda_ipc"}),
+                ("cuda 1MiB TLS=^cuda_ipc", "cuda", 1 << 20, {"UCX_TLS": "^cuda_ipc"})]
+    for label, mem, size, extra_env in variants:
+        try:
+            r = perftest(a.perftest, "tag_lat", size, 1000, dict(env, **extra_env), mem)
+            out[f"perftest {label}"] = r["lat_us"]
+            log(f"{'perftest ' + label:50} {r['lat_us']:10.2f} us")
+        except RuntimeError as e:
+            log(f"{'perftest ' + label:50} failed: {str(e)[-200:]}")
+    for label, smem, cmem, extra in (("staged: server host, client cuda", "host", "cuda", ("--stage-below", "max")),
+                                     ("staged: server cuda, client host", "cuda", "host", ("--stage-below", "max")),
+                                     ("ucx: server host, client cuda", "host", "cuda", ("--stage-below", "0")),
+                                     ("staged both, blocking mode", "cuda", "cuda",
+                                      ("--stage-below", "max", "--mode", "blocking"))):
+        rc, rows, err, _ = run_pair(a.echo, smem, cmem, [8, 65536], 500, env, env, False, extra, extra)
+        got = {r["size"]: r["median_us"] for r in rows}
+        out[f"ours {label}"] = got
+        log(f"{'ours ' + label:50} " + (", ".join(f"{s} B {v:.2f} us" for s, v in got.items()) if rc == 0
+                                         else f"failed: {err[-200:]}"))
+    results["floor"] = out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--echo", required=True)
@@ -197,7 +207,8 @@ def main():
     parts = ["echo", "sweep", "bench"] if a.part == "all" else a.part.split(",")
     try:
         for p in parts:
-            {"echo": part_echo, "bench": part_bench, "sweep": part_sweep, "mixed": part_mixed}[p](a, env, results)
+            {"echo": part_echo, "bench": part_bench, "sweep": part_sweep, "mixed": part_mixed,
+             "floor": part_floor}[p](a, env, results)
     finally:
         with open(os.path.join(a.out, "gpu-proof.json"), "w") as f:
             json.dump(results, f, indent=1)

@@ -272,7 +272,7 @@ async fn demo(a: &Args) -> Result<(), BoxError> {
         .arg(format!("{:?}", a.mode).to_lowercase())
         .stdout(Stdio::piped())
         .spawn()?;
-    let port = ucx_stack::child::listening_port(&mut child)?;
+    let port = test_support::listening_port(&mut child, test_support::START_LIMIT)?;
     // The child is killed on every early return below (a std Child is not killed on drop).
     let mut child = KillOnDrop(child);
     if let Err(e) = pin_to_cpu(1) {

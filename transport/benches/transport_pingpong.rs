@@ -3,7 +3,6 @@
 //! message, 8 B / 1 MiB / 16 MiB. `cargo bench -p transport --bench transport_pingpong`.
 //! For ratios against ucx_perftest and ucx-rs in one run, see `scripts/compare.py`.
 
-use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,14 +20,8 @@ impl Server {
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn transport-echo server");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("server output");
-        let addr = line
-            .strip_prefix("LISTENING ")
-            .unwrap_or_else(|| panic!("server said {line:?}"))
-            .trim()
+        let addr = test_support::listening(&mut child, test_support::START_LIMIT)
+            .expect("server address")
             .parse()
             .expect("address");
         Server(child, addr)

@@ -31,14 +31,18 @@ mod inproc;
 mod message;
 mod pool;
 mod tcp;
+#[cfg(feature = "topology")]
 pub mod topology;
+#[cfg(feature = "ucx")]
 mod ucx_backend;
+#[cfg(feature = "ucx")]
 pub mod ucx_config;
 
 use std::time::Duration;
 
 pub use address::{Address, AddressError};
 pub use message::{Frame, Message};
+#[cfg(feature = "ucx")]
 pub use ucx_config::{configure_ucx, UcxIntent};
 
 /// The UCX tag a `ucx://` connection's headers and frames travel on. For peers that speak the
@@ -48,13 +52,22 @@ pub use ucx_config::{configure_ucx, UcxIntent};
 /// `UCX_FIRST_MAX`, split there), then one UCX message per frame; a message of 0 bytes has no
 /// frame messages. A sender may have [`UCX_WINDOW`] messages the receiving application has not
 /// taken; the receiver grants them back on [`UCX_CREDIT_TAG`].
+#[cfg(feature = "ucx")]
 pub const UCX_TAG: ucx::Tag = ucx_backend::TAG;
 /// The most bytes in the first UCX message of a `ucx://` message (its receive is posted ahead).
-pub const UCX_FIRST_MAX: usize = ucx_backend::FIRST_MAX;
+pub const UCX_FIRST_MAX: usize = 8 << 10;
 /// The tag `ucx://` credit grants travel on: a little-endian `u32`, messages taken.
+#[cfg(feature = "ucx")]
 pub const UCX_CREDIT_TAG: ucx::Tag = ucx_backend::CREDIT_TAG;
 /// Messages a `ucx://` sender may have that the peer's application has not taken.
+#[cfg(feature = "ucx")]
 pub const UCX_WINDOW: u32 = ucx_backend::WINDOW;
+
+#[cfg(not(feature = "ucx"))]
+const UCX_NOT_BUILT: TransportError = TransportError::NotBuilt {
+    scheme: "ucx",
+    feature: "ucx",
+};
 
 /// Time limit for [`connect`].
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -79,8 +92,17 @@ pub enum TransportError {
     #[error("{0}")]
     Io(String),
     /// An error from UCX.
+    #[cfg(feature = "ucx")]
     #[error("UCX: {0}")]
     Ucx(#[from] ucx::Error),
+    /// The address's scheme needs a feature this build of `transport` does not have.
+    #[error("{scheme}:// is not built in: enable transport's `{feature}` feature")]
+    NotBuilt {
+        /// The scheme asked for.
+        scheme: &'static str,
+        /// The cargo feature that provides it.
+        feature: &'static str,
+    },
     /// Nothing listens on that `inproc://` name, or it is taken.
     #[error("{0}")]
     Inproc(String),
@@ -115,6 +137,7 @@ pub struct Listener {
 enum ListenerInner {
     Inproc(inproc::Listener),
     Tcp(tcp::Listener),
+    #[cfg(feature = "ucx")]
     Ucx(ucx_backend::Listener),
 }
 
@@ -174,6 +197,7 @@ impl std::fmt::Debug for dyn RecvSlot {
 enum ConnInner {
     Inproc(inproc::Conn),
     Tcp(tcp::Conn),
+    #[cfg(feature = "ucx")]
     Ucx(ucx_backend::Conn),
 }
 
@@ -186,11 +210,14 @@ pub async fn listen(addr: &Address) -> Result<Listener> {
             let local = l.local();
             (ListenerInner::Tcp(l), local)
         }
+        #[cfg(feature = "ucx")]
         Address::Ucx { host, port } => {
             let l = ucx_backend::listen(host, *port).await?;
             let local = l.local();
             (ListenerInner::Ucx(l), local)
         }
+        #[cfg(not(feature = "ucx"))]
+        Address::Ucx { .. } => return Err(UCX_NOT_BUILT),
     };
     tracing::debug!(%local, "listening");
     Ok(Listener { inner, local })
@@ -202,7 +229,10 @@ pub async fn connect(addr: &Address) -> Result<Connection> {
         Ok::<_, TransportError>(match addr {
             Address::Inproc(name) => ConnInner::Inproc(inproc::connect(name).await?),
             Address::Tcp { host, port } => ConnInner::Tcp(tcp::connect(host, *port).await?),
+            #[cfg(feature = "ucx")]
             Address::Ucx { host, port } => ConnInner::Ucx(ucx_backend::connect(host, *port).await?),
+            #[cfg(not(feature = "ucx"))]
+            Address::Ucx { .. } => return Err(UCX_NOT_BUILT),
         })
     };
     let inner = tokio::time::timeout(CONNECT_TIMEOUT, attempt)
@@ -221,6 +251,7 @@ impl Listener {
                 let (c, peer) = l.accept().await?;
                 (ConnInner::Tcp(c), peer)
             }
+            #[cfg(feature = "ucx")]
             ListenerInner::Ucx(l) => {
                 let (c, peer) = l.accept().await?;
                 (ConnInner::Ucx(c), peer)
@@ -245,6 +276,7 @@ impl Connection {
                 match &*conn {
                     ConnInner::Inproc(c) => c.recv().await,
                     ConnInner::Tcp(c) => c.recv().await,
+                    #[cfg(feature = "ucx")]
                     ConnInner::Ucx(c) => c.recv().await,
                 }
             }
@@ -264,6 +296,7 @@ impl Connection {
         match &*self.inner {
             ConnInner::Inproc(c) => c.send(channel, msg).await,
             ConnInner::Tcp(c) => c.send(channel, msg).await,
+            #[cfg(feature = "ucx")]
             ConnInner::Ucx(c) => c.send(channel, msg).await,
         }
     }
@@ -282,6 +315,7 @@ impl Connection {
         match &*self.inner {
             ConnInner::Inproc(c) => c.close(),
             ConnInner::Tcp(c) => c.close().await,
+            #[cfg(feature = "ucx")]
             ConnInner::Ucx(c) => c.close().await,
         }
     }

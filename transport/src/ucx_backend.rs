@@ -37,7 +37,7 @@ pub const TAG: ucx::Tag = ucx::Tag::User(0x5455);
 /// frames fit (host frames only) go as that one message: one transfer instead of one per frame
 /// plus the header. Larger messages send the header (in two parts if it is longer than this),
 /// then each frame. The receiver posts a receive of this size before the message arrives.
-pub const FIRST_MAX: usize = 8 << 10;
+pub const FIRST_MAX: usize = crate::UCX_FIRST_MAX;
 /// Messages a sender may have in flight that the receiving application has not taken yet.
 pub const WINDOW: u32 = 256;
 /// The receiver grants credits back for every this many messages it takes.

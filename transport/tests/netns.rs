@@ -91,16 +91,8 @@ fn echo_across(hosts: &Hosts, listen: &str, extra: &[&str]) -> Vec<String> {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn the server");
-    let addr = {
-        use std::io::BufRead;
-        let mut line = String::new();
-        let mut out = std::io::BufReader::new(server.stdout.take().expect("stdout"));
-        out.read_line(&mut line).expect("server output");
-        line.strip_prefix("LISTENING ")
-            .unwrap_or_else(|| panic!("server said {line:?}"))
-            .trim()
-            .to_string()
-    };
+    let addr = test_support::listening(&mut server, test_support::START_LIMIT)
+        .expect("the server's address");
     let out = Command::new("timeout")
         .args(["120", "ip", "netns", "exec", &hosts.b, BIN, "client"])
         .args(["--connect", &addr, "--sizes", "8,65536,4m", "--iters", "20"])

@@ -160,6 +160,7 @@ macro_rules! suite {
 
 suite!(inproc_a, "inproc://suite-a");
 suite!(tcp, "tcp://127.0.0.1:0");
+#[cfg(feature = "ucx")]
 suite!(ucx, "ucx://127.0.0.1:0");
 
 #[tokio::test(flavor = "current_thread")]
@@ -238,6 +239,7 @@ async fn tcp_garbage_header_closes_the_connection() {
 /// A raw UCX peer (ucx-rs, the same handshake) sending malformed messages on the transport's
 /// tag: a bad header is `BadHeader`, an inlined message whose bytes do not match its header
 /// closes the connection; nothing is allocated from the announced sizes.
+#[cfg(feature = "ucx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ucx_garbage_closes_the_connection() {
     let mut l = listen(&"ucx://127.0.0.1:0".parse().unwrap()).await.unwrap();
@@ -283,4 +285,25 @@ async fn ucx_garbage_closes_the_connection() {
         );
         eprintln!("{what}: {}", r.unwrap_err());
     }
+}
+
+/// Without the `ucx` feature, `ucx://` addresses still parse but say what is missing.
+#[cfg(not(feature = "ucx"))]
+#[tokio::test(flavor = "current_thread")]
+async fn ucx_needs_its_feature() {
+    let addr: Address = "ucx://127.0.0.1:0".parse().unwrap();
+    let e = listen(&addr).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TransportError::NotBuilt {
+                scheme: "ucx",
+                feature: "ucx"
+            }
+        ),
+        "{e:?}"
+    );
+    let e = connect(&addr).await.unwrap_err();
+    assert!(matches!(e, TransportError::NotBuilt { .. }), "{e:?}");
+    assert!(e.to_string().contains("`ucx` feature"), "{e}");
 }

@@ -21,6 +21,12 @@ fn from_prefix(prefix: &Path) -> Ucx {
             prefix.display()
         ));
     }
+    if !has_libucp(&lib) {
+        fail(&format!(
+            "UCX_PREFIX={} has no lib/libucp.so (the headers alone cannot be linked)",
+            prefix.display()
+        ));
+    }
     println!("cargo:rustc-link-search=native={}", lib.display());
     for l in ["ucp", "uct", "ucs", "ucm"] {
         println!("cargo:rustc-link-lib=dylib={l}");
@@ -29,6 +35,18 @@ fn from_prefix(prefix: &Path) -> Ucx {
     Ucx {
         include_dirs: vec![include],
     }
+}
+
+/// Whether `lib` holds the shared UCP library (`libucp.so`, or a versioned `libucp.so.N`, as
+/// the PyPI wheels ship it).
+fn has_libucp(lib: &Path) -> bool {
+    std::fs::read_dir(lib).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n == "libucp.so" || n.starts_with("libucp.so."))
+        })
+    })
 }
 
 fn from_pkg_config() -> Ucx {
@@ -58,8 +76,9 @@ fn fail(why: &str) -> ! {
 fn main() {
     println!("cargo:rerun-if-env-changed=UCX_PREFIX");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
-    println!("cargo:rerun-if-changed=src/shim.c");
-    println!("cargo:rerun-if-changed=src/wrapper.h");
+    for f in ["src/shim.c", "src/shim.h", "src/wrapper.h"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
 
     let ucx = match env::var_os("UCX_PREFIX") {
         Some(p) if !p.is_empty() => from_prefix(Path::new(&p)),

@@ -42,6 +42,7 @@ pub async fn raw_tcp(l: &mut transport::Listener) -> (Connection, tokio::net::Tc
 
 /// A raw `ucx-rs` endpoint (same handshake) connected from `worker` to the UCX listener `l`,
 /// with the connection `l` accepted.
+#[cfg(feature = "ucx")]
 #[allow(dead_code)] // not every test file uses every helper
 pub async fn raw_ucx(
     l: &mut transport::Listener,

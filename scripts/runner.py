@@ -1,0 +1,97 @@
+"""What the comparison scripts share: start a server process and read the address it prints,
+run a client against it, and run ucx_perftest.
+
+Every server tool of the stack (ucx-echo, ucx-gpu-echo, transport-echo, ucxx-peer, and
+the async-ucx harness) prints one line, `LISTENING <address>`, once it accepts connections.
+"""
+import json, os, select, subprocess, time
+
+UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_CPUS = sorted(os.sched_getaffinity(0))
+# Server and client on two different CPUs this process may use (the same one if only one).
+SERVER_CPU, CLIENT_CPU = str(_CPUS[0]), str(_CPUS[min(1, len(_CPUS) - 1)])
+
+
+def size_arg(text):
+    """`8`, `4k`, `1m`, `2g` -> bytes."""
+    t = text.strip().lower()
+    return int(t[:-1]) * UNITS[t[-1]] if t[-1] in UNITS else int(t)
+
+
+def size_name(size):
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB" if size >= 1 << 10 else f"{size} B"
+
+
+def pin(cpu, cmd):
+    return ["taskset", "-c", str(cpu), *cmd]
+
+
+def json_rows(text):
+    return [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+
+
+def start_server(cmd, env=None, limit=60):
+    """Starts `cmd` and waits (at most `limit` seconds) for its `LISTENING <address>` line.
+    Returns (process, address)."""
+    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    ready, _, _ = select.select([srv.stdout], [], [], limit)
+    line = srv.stdout.readline() if ready else ""
+    if not line.startswith("LISTENING "):
+        srv.kill()
+        _, err = srv.communicate(timeout=30)
+        raise RuntimeError(f"{os.path.basename(cmd[0]) if cmd[0] != 'taskset' else os.path.basename(cmd[3])}: "
+                           f"no LISTENING line ({line.strip()!r}) {err.strip()[-500:]}")
+    return srv, line.split()[1]
+
+
+def stop(srv, limit=30):
+    """Waits for a server to exit on its own (they serve one client), killing it after `limit`."""
+    try:
+        srv.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        srv.wait()
+
+
+def pair(server, client, env=None, timeout=600):
+    """Runs `client` against a fresh `server`; ADDR and PORT in the client's arguments become
+    the server's address and port. Returns the client's stdout; raises on failure."""
+    srv, addr = start_server(server, env)
+    try:
+        port = addr.rsplit(":", 1)[-1]
+        cmd = [c.replace("ADDR", addr).replace("PORT", port) for c in client]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:4])} failed: {out.stderr.strip()[-500:]}")
+        return out.stdout
+    finally:
+        stop(srv)
+
+
+_PORT = [15000 + os.getpid() % 1000 * 20]
+
+
+def next_port():
+    """A port for a server that is told its port (ucx_perftest, UCXX's benchmark)."""
+    _PORT[0] += 1
+    return str(_PORT[0])
+
+
+def perftest(test, size, iters, env=None, extra=(), binary="ucx_perftest", cpus=(SERVER_CPU, CLIENT_CPU)):
+    """One ucx_perftest run over loopback; returns a dict of its "Final:" fields: typical
+    (median) and average latency in us, average bandwidth in MiB/s and message rate."""
+    p = next_port()
+    srv = subprocess.Popen([binary, "-c", cpus[0], "-p", p], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, env=env)
+    try:
+        time.sleep(0.5)
+        out = subprocess.run([binary, "127.0.0.1", "-p", p, "-c", cpus[1], "-t", test, "-s", str(size),
+                              "-n", str(iters), *extra], capture_output=True, text=True, timeout=600, env=env)
+    finally:
+        stop(srv)
+    final = [l for l in out.stdout.splitlines() if l.startswith("Final:")]
+    if not final:
+        raise RuntimeError(f"ucx_perftest -t {test} -s {size}: no result\n{out.stdout[-500:]}{out.stderr[-500:]}")
+    # Final: iters typical_lat avg_lat overall_lat avg_bw overall_bw avg_msgrate overall_msgrate
+    f = [float(x) for x in final[0].split()[1:]]
+    return {"lat_us": f[1], "avg_us": f[2], "bw_MiBps": f[4], "msgrate": f[6]}
