@@ -5,7 +5,8 @@ Ping-pong over loopback, server and client pinned to two CPUs, one-way median la
 round trip), rounds interleaved A B C A B C so that drift on a shared machine hits all of
 them. Each result is printed with its ratio to ucx_perftest measured in the same run:
 
-  ucx_perftest -t tag_lat       the reference (system UCX)
+  ucx_perftest -t tag_lat       the reference (system UCX); and with -e, peer error handling as
+                                ucx-rs always uses it (UCX then picks other protocols)
   ucx-rs                        `ucx-echo`: client-server endpoint, and a direct (worker-address)
                                 endpoint as ucx_perftest uses, per progress mode (--modes)
   transport ucx://, tcp://      `transport-echo` (one frame per message)
@@ -61,11 +62,19 @@ def iters_for(size):
 
 
 class Perftest:
-    def __init__(self, op="tag"):
+    """ucx_perftest. With `peer_errors`, endpoints with peer error handling (`-e`) and shared
+    memory kept for them (`UCX_MM_ERROR_HANDLING=y`): the configuration ucx-rs always uses,
+    under which UCX 1.13 picks other protocols (faster at 1 MiB, slower at 8 B)."""
+
+    def __init__(self, op="tag", peer_errors=False):
         self.test = PERFTEST_OPS[op]
-        self.name = f"ucx_perftest {self.test}"
+        self.peer_errors = peer_errors
+        self.name = f"ucx_perftest {self.test}" + (" -e" if peer_errors else "")
 
     def latency(self, size, env):
+        if self.peer_errors:
+            return perftest(self.test, size, iters_for(size), dict(env or os.environ, UCX_MM_ERROR_HANDLING="y"),
+                            ("-e",))["lat_us"]
         return perftest(self.test, size, iters_for(size), env)["lat_us"]
 
     def stream(self, size, messages, env):
@@ -89,7 +98,10 @@ class UcxRs:
             env=env))[0]
 
     def latency(self, size, env):
-        return self._run(size, iters_for(size), [], env)["median_us"]
+        us = self._run(size, iters_for(size), [], env)["median_us"]
+        # ucx-echo reports half of each timed operation. A put (with its flush) or a get moves
+        # the data across once per operation, so its bandwidth comes from the whole operation.
+        return 2 * us if self.op in ("put", "get") and size >= SMALL else us
 
     def stream(self, size, messages, env):
         r = self._run(size, messages, ["--bw", "--window", "64"], env)
@@ -233,42 +245,36 @@ def interleave(impls, sizes, rounds, measure, label):
     return res, errors
 
 
-def latency_table(impls, sizes, res, errors, base):
-    med = statistics.median
-    print(f"\n{'':34}" + "".join(f"{size_name(s):>26}" for s in sizes))
+def table(impls, sizes, res, errors, base, cell, title=None):
+    """One row per implementation, one column per size: cell(size, values, base values) gives
+    the text and the ratio to the base row's."""
+    if title:
+        print(f"\n{title}")
+    print(f"{'' if title else chr(10)}{'':34}" + "".join(f"{size_name(s):>26}" for s in sizes))
     for i in impls:
         line = f"{i.name:34}"
         for s in sizes:
-            v = res[i.name][s]
-            if not v or not res[base][s]:
+            if not res[i.name][s] or not res[base][s]:
                 line += f"{'-':>26}"
                 continue
-            m, b = med(v), med(res[base][s])
-            ratio = m / b if s < SMALL else b / m
-            line += f"{fmt(s, m):>16} {ratio:6.2f}x  "
+            text, ratio = cell(s, res[i.name][s], res[base][s])
+            line += f"{text:>16} {ratio:6.2f}x  "
         print(line)
         if i.name in errors:
             print(f"{'':34}failed: {errors[i.name]}")
 
 
-def stream_table(impls, sizes, res, errors, base):
-    med = statistics.median
-    print(f"\nStreamed, 64 in flight (message rate below {size_name(SMALL)}, bandwidth from there)")
-    print(f"{'':34}" + "".join(f"{size_name(s):>26}" for s in sizes))
-    for i in impls:
-        line = f"{i.name:34}"
-        for s in sizes:
-            v = res[i.name][s]
-            if not v or not res[base][s]:
-                line += f"{'-':>26}"
-                continue
-            k = 1 if s < SMALL else 0
-            m, b = med(x[k] for x in v), med(x[k] for x in res[base][s])
-            text = f"{m / 1e6:8.2f} M msg/s" if k else f"{m / 1e3:8.2f} GB/s"
-            line += f"{text:>16} {m / b:6.2f}x  "
-        print(line)
-        if i.name in errors:
-            print(f"{'':34}failed: {errors[i.name]}")
+def latency_cell(size, values, base):
+    """Latency below 64 KiB (ratio: lower is better), bandwidth from there (higher is better)."""
+    m, b = statistics.median(values), statistics.median(base)
+    return fmt(size, m), (m / b if size < SMALL else b / m)
+
+
+def stream_cell(size, values, base):
+    """Messages per second below 64 KiB, bandwidth from there; ratio: higher is better."""
+    k = 1 if size < SMALL else 0
+    m, b = statistics.median(v[k] for v in values), statistics.median(v[k] for v in base)
+    return (f"{m / 1e6:8.2f} M msg/s" if k else f"{m / 1e3:8.2f} GB/s"), m / b
 
 
 def main():
@@ -313,7 +319,7 @@ def main():
         impls = [UcxxToUcxx(a.ucxx_python, peer, penv), UcxxClientToRust(a.ucxx_python, peer, penv)]
         base = impls[0]
     else:
-        impls = [base]
+        impls = [base, Perftest(peer_errors=True)]
         for m in modes:
             impls += [UcxRs(m), UcxRs(m, direct=True)]
         impls += [Transport("ucx", m) for m in modes] + [Transport("tcp")]
@@ -348,17 +354,20 @@ def main():
             groups.append([i for i in impls if getattr(i, "op", None) == o or
                            (isinstance(i, Perftest) and i.test == PERFTEST_OPS[o])])
         for g in groups:
-            latency_table(g, sizes, res, errors, g[0].name)
+            table(g, sizes, res, errors, g[0].name, latency_cell)
         print("ratios: latency over the first row's below 64 KiB (lower is better), bandwidth over it from "
               "64 KiB (higher is better)")
         entry = {"latency_us": res, "errors": errors}
         if stream_sizes:
-            streamers = [base] + [i for i in impls if isinstance(i, UcxRs) and i.op == "tag"]
+            ref = Perftest()
+            ref.name = "ucx_perftest tag_bw"
+            streamers = [ref] + [i for i in impls if isinstance(i, UcxRs) and i.op == "tag"]
             sres, serrors = interleave(
                 streamers, stream_sizes, a.rounds,
                 lambda i, s: i.stream(s, 1_000_000 if isinstance(i, Perftest) and s < SMALL else
                                       250_000 if s < SMALL else max(20, (2 << 30) // s), env), "stream")
-            stream_table(streamers, stream_sizes, sres, serrors, base.name)
+            table(streamers, stream_sizes, sres, serrors, ref.name, stream_cell,
+                  f"Streamed, 64 in flight (message rate below {size_name(SMALL)}, bandwidth from there)")
             entry["stream"] = sres
             errors.update(serrors)
         report["tls"][tls] = entry

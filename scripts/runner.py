@@ -4,7 +4,7 @@ run a client against it, and run ucx_perftest.
 Every server tool of the stack (ucx-echo, ucx-gpu-echo, transport-echo, ucxx-peer, and
 the async-ucx harness) prints one line, `LISTENING <address>`, once it accepts connections.
 """
-import json, os, select, subprocess, time
+import json, os, select, subprocess, tempfile, time
 
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _CPUS = sorted(os.sched_getaffinity(0))
@@ -32,15 +32,18 @@ def json_rows(text):
 
 def start_server(cmd, env=None, limit=60):
     """Starts `cmd` and waits (at most `limit` seconds) for its `LISTENING <address>` line.
-    Returns (process, address)."""
-    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    Returns (process, address). The server's stderr goes to a file (a pipe nobody reads could
+    fill up and stall it), shown when it fails to start."""
+    err = tempfile.TemporaryFile(mode="w+")
+    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     ready, _, _ = select.select([srv.stdout], [], [], limit)
     line = srv.stdout.readline() if ready else ""
     if not line.startswith("LISTENING "):
         srv.kill()
-        _, err = srv.communicate(timeout=30)
-        raise RuntimeError(f"{os.path.basename(cmd[0]) if cmd[0] != 'taskset' else os.path.basename(cmd[3])}: "
-                           f"no LISTENING line ({line.strip()!r}) {err.strip()[-500:]}")
+        srv.wait()
+        err.seek(0)
+        raise RuntimeError(f"{' '.join(cmd[:5])}: no LISTENING line ({line.strip()!r}) "
+                           f"{err.read().strip()[-500:]}")
     return srv, line.split()[1]
 
 

@@ -8,6 +8,10 @@
 //! with another's), and `recv` is cancel-safe. Frames are host memory ([`bytes::Bytes`]) or, with the `cuda` feature,
 //! CUDA device buffers (see [`Frame`] and the `cuda` module).
 //!
+//! Features: `ucx` (default: `ucx://`, links UCX), `topology` (default: GPU/NIC locality, links
+//! hwloc), `cuda` (device frames). Without the defaults, `tcp://` and `inproc://` need no system
+//! library, and a `ucx://` address fails with [`TransportError::NotBuilt`].
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), transport::TransportError> {

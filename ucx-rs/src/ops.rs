@@ -194,62 +194,53 @@ impl<B: IoBufMut> Landing<B> {
     }
 }
 
+impl<B: IoBufMut> Landing<B> {
+    /// The buffer UCX writes into.
+    fn target(&self) -> &dyn IoBufMut {
+        match self {
+            Landing::Direct(b) => b,
+            #[cfg(feature = "cuda")]
+            Landing::Staged { pinned, .. } => pinned,
+        }
+    }
+
+    fn target_mut(&mut self) -> &mut dyn IoBufMut {
+        match self {
+            Landing::Direct(b) => b,
+            #[cfg(feature = "cuda")]
+            Landing::Staged { pinned, .. } => pinned,
+        }
+    }
+}
+
 // SAFETY: delegates to the buffer UCX writes into (the caller's, or the pinned block), which
 // meets the contract itself; moving the enum does not move that memory.
 unsafe impl<B: IoBufMut> IoBuf for Landing<B> {
     fn stable_ptr(&self) -> *const u8 {
-        match self {
-            Landing::Direct(b) => b.stable_ptr(),
-            #[cfg(feature = "cuda")]
-            Landing::Staged { pinned, .. } => pinned.stable_ptr(),
-        }
+        self.target().stable_ptr()
     }
     fn bytes_init(&self) -> usize {
-        match self {
-            Landing::Direct(b) => b.bytes_init(),
-            #[cfg(feature = "cuda")]
-            Landing::Staged { pinned, .. } => pinned.bytes_init(),
-        }
+        self.target().bytes_init()
     }
     fn memory_type(&self) -> MemoryType {
-        match self {
-            Landing::Direct(b) => b.memory_type(),
-            #[cfg(feature = "cuda")]
-            Landing::Staged { .. } => MemoryType::Host,
-        }
+        self.target().memory_type()
     }
     #[cfg(feature = "cuda")]
     fn cuda_stream(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
-        match self {
-            Landing::Direct(b) => b.cuda_stream(),
-            Landing::Staged { .. } => None,
-        }
+        self.target().cuda_stream()
     }
 }
 
 // SAFETY: as above.
 unsafe impl<B: IoBufMut> IoBufMut for Landing<B> {
     fn stable_mut_ptr(&mut self) -> *mut u8 {
-        match self {
-            Landing::Direct(b) => b.stable_mut_ptr(),
-            #[cfg(feature = "cuda")]
-            Landing::Staged { pinned, .. } => pinned.stable_mut_ptr(),
-        }
+        self.target_mut().stable_mut_ptr()
     }
     fn bytes_total(&self) -> usize {
-        match self {
-            Landing::Direct(b) => b.bytes_total(),
-            #[cfg(feature = "cuda")]
-            Landing::Staged { pinned, .. } => pinned.bytes_total(),
-        }
+        self.target().bytes_total()
     }
     unsafe fn set_init(&mut self, n: usize) {
-        match self {
-            // SAFETY: forwarded with the caller's guarantee.
-            Landing::Direct(b) => unsafe { b.set_init(n) },
-            // SAFETY: as above.
-            #[cfg(feature = "cuda")]
-            Landing::Staged { pinned, .. } => unsafe { pinned.set_init(n) },
-        }
+        // SAFETY: forwarded with the caller's guarantee.
+        unsafe { self.target_mut().set_init(n) }
     }
 }

@@ -16,6 +16,8 @@ use ucx_sys as sys;
 pub(crate) use shared::{EpShared, Target};
 
 use crate::error::{completed, Error, HandshakeError, Result};
+#[cfg(doc)]
+use crate::wire::Tag;
 use crate::wire::{Handshake, HANDSHAKE_LEN};
 use crate::worker::{ProgressMode, Worker};
 

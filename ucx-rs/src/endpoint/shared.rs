@@ -14,11 +14,23 @@ use ucx_sys as sys;
 
 use crate::buffer::{IoBuf, IoBufMut};
 use crate::error::{completed, Error, Result, Status};
-use crate::ops;
+use crate::ops::{self, Landing};
 use crate::request::{post, CbKind, Completion, OpCore, Posted};
 use crate::worker::{as_void, Locked, ProgressMode, WorkerShared};
 
 type CloseCallback = Box<dyn FnOnce(Option<Error>) + Send>;
+
+/// The one UCX call of a send-like operation: given the live endpoint, the buffer's pointer
+/// and length, and the prepared parameters, it posts and returns UCX's status pointer.
+pub(crate) trait PostSend:
+    FnOnce(sys::ucp_ep_h, *const u8, usize, &sys::ucp_request_param_t) -> sys::ucs_status_ptr_t
+{
+}
+
+impl<F> PostSend for F where
+    F: FnOnce(sys::ucp_ep_h, *const u8, usize, &sys::ucp_request_param_t) -> sys::ucs_status_ptr_t
+{
+}
 
 /// State shared by an [`Endpoint`](super::Endpoint), its in-flight operations and UCX's error
 /// callback.
@@ -254,12 +266,7 @@ impl EpShared {
         &self,
         buf: B,
         flags: u32,
-        op: impl FnOnce(
-            sys::ucp_ep_h,
-            *const u8,
-            usize,
-            &sys::ucp_request_param_t,
-        ) -> sys::ucs_status_ptr_t,
+        op: impl PostSend,
     ) -> (Result<()>, B) {
         #[cfg(feature = "cuda")]
         match crate::cuda::stage_send(&self.worker, &buf) {
@@ -277,12 +284,7 @@ impl EpShared {
         &self,
         buf: B,
         flags: u32,
-        op: impl FnOnce(
-            sys::ucp_ep_h,
-            *const u8,
-            usize,
-            &sys::ucp_request_param_t,
-        ) -> sys::ucs_status_ptr_t,
+        op: impl PostSend,
     ) -> (Result<()>, B) {
         // Scoped so that the raw pointer is not held across the await (futures stay Send).
         let posted = {
@@ -302,6 +304,37 @@ impl EpShared {
             }
             Err(e) => (Err(e), buf),
         }
+    }
+
+    /// Receives into `buf` on the live endpoint: a device buffer is staged where needed
+    /// ([`Landing`]), `post` makes the one UCX call (given the worker, locked, the endpoint
+    /// and the landing, which it must only pass to UCX), the receive is cancelled if the
+    /// endpoint ends, and its outcome is mapped. Returns the bytes received.
+    pub(crate) async fn recv_on<B: IoBufMut>(
+        &self,
+        buf: B,
+        post: impl FnOnce(&Locked<'_>, sys::ucp_ep_h, &mut Landing<B>) -> Posted,
+    ) -> (Result<usize>, B) {
+        let mut landing = match Landing::new(&self.worker, buf) {
+            Ok(l) => l,
+            Err((e, buf)) => return (Err(e), buf),
+        };
+        let cap = landing.bytes_total();
+        let posted = {
+            let locked = self.worker.lock();
+            let ep = match self.live(&locked) {
+                Ok(ep) => ep,
+                Err(e) => return landing.land(Err(e)),
+            };
+            let posted = post(&locked, ep, &mut landing);
+            if let Posted::Pending(op) = &posted {
+                self.track(op);
+            }
+            posted
+        };
+        let (c, mut landing) = self.complete(posted, landing, true).await;
+        let r = self.received(&c, &mut landing, cap);
+        landing.land(r)
     }
 
     /// Waits for a posted operation on this endpoint's worker (see [`ops::complete`]).

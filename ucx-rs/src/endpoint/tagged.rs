@@ -7,8 +7,7 @@ use ucx_sys as sys;
 use super::{Endpoint, EpShared};
 use crate::buffer::{IoBuf, IoBufMut};
 use crate::error::{Error, ProtocolError, Result};
-use crate::ops::{self, Landing};
-use crate::request::Posted;
+use crate::ops;
 use crate::wire::Tag;
 
 /// User tags whose raw tags an endpoint keeps.
@@ -24,30 +23,17 @@ impl EpShared {
     }
 
     pub(crate) async fn tag_recv<B: IoBufMut>(&self, buf: B, tag: u64) -> (Result<usize>, B) {
-        let mut landing = match Landing::new(&self.worker, buf) {
-            Ok(l) => l,
-            Err((e, buf)) => return (Err(e), buf),
-        };
-        let cap = landing.bytes_total();
-        let posted = {
-            let locked = self.worker.lock();
-            if let Err(e) = self.live(&locked) {
-                return landing.land(Err(e));
-            }
-            // SAFETY: the landing goes to `complete` right below, which keeps it until UCX is
-            // done with it.
-            let posted = unsafe { ops::tag_recv(&locked, &mut landing, tag, u64::MAX) };
-            if let Posted::Pending(op) = &posted {
-                self.track(op);
-            }
-            posted
-        };
-        let (c, mut landing) = self.complete(posted, landing, true).await;
-        let r = self.received(&c, &mut landing, cap);
+        let (r, buf) = self
+            .recv_on(buf, |locked, _ep, landing| {
+                // SAFETY: `recv_on` passes the landing to `complete` right after posting, which
+                // keeps it until UCX is done with it.
+                unsafe { ops::tag_recv(locked, landing, tag, u64::MAX) }
+            })
+            .await;
         if r.is_ok() {
             self.count_recv();
         }
-        landing.land(r)
+        (r, buf)
     }
 
     /// Probes for a message on `tag`, removing it from UCX's unexpected queue when found.
@@ -105,31 +91,18 @@ impl EpShared {
         if self.stream_abandoned.load(Ordering::Acquire) {
             return (Err(Error::StreamAbandoned), buf);
         }
-        let mut landing = match Landing::new(&self.worker, buf) {
-            Ok(l) => l,
-            Err((e, buf)) => return (Err(e), buf),
-        };
-        let cap = landing.bytes_total();
-        let posted = {
-            let locked = self.worker.lock();
-            let ep = match self.live(&locked) {
-                Ok(ep) => ep,
-                Err(e) => return landing.land(Err(e)),
-            };
-            // SAFETY: ep is live under the lock; the landing goes to `complete` right below.
-            let posted = unsafe { ops::stream_recv(&locked, ep, &mut landing) };
-            if let Posted::Pending(op) = &posted {
-                self.track(op);
-            }
-            posted
-        };
         // ucp_request_cancel ignores stream receives: if this future is dropped mid-flight,
         // mark the stream abandoned instead of letting a later receive read shifted bytes.
         let guard = AbandonOnDrop(&self.stream_abandoned);
-        let (c, mut landing) = self.complete(posted, landing, true).await;
+        let r = self
+            .recv_on(buf, |locked, ep, landing| {
+                // SAFETY: ep is live under the lock; `recv_on` passes the landing to `complete`
+                // right after posting.
+                unsafe { ops::stream_recv(locked, ep, landing) }
+            })
+            .await;
         std::mem::forget(guard);
-        let r = self.received(&c, &mut landing, cap);
-        landing.land(r)
+        r
     }
 }
 
