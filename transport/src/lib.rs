@@ -2,11 +2,23 @@
 //!
 //! A connection carries **messages**: lists of frames, sent as one header (channel, frame
 //! sizes, memory types; validated against [`frame::Limits`] on receipt) followed by the
-//! frames. Messages on one connection arrive in the order they were sent; several logical
-//! channels share a connection (the channel number travels in the header), and concurrent
-//! senders on one connection are safe (a message's header and frames are never interleaved
-//! with another's), and `recv` is cancel-safe. Frames are host memory ([`bytes::Bytes`]) or, with the `cuda` feature,
-//! CUDA device buffers (see [`Frame`] and the `cuda` module).
+//! frames. Frames are host memory ([`bytes::Bytes`]) or, with the `cuda` feature, CUDA device
+//! buffers (see [`Frame`] and the `cuda` module).
+//!
+//! How to use a connection:
+//! 1. [`listen`] / [`connect`] (or [`listen_with`] / [`connect_with`] and [`Options`]: limits,
+//!    connect timeout, the `ucx://` credit window);
+//! 2. [`Connection::send`] and [`Connection::recv`]. Messages arrive in the order they were
+//!    sent, whatever their channel: a connection is one ordered stream, so a large message
+//!    delays what is sent after it (keep bulk data on a connection of its own). Concurrent
+//!    senders are safe (a message's header and frames are never interleaved with another's),
+//!    and `recv` is cancel-safe. A `send` dropped part-way through a message closes a `tcp://`
+//!    connection (what is on the wire cannot be taken back); on `ucx://` and `inproc://` a
+//!    posted message is delivered whole;
+//! 3. [`Connection::close`]: the peer's `recv` then fails with
+//!    [`CloseReason::PeerClosed`], after everything sent before. A peer that goes away without
+//!    closing is [`CloseReason::PeerFailed`], one that breaks the wire format
+//!    [`CloseReason::Refused`]. [`Connection::closed`] waits for either.
 //!
 //! Features: `ucx` (default: `ucx://`, links UCX), `topology` (default: GPU/NIC locality, links
 //! hwloc), `cuda` (device frames). Without the defaults, `tcp://` and `inproc://` need no system
@@ -15,7 +27,7 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), transport::TransportError> {
-//! use transport::{connect, listen, Message};
+//! use transport::{connect, listen, CloseReason, Message, TransportError};
 //! let mut listener = listen(&"tcp://127.0.0.1:0".parse()?).await?;
 //! let addr = listener.local_addr().clone();
 //! let (server, client) = tokio::join!(listener.accept(), connect(&addr));
@@ -24,12 +36,15 @@
 //! let (channel, msg) = server.recv().await?;
 //! assert_eq!((channel, msg.frames.len(), msg.frames[1].len()), (3, 2, 1000));
 //! assert_eq!(msg.host(0), Some(&b"header"[..]));
+//! client.close().await?;
+//! assert!(matches!(server.recv().await, Err(TransportError::Closed(CloseReason::PeerClosed))));
 //! # Ok(()) }
 //! ```
 
 pub mod address;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod error;
 pub mod frame;
 mod inproc;
 mod message;
@@ -42,9 +57,11 @@ mod ucx_backend;
 #[cfg(feature = "ucx")]
 pub mod ucx_config;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use address::{Address, AddressError};
+pub use error::{CloseReason, Failure, InprocError, ProtocolError, Refusal, TransportError};
 pub use message::{Frame, Message};
 #[cfg(feature = "ucx")]
 pub use ucx_config::{configure_ucx, UcxIntent};
@@ -54,76 +71,88 @@ pub use ucx_config::{configure_ucx, UcxIntent};
 /// [`UCX_FIRST_MAX`] bytes, either the whole message (the [`frame`] header followed by every
 /// frame's bytes, host frames only) or its header (in two UCX messages when longer than
 /// `UCX_FIRST_MAX`, split there), then one UCX message per frame; a message of 0 bytes has no
-/// frame messages. A sender may have [`UCX_WINDOW`] messages the receiving application has not
-/// taken; the receiver grants them back on [`UCX_CREDIT_TAG`].
+/// frame messages. A sender may have [`Options::credit_bytes`] of messages the receiving
+/// application has not taken (each counted as [`ucx_charge`]); the receiver grants them back
+/// on [`UCX_CREDIT_TAG`] every [`UCX_GRANT_EVERY`] bytes.
 #[cfg(feature = "ucx")]
 pub const UCX_TAG: ucx::Tag = ucx_backend::TAG;
 /// The most bytes in the first UCX message of a `ucx://` message (its receive is posted ahead).
 pub const UCX_FIRST_MAX: usize = 8 << 10;
-/// The tag `ucx://` credit grants travel on: a little-endian `u32`, messages taken.
+/// The tag `ucx://` credit grants travel on: a little-endian `u64`, bytes granted back.
 #[cfg(feature = "ucx")]
 pub const UCX_CREDIT_TAG: ucx::Tag = ucx_backend::CREDIT_TAG;
-/// Messages a `ucx://` sender may have that the peer's application has not taken.
-#[cfg(feature = "ucx")]
-pub const UCX_WINDOW: u32 = ucx_backend::WINDOW;
+/// A `ucx://` receiver grants credits back once the application took this many bytes' worth.
+pub const UCX_GRANT_EVERY: u64 = 256 << 10;
+/// The most one message counts against a `ucx://` credit window.
+pub const UCX_CHARGE_CAP: u64 = 512 << 10;
 
-#[cfg(not(feature = "ucx"))]
-const UCX_NOT_BUILT: TransportError = TransportError::NotBuilt {
-    scheme: "ucx",
-    feature: "ucx",
-};
-
-/// Time limit for [`connect`].
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Everything that can go wrong on a connection.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransportError {
-    /// The address did not parse.
-    #[error(transparent)]
-    Address(#[from] AddressError),
-    /// The peer is gone or the connection was closed.
-    #[error("connection closed: {0}")]
-    Closed(String),
-    /// A header from the peer was refused; the connection is closed.
-    #[error("bad message header from the peer: {0}")]
-    BadHeader(#[from] frame::HeaderError),
-    /// Connecting did not finish in time.
-    #[error("timed out after {0:?}")]
-    Timeout(Duration),
-    /// An operating-system error (TCP).
-    #[error("{0}")]
-    Io(String),
-    /// An error from UCX.
-    #[cfg(feature = "ucx")]
-    #[error("UCX: {0}")]
-    Ucx(#[from] ucx::Error),
-    /// The address's scheme needs a feature this build of `transport` does not have.
-    #[error("{scheme}:// is not built in: enable transport's `{feature}` feature")]
-    NotBuilt {
-        /// The scheme asked for.
-        scheme: &'static str,
-        /// The cargo feature that provides it.
-        feature: &'static str,
-    },
-    /// Nothing listens on that `inproc://` name, or it is taken.
-    #[error("{0}")]
-    Inproc(String),
-    /// The transport configuration is inconsistent or came too late.
-    #[error("configuration: {0}")]
-    Config(String),
+/// What one message of `len` bytes counts against a `ucx://` credit window: its bytes plus 64
+/// (so empty messages count too), at most [`UCX_CHARGE_CAP`] (rendezvous frames wait for the
+/// receiver anyway).
+///
+/// ```
+/// assert_eq!(transport::ucx_charge(0), 64);
+/// assert_eq!(transport::ucx_charge(1 << 30), transport::UCX_CHARGE_CAP);
+/// ```
+pub fn ucx_charge(len: usize) -> u64 {
+    (len as u64).saturating_add(64).min(UCX_CHARGE_CAP)
 }
 
-impl From<std::io::Error> for TransportError {
-    fn from(e: std::io::Error) -> Self {
-        use std::io::ErrorKind as K;
-        match e.kind() {
-            K::UnexpectedEof | K::ConnectionReset | K::BrokenPipe | K::ConnectionAborted => {
-                TransportError::Closed(e.to_string())
-            }
-            _ => TransportError::Io(e.to_string()),
+/// The channel a connection's close travels on; applications use the channels below it.
+pub const CLOSE_CHANNEL: u32 = u32::MAX;
+
+/// Time limit for [`connect`] (see [`Options::connect_timeout`]).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Settings of a listener's or a connection's side.
+///
+/// ```
+/// let opts = transport::Options {
+///     limits: transport::frame::Limits { max_frames: 16, max_message: 1 << 20 },
+///     ..Default::default()
+/// };
+/// assert!(opts.validate().is_ok());
+/// let bad = transport::Options { credit_bytes: 1000, ..Default::default() };
+/// assert!(bad.validate().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// What the peer may announce in one message (refused before anything is allocated), and
+    /// what this side may send.
+    pub limits: frame::Limits,
+    /// Limit for connecting (name resolution, connection, handshake).
+    pub connect_timeout: Duration,
+    /// `ucx://`: bytes of messages this side may have sent that the peer's application has not
+    /// taken (each counted as [`ucx_charge`]); sends wait beyond it. At least
+    /// 2 × [`UCX_CHARGE_CAP`] (1 MiB). `tcp://` is bounded by its socket buffers and
+    /// `inproc://` by a channel of 64 messages instead.
+    pub credit_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            limits: frame::Limits::default(),
+            connect_timeout: CONNECT_TIMEOUT,
+            credit_bytes: 8 << 20,
         }
+    }
+}
+
+impl Options {
+    /// Checks the settings against each other.
+    pub fn validate(&self) -> Result<()> {
+        if self.credit_bytes < 2 * UCX_CHARGE_CAP {
+            return Err(TransportError::Config(format!(
+                "credit_bytes {} is below the least window, {} bytes",
+                self.credit_bytes,
+                2 * UCX_CHARGE_CAP
+            )));
+        }
+        if self.limits.max_frames == 0 {
+            return Err(TransportError::Config("max_frames is 0".into()));
+        }
+        Ok(())
     }
 }
 
@@ -135,6 +164,7 @@ pub type Result<T, E = TransportError> = std::result::Result<T, E>;
 pub struct Listener {
     inner: ListenerInner,
     local: Address,
+    opts: Options,
 }
 
 #[derive(Debug)]
@@ -148,11 +178,60 @@ enum ListenerInner {
 /// A connection carrying messages; see the crate docs.
 #[derive(Debug)]
 pub struct Connection {
-    inner: std::sync::Arc<ConnInner>,
+    inner: Arc<ConnInner>,
     peer: Address,
+    state: Arc<CloseState>,
     /// One receiver at a time. A `recv` dropped mid-way (`select!`, a timeout) leaves its
     /// receive here and the next `recv` goes on with it: no message, or part of one, is lost.
     recv_slot: tokio::sync::Mutex<Box<dyn RecvSlot>>,
+}
+
+/// Why and whether a connection closed: set once (the first reason wins), by the connection's
+/// own operations or, on `ucx://`, by UCX's error handling.
+#[derive(Debug, Default)]
+pub(crate) struct CloseState {
+    reason: Mutex<Option<CloseReason>>,
+    changed: tokio::sync::Notify,
+}
+
+impl CloseState {
+    /// Records `reason` unless one is recorded; returns the one that holds.
+    pub(crate) fn close(&self, reason: CloseReason) -> CloseReason {
+        let mut r = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+        let held = r.get_or_insert(reason).clone();
+        drop(r);
+        self.changed.notify_waiters();
+        held
+    }
+
+    pub(crate) fn get(&self) -> Option<CloseReason> {
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    async fn wait(&self) -> CloseReason {
+        loop {
+            let changed = self.changed.notified();
+            if let Some(r) = self.get() {
+                return r;
+            }
+            changed.await;
+        }
+    }
+
+    /// Records what an operation's error says about the connection.
+    fn observe(&self, e: TransportError) -> TransportError {
+        match e {
+            TransportError::Closed(r) => TransportError::Closed(self.close(r)),
+            TransportError::Protocol(p) => {
+                self.close(CloseReason::Refused(p.clone()));
+                TransportError::Protocol(p)
+            }
+            e => e,
+        }
+    }
 }
 
 /// Where a connection's receive of one whole message lives while it is in progress: allocated
@@ -205,8 +284,21 @@ enum ConnInner {
     Ucx(ucx_backend::Conn),
 }
 
-/// Listens on `addr` (port 0 picks a free port; see [`Listener::local_addr`]).
+#[cfg(not(feature = "ucx"))]
+const UCX_NOT_BUILT: TransportError = TransportError::NotBuilt {
+    scheme: "ucx",
+    feature: "ucx",
+};
+
+/// Listens on `addr` with the default [`Options`] (port 0 picks a free port; see
+/// [`Listener::local_addr`]).
 pub async fn listen(addr: &Address) -> Result<Listener> {
+    listen_with(addr, &Options::default()).await
+}
+
+/// Listens on `addr`; accepted connections get `opts`.
+pub async fn listen_with(addr: &Address, opts: &Options) -> Result<Listener> {
+    opts.validate()?;
     let (inner, local) = match addr {
         Address::Inproc(name) => (ListenerInner::Inproc(inproc::listen(name)?), addr.clone()),
         Address::Tcp { host, port } => {
@@ -224,44 +316,65 @@ pub async fn listen(addr: &Address) -> Result<Listener> {
         Address::Ucx { .. } => return Err(UCX_NOT_BUILT),
     };
     tracing::debug!(%local, "listening");
-    Ok(Listener { inner, local })
+    Ok(Listener {
+        inner,
+        local,
+        opts: opts.clone(),
+    })
 }
 
-/// Connects to `addr` within [`CONNECT_TIMEOUT`].
+/// Connects to `addr` with the default [`Options`] (within [`CONNECT_TIMEOUT`]).
 pub async fn connect(addr: &Address) -> Result<Connection> {
+    connect_with(addr, &Options::default()).await
+}
+
+/// Connects to `addr` within `opts.connect_timeout`.
+pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> {
+    opts.validate()?;
+    let state = Arc::new(CloseState::default());
     let attempt = async {
         Ok::<_, TransportError>(match addr {
-            Address::Inproc(name) => ConnInner::Inproc(inproc::connect(name).await?),
-            Address::Tcp { host, port } => ConnInner::Tcp(tcp::connect(host, *port).await?),
+            Address::Inproc(name) => ConnInner::Inproc(inproc::connect(name, opts).await?),
+            Address::Tcp { host, port } => {
+                ConnInner::Tcp(tcp::connect(host, *port, opts, Arc::clone(&state)).await?)
+            }
             #[cfg(feature = "ucx")]
-            Address::Ucx { host, port } => ConnInner::Ucx(ucx_backend::connect(host, *port).await?),
+            Address::Ucx { host, port } => {
+                ConnInner::Ucx(ucx_backend::connect(host, *port, opts, Arc::clone(&state)).await?)
+            }
             #[cfg(not(feature = "ucx"))]
             Address::Ucx { .. } => return Err(UCX_NOT_BUILT),
         })
     };
-    let inner = tokio::time::timeout(CONNECT_TIMEOUT, attempt)
+    let inner = tokio::time::timeout(opts.connect_timeout, attempt)
         .await
-        .map_err(|_| TransportError::Timeout(CONNECT_TIMEOUT))??;
+        .map_err(|_| TransportError::Timeout(opts.connect_timeout))?
+        .inspect_err(|e| tracing::debug!(peer = %addr, error = %e, "connect failed"))?;
     tracing::debug!(peer = %addr, "connected");
-    Ok(Connection::new(inner, addr.clone()))
+    Ok(Connection::new(inner, addr.clone(), state))
 }
 
 impl Listener {
     /// The next connection.
     pub async fn accept(&mut self) -> Result<Connection> {
+        let state = Arc::new(CloseState::default());
         let (inner, peer) = match &mut self.inner {
-            ListenerInner::Inproc(l) => (ConnInner::Inproc(l.accept().await?), self.local.clone()),
+            ListenerInner::Inproc(l) => {
+                let (c, peer) = l.accept(&self.opts).await?;
+                (ConnInner::Inproc(c), peer)
+            }
             ListenerInner::Tcp(l) => {
-                let (c, peer) = l.accept().await?;
+                let (c, peer) = l.accept(&self.opts, Arc::clone(&state)).await?;
                 (ConnInner::Tcp(c), peer)
             }
             #[cfg(feature = "ucx")]
             ListenerInner::Ucx(l) => {
-                let (c, peer) = l.accept().await?;
+                let (c, peer) = l.accept(&self.opts, Arc::clone(&state)).await?;
                 (ConnInner::Ucx(c), peer)
             }
         };
-        Ok(Connection::new(inner, peer))
+        tracing::debug!(local = %self.local, %peer, "accepted");
+        Ok(Connection::new(inner, peer, state))
     }
 
     /// The bound address (port 0 resolved).
@@ -271,11 +384,11 @@ impl Listener {
 }
 
 impl Connection {
-    fn new(inner: ConnInner, peer: Address) -> Connection {
-        let inner = std::sync::Arc::new(inner);
-        let conn = std::sync::Arc::clone(&inner);
+    fn new(inner: ConnInner, peer: Address, state: Arc<CloseState>) -> Connection {
+        let inner = Arc::new(inner);
+        let conn = Arc::clone(&inner);
         let start = move || {
-            let conn = std::sync::Arc::clone(&conn);
+            let conn = Arc::clone(&conn);
             async move {
                 match &*conn {
                     ConnInner::Inproc(c) => c.recv().await,
@@ -288,6 +401,7 @@ impl Connection {
         Connection {
             inner,
             peer,
+            state,
             recv_slot: tokio::sync::Mutex::new(Box::new(Slot {
                 receiving: Box::pin(None),
                 start,
@@ -295,27 +409,56 @@ impl Connection {
         }
     }
 
-    /// Sends `msg` on `channel`. Waits while the peer is not keeping up (bounded buffering).
+    /// Sends `msg` on `channel` (below [`CLOSE_CHANNEL`]). Waits while the peer is not keeping
+    /// up (bounded buffering).
     pub async fn send(&self, channel: u32, msg: Message) -> Result<()> {
-        match &*self.inner {
+        if let Some(r) = self.state.get() {
+            return Err(TransportError::Closed(r));
+        }
+        let r = match &*self.inner {
             ConnInner::Inproc(c) => c.send(channel, msg).await,
             ConnInner::Tcp(c) => c.send(channel, msg).await,
             #[cfg(feature = "ucx")]
             ConnInner::Ucx(c) => c.send(channel, msg).await,
-        }
+        };
+        r.map_err(|e| self.state.observe(e))
     }
 
     /// The next message, with its channel.
     ///
     /// Cancel-safe: a `recv` dropped before it returns (in `select!`, under a timeout) loses
-    /// nothing; the next `recv` resumes it.
+    /// nothing; the next `recv` resumes it. Once the connection is closed, fails with the
+    /// [`CloseReason`] (messages the peer sent before its close come first).
     pub async fn recv(&self) -> Result<(u32, Message)> {
+        if let Some(r) = self.state.get() {
+            return Err(TransportError::Closed(r));
+        }
         let mut slot = self.recv_slot.lock().await;
-        std::future::poll_fn(|cx| slot.poll_recv(cx)).await
+        let r = tokio::select! {
+            biased;
+            r = std::future::poll_fn(|cx| slot.poll_recv(cx)) => r,
+            // A local close ends a pending receive (the backend's may wait for the peer).
+            _ = self.closed_locally() => Err(TransportError::Closed(CloseReason::Local)),
+        };
+        r.map_err(|e| self.state.observe(e))
     }
 
-    /// Closes the connection; the peer's pending `recv` fails with [`TransportError::Closed`].
+    async fn closed_locally(&self) {
+        while self.state.wait().await != CloseReason::Local {
+            // Another reason is final too, but the backend's receive reports it itself.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Closes the connection: the peer's `recv` fails with [`CloseReason::PeerClosed`] once it
+    /// has received everything sent before. Idempotent; a pending `recv` here fails with
+    /// [`CloseReason::Local`].
     pub async fn close(&self) -> Result<()> {
+        if self.state.get().is_some() {
+            return Ok(());
+        }
+        self.state.close(CloseReason::Local);
+        tracing::debug!(peer = %self.peer, "closing");
         match &*self.inner {
             ConnInner::Inproc(c) => c.close(),
             ConnInner::Tcp(c) => c.close().await,
@@ -324,29 +467,55 @@ impl Connection {
         }
     }
 
-    /// The address this connection goes to (for accepted ones: where the peer came from).
+    /// Whether the connection is closed, as far as this side knows (see [`Self::closed`]).
+    pub fn is_closed(&self) -> bool {
+        self.state.get().is_some()
+    }
+
+    /// Why the connection closed, if it did.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.state.get()
+    }
+
+    /// Waits until the connection is closed and says why. A peer's close or failure is
+    /// noticed by a pending [`recv`](Self::recv) (a runtime always keeps one) or a `send`,
+    /// and on `ucx://` also by UCX's error handling with no operation pending.
+    pub async fn closed(&self) -> CloseReason {
+        self.state.wait().await
+    }
+
+    /// The address this connection goes to. For accepted connections, where the peer came
+    /// from: its socket address on `tcp://` and `ucx://`, and on `inproc://` the listener's
+    /// name with `/` and a number unique in the process.
     pub fn peer_addr(&self) -> &Address {
         &self.peer
     }
 }
 
-/// Checks a message against the limits before sending (the receiver would refuse it).
-fn check_outgoing(msg: &Message, limits: &frame::Limits) -> Result<()> {
+/// Checks an outgoing message's channel and size before anything is sent (the receiver would
+/// refuse it).
+fn check_outgoing(channel: u32, msg: &Message, limits: &frame::Limits) -> Result<()> {
+    if channel == CLOSE_CHANNEL {
+        return Err(TransportError::Refused(Refusal::Channel(channel)));
+    }
+    check_limits(msg, limits).map_err(|e| TransportError::Refused(Refusal::Limits(e)))
+}
+
+/// Checks a message's frame count and bytes against `limits`.
+fn check_limits(msg: &Message, limits: &frame::Limits) -> Result<(), frame::HeaderError> {
     let n = u32::try_from(msg.frames.len()).unwrap_or(u32::MAX);
     if n > limits.max_frames {
         return Err(frame::HeaderError::TooManyFrames {
             got: n,
             max: limits.max_frames,
-        }
-        .into());
+        });
     }
     let total = msg.len() as u64;
     if total > limits.max_message {
         return Err(frame::HeaderError::TooLarge {
             got: total,
             max: limits.max_message,
-        }
-        .into());
+        });
     }
     Ok(())
 }
@@ -356,6 +525,11 @@ fn encode_header(channel: u32, msg: &Message) -> Vec<u8> {
     let mut h = Vec::with_capacity(frame::header_len(msg.frames.len()));
     frame::encode_into(&mut h, channel, header_metas(msg));
     h
+}
+
+/// The close marker: a header on [`CLOSE_CHANNEL`] with no frames.
+fn close_marker() -> Vec<u8> {
+    frame::encode(CLOSE_CHANNEL, &[])
 }
 
 /// How the header describes `msg`'s frames.

@@ -1,17 +1,26 @@
 //! TCP connections (tokio + socket2): `TCP_NODELAY`, keepalive, a header then the frames
 //! (device frames staged through host memory on both sides).
-//! A garbage header closes the connection; nothing is allocated from unchecked sizes.
+//!
+//! A garbage header closes the connection; nothing is allocated from unchecked sizes. A close
+//! writes the close marker and shuts the socket's sending side, so the peer tells it from a
+//! crash (an end of stream without the marker). A `send` dropped part-way through a message
+//! shuts the socket down: the peer would otherwise read the next message's bytes as this
+//! one's.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
 use crate::frame::{self, Limits};
-use crate::{check_outgoing, encode_header, Address, Frame, Message, Result, TransportError};
+use crate::{
+    check_outgoing, close_marker, encode_header, Address, CloseReason, CloseState, Failure, Frame,
+    Message, Options, ProtocolError, Result, TransportError, CLOSE_CHANNEL,
+};
 
 #[derive(Debug)]
 pub(crate) struct Listener {
@@ -23,6 +32,7 @@ pub(crate) struct Conn {
     reader: Mutex<OwnedReadHalf>,
     writer: Mutex<OwnedWriteHalf>,
     limits: Limits,
+    state: Arc<CloseState>,
 }
 
 fn tune(s: &TcpStream) -> Result<()> {
@@ -46,10 +56,15 @@ pub(crate) async fn listen(host: &str, port: u16) -> Result<Listener> {
     })
 }
 
-pub(crate) async fn connect(host: &str, port: u16) -> Result<Conn> {
+pub(crate) async fn connect(
+    host: &str,
+    port: u16,
+    opts: &Options,
+    state: Arc<CloseState>,
+) -> Result<Conn> {
     let s = TcpStream::connect((host, port)).await?;
     tune(&s)?;
-    Ok(Conn::new(s))
+    Ok(Conn::new(s, opts, state))
 }
 
 impl Listener {
@@ -63,25 +78,74 @@ impl Listener {
             })
     }
 
-    pub(crate) async fn accept(&mut self) -> Result<(Conn, Address)> {
+    pub(crate) async fn accept(
+        &mut self,
+        opts: &Options,
+        state: Arc<CloseState>,
+    ) -> Result<(Conn, Address)> {
         let (s, peer) = self.inner.accept().await?;
         tune(&s)?;
-        Ok((Conn::new(s), to_address(peer)))
+        Ok((Conn::new(s, opts, state), to_address(peer)))
+    }
+}
+
+/// Reads until `buf` is full or the stream ends; returns the bytes read.
+async fn read_full(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<usize> {
+    let mut at = 0;
+    while at < buf.len() {
+        match r.read(&mut buf[at..]).await? {
+            0 => break,
+            n => at += n,
+        }
+    }
+    Ok(at)
+}
+
+/// Reads exactly `buf.len()` bytes of a message already begun: an end of stream here is a
+/// message cut short.
+async fn read_rest(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<()> {
+    if read_full(r, buf).await? < buf.len() {
+        return Err(TransportError::Closed(CloseReason::PeerFailed(
+            Failure::Truncated,
+        )));
+    }
+    Ok(())
+}
+
+/// Shuts the socket down unless disarmed: a send dropped part-way through a message leaves
+/// the peer's stream out of step, so the connection ends (closed by this side). Holds the
+/// socket's descriptor, which stays open while the send holds the writer (declared after it,
+/// so dropped before it).
+struct ShutdownOnDrop<'a>(Option<std::os::fd::RawFd>, &'a CloseState);
+
+impl Drop for ShutdownOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(fd) = self.0 {
+            self.1.close(CloseReason::Local);
+            tracing::warn!(
+                "a TCP send was dropped part-way through a message: closing the connection"
+            );
+            // SAFETY: the descriptor belongs to the writer half this send still holds locked
+            // (see the struct's doc), so it is open for the duration of this call.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 
 impl Conn {
-    fn new(s: TcpStream) -> Conn {
+    fn new(s: TcpStream, opts: &Options, state: Arc<CloseState>) -> Conn {
         let (r, w) = s.into_split();
         Conn {
             reader: Mutex::new(r),
             writer: Mutex::new(w),
-            limits: Limits::default(),
+            limits: opts.limits,
+            state,
         }
     }
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
-        check_outgoing(&msg, &self.limits)?;
+        check_outgoing(channel, &msg, &self.limits)?;
         let header = encode_header(channel, &msg);
         // Device frames are staged through host memory, before anything is written: a copy
         // that fails must not leave half a message on the wire.
@@ -92,29 +156,54 @@ impl Conn {
         };
         // One writer at a time: a message's header and frames are never interleaved.
         let mut w = self.writer.lock().await;
-        w.write_all(&header).await?;
-        for (i, f) in msg.frames.iter().enumerate() {
-            match f.as_host() {
-                Some(b) => w.write_all(b).await?,
-                None => w.write_all(&staged[i]).await?,
+        let mut guard = ShutdownOnDrop(
+            Some(std::os::fd::AsRawFd::as_raw_fd(w.as_ref())),
+            &self.state,
+        );
+        let written = async {
+            let w = &mut *w;
+            w.write_all(&header).await?;
+            for (i, f) in msg.frames.iter().enumerate() {
+                match f.as_host() {
+                    Some(b) => w.write_all(b).await?,
+                    None => w.write_all(&staged[i]).await?,
+                }
             }
-        }
-        Ok(())
+            Ok::<_, std::io::Error>(())
+        };
+        let r = written.await;
+        guard.0 = None;
+        Ok(r?)
     }
 
     pub(crate) async fn recv(&self) -> Result<(u32, Message)> {
         let mut r = self.reader.lock().await;
         let mut fixed = [0u8; frame::FIXED_LEN];
-        r.read_exact(&mut fixed).await?;
+        match read_full(&mut *r, &mut fixed).await? {
+            0 => {
+                return Err(TransportError::Closed(CloseReason::PeerFailed(
+                    Failure::Vanished,
+                )))
+            }
+            n if n < fixed.len() => {
+                return Err(TransportError::Closed(CloseReason::PeerFailed(
+                    Failure::Truncated,
+                )))
+            }
+            _ => {}
+        }
         let (channel, n) = match frame::decode_fixed(&fixed, &self.limits) {
             Ok(v) => v,
-            Err(e) => return Err(self.refuse(e).await),
+            Err(e) => return Err(self.refuse(e.into()).await),
         };
+        if channel == CLOSE_CHANNEL {
+            return Err(TransportError::Closed(CloseReason::PeerClosed));
+        }
         let mut entries = vec![0u8; n as usize * frame::ENTRY_LEN];
-        r.read_exact(&mut entries).await?;
+        read_rest(&mut *r, &mut entries).await?;
         let metas = match frame::decode_entries(&entries, &self.limits) {
             Ok(m) => m,
-            Err(e) => return Err(self.refuse(e).await),
+            Err(e) => return Err(self.refuse(e.into()).await),
         };
         let mut frames = Vec::with_capacity(metas.len());
         for m in metas {
@@ -125,17 +214,15 @@ impl Conn {
                 b.resize(size, 0);
             }
             b.truncate(size);
-            r.read_exact(&mut b).await?;
+            read_rest(&mut *r, &mut b).await?;
             let bytes = crate::pool::into_bytes(b);
             #[cfg(feature = "cuda")]
             if m.cuda {
                 match crate::cuda::from_host(bytes) {
                     Ok(d) => frames.push(d),
+                    // The message is lost: the connection ends rather than skip it.
                     Err(e) => {
-                        // The message is lost: the connection ends rather than skip it.
-                        tracing::warn!(error = %e, "closing a TCP connection: a device frame could not land");
-                        let _ = self.writer.lock().await.shutdown().await;
-                        return Err(e);
+                        return Err(self.refuse(ProtocolError::DeviceFrame(e.to_string())).await)
                     }
                 }
                 continue;
@@ -145,14 +232,22 @@ impl Conn {
         Ok((channel, Message { frames }))
     }
 
-    async fn refuse(&self, e: frame::HeaderError) -> TransportError {
-        tracing::warn!(error = %e, "closing a TCP connection after a bad header");
+    async fn refuse(&self, e: ProtocolError) -> TransportError {
+        tracing::warn!(error = %e, "closing a TCP connection after a malformed message");
         let _ = self.writer.lock().await.shutdown().await;
-        TransportError::BadHeader(e)
+        TransportError::Protocol(e)
     }
 
     pub(crate) async fn close(&self) -> Result<()> {
-        self.writer.lock().await.shutdown().await?;
+        let mut w = self.writer.lock().await;
+        // The marker first, so the peer knows this is a close and not a crash; a peer that is
+        // already gone does not make the close fail.
+        if let Err(e) = w.write_all(&close_marker()).await {
+            tracing::debug!(error = %e, "the close marker was not delivered");
+        }
+        if let Err(e) = w.shutdown().await {
+            tracing::debug!(error = %e, "shutting the socket down");
+        }
         Ok(())
     }
 }

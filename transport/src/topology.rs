@@ -72,7 +72,7 @@ pub struct Topology {
 }
 
 fn topo_err(e: impl std::fmt::Display) -> TransportError {
-    TransportError::Io(format!("hwloc: {e}"))
+    TransportError::Topology(format!("hwloc: {e}"))
 }
 
 /// hwloc's list format (`0-3,8`) of a CPU or node set (whose `Display` wraps it as
@@ -224,7 +224,7 @@ impl Topology {
 
 /// Parses hwloc's list format (`"0-3,8,10-11"`) into a CPU set.
 fn parse_cpu_list(list: &str) -> Result<hwlocality::cpu::cpuset::CpuSet> {
-    let bad = || TransportError::Io(format!("{list:?} is not a CPU list like \"0-3,8\""));
+    let bad = || TransportError::Topology(format!("{list:?} is not a CPU list like \"0-3,8\""));
     let mut set = hwlocality::cpu::cpuset::CpuSet::new();
     for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         match part.split_once('-') {

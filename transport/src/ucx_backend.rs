@@ -12,22 +12,32 @@
 //!
 //! **Flow control.** UCX completes small (eager) sends whether or not the peer's application
 //! receives, and the peer's UCX buffers what arrives unexpected. So a sender holds credits: it
-//! may have at most [`WINDOW`] messages that the receiving application has not taken, and the
-//! receiver grants credits back, a little-endian `u32` count on [`CREDIT_TAG`], for every
-//! [`GRANT_EVERY`] messages it takes. The bound is in messages, not bytes: frames below UCX's
-//! rendezvous threshold travel eagerly, so what a receiver that does not read can hold is at
-//! most `WINDOW` messages' eager frames. Rendezvous frames wait for the receive.
+//! may have at most [`Options::credit_bytes`] of messages that the receiving application has
+//! not taken, each counted as [`ucx_charge`] (its bytes plus 64, at most
+//! [`crate::UCX_CHARGE_CAP`]), and the receiver grants them back, a little-endian `u64` of bytes on
+//! [`CREDIT_TAG`], whenever it has taken [`UCX_GRANT_EVERY`]. Both sides compute the charge, so
+//! neither needs the other's window; a window of at least twice the cap cannot deadlock (a
+//! blocked sender has more than half its window in flight, more than the receiver holds back).
+//! Rendezvous frames wait for the receive anyway.
+//!
+//! **Close.** A close sends the close marker (a header on [`CLOSE_CHANNEL`], outside the
+//! credits) before closing the endpoint. UCX reports a peer's graceful close and its crash
+//! alike (a reset), so the marker is what tells them apart. UCX's error callback records a
+//! failure only when nothing is left to receive; otherwise the receive finds the marker, or
+//! fails itself.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use tokio::sync::Mutex;
 
 use crate::frame::{self, Limits};
 use crate::{
-    check_outgoing, encode_header, header_metas, Address, Frame, Message, Result, TransportError,
+    check_outgoing, close_marker, encode_header, header_metas, ucx_charge, Address, CloseReason,
+    CloseState, Failure, Frame, Message, Options, ProtocolError, Result, TransportError,
+    CLOSE_CHANNEL, UCX_GRANT_EVERY,
 };
 
 /// The tag every message and frame of a connection travels on (a UCXX user tag, so it is
@@ -38,11 +48,7 @@ pub const TAG: ucx::Tag = ucx::Tag::User(0x5455);
 /// plus the header. Larger messages send the header (in two parts if it is longer than this),
 /// then each frame. The receiver posts a receive of this size before the message arrives.
 pub const FIRST_MAX: usize = crate::UCX_FIRST_MAX;
-/// Messages a sender may have in flight that the receiving application has not taken yet.
-pub const WINDOW: u32 = 256;
-/// The receiver grants credits back for every this many messages it takes.
-pub const GRANT_EVERY: u32 = WINDOW / 2;
-/// The tag credit grants travel on (little-endian `u32`: how many messages were taken).
+/// The tag credit grants travel on (little-endian `u64`: bytes granted back).
 pub const CREDIT_TAG: ucx::Tag = ucx::Tag::User(0x5456);
 
 fn worker() -> Result<ucx::Worker> {
@@ -102,25 +108,30 @@ pub(crate) struct Conn {
     send_buf: std::sync::Mutex<Option<Vec<u8>>>,
     /// The buffer first messages are received into, kept between receives.
     first_buf: std::sync::Mutex<Vec<u8>>,
-    /// Messages this side may still send before it needs a grant from the peer.
-    credits: AtomicU32,
+    /// Bytes (charged) this side may still send before it needs a grant from the peer.
+    credits: AtomicU64,
+    /// The window: what `credits` starts at and never exceeds.
+    window: u64,
     /// One sender at a time waits for a grant; a wait whose sender was dropped stays posted
     /// here for the next one, so no grant is lost to a cancelled send.
     refill: Mutex<ParkedGrant>,
-    /// Messages taken by the application and not yet granted back to the peer.
-    taken: AtomicU32,
+    /// Bytes (charged) taken by the application and not yet granted back to the peer.
+    taken: AtomicU64,
     limits: Limits,
+    /// A receive is in progress (perhaps parked by `Connection`, still posted in UCX).
+    receiving: Arc<AtomicBool>,
 }
 
 fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
     if let Ok(ip) = host.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
     }
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| TransportError::Io(format!("resolving {host}: {e}")))?
-        .next()
-        .ok_or_else(|| TransportError::Io(format!("{host} resolved to nothing")))
+    (host, port).to_socket_addrs()?.next().ok_or_else(|| {
+        TransportError::Io(Arc::new(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{host} resolved to no address"),
+        )))
+    })
 }
 
 pub(crate) async fn listen(host: &str, port: u16) -> Result<Listener> {
@@ -129,9 +140,22 @@ pub(crate) async fn listen(host: &str, port: u16) -> Result<Listener> {
     })
 }
 
-pub(crate) async fn connect(host: &str, port: u16) -> Result<Conn> {
-    let ep = ucx::Endpoint::connect(&worker()?, resolve(host, port)?).await?;
-    Ok(Conn::new(ep))
+pub(crate) async fn connect(
+    host: &str,
+    port: u16,
+    opts: &Options,
+    state: Arc<CloseState>,
+) -> Result<Conn> {
+    let ep = ucx::Endpoint::connect_with(
+        &worker()?,
+        resolve(host, port)?,
+        ucx::ConnectOptions {
+            timeout: opts.connect_timeout,
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(Conn::new(ep, opts, state))
 }
 
 fn to_address(a: SocketAddr) -> Address {
@@ -146,7 +170,11 @@ impl Listener {
         to_address(self.inner.local_addr())
     }
 
-    pub(crate) async fn accept(&mut self) -> Result<(Conn, Address)> {
+    pub(crate) async fn accept(
+        &mut self,
+        opts: &Options,
+        state: Arc<CloseState>,
+    ) -> Result<(Conn, Address)> {
         loop {
             match self.inner.accept().await {
                 Ok(ep) => {
@@ -154,7 +182,7 @@ impl Listener {
                         host: "?".into(),
                         port: 0,
                     });
-                    return Ok((Conn::new(ep), peer));
+                    return Ok((Conn::new(ep, opts, state), peer));
                 }
                 // A failed handshake concerns that client only: keep accepting.
                 Err(ucx::Error::Handshake(e)) => tracing::warn!(error = %e, "rejected a client"),
@@ -165,22 +193,45 @@ impl Listener {
 }
 
 impl Conn {
-    fn new(ep: ucx::Endpoint) -> Conn {
+    fn new(ep: ucx::Endpoint, opts: &Options, state: Arc<CloseState>) -> Conn {
+        let ep = Arc::new(ep);
+        let receiving = Arc::new(AtomicBool::new(false));
+        // UCX's error handling notices a peer that fails while nothing is pending. A peer's
+        // close shows up there too (as a reset), after its marker: while a receive is posted
+        // (it takes the marker, or fails itself), or a message (perhaps the marker) waits to
+        // be received, the receive is left to tell which it was.
+        let (weak, posted) = (Arc::downgrade(&ep), Arc::clone(&receiving));
+        ep.on_close(move |reason| {
+            let Some(ucx::Error::Ucx(status)) = reason else {
+                return;
+            };
+            if posted.load(Ordering::Acquire) {
+                return;
+            }
+            let queued = weak
+                .upgrade()
+                .is_some_and(|ep| ep.tag_probe(TAG, false).is_some());
+            if !queued {
+                state.close(CloseReason::PeerFailed(Failure::Ucx(status)));
+            }
+        });
         Conn {
-            ep: std::sync::Arc::new(ep),
+            ep,
             send_order: std::sync::Mutex::new(()),
             send_buf: std::sync::Mutex::new(None),
             first_buf: std::sync::Mutex::new(Vec::new()),
-            credits: AtomicU32::new(WINDOW),
+            credits: AtomicU64::new(opts.credit_bytes),
+            window: opts.credit_bytes,
             refill: Mutex::new(ParkedGrant(None)),
-            taken: AtomicU32::new(0),
-            limits: Limits::default(),
+            taken: AtomicU64::new(0),
+            limits: opts.limits,
+            receiving,
         }
     }
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
-        check_outgoing(&msg, &self.limits)?;
-        self.take_credit().await?;
+        check_outgoing(channel, &msg, &self.limits)?;
+        self.take_credit(ucx_charge(msg.len())).await?;
         // Post under the lock so another sender's header or frames never land between ours
         // (UCX keeps per-tag order, not per-message order). Sends are posted on their first
         // poll, inside the lock; completions are awaited after it is released.
@@ -275,43 +326,48 @@ impl Conn {
         out
     }
 
-    /// Takes one credit, waiting for the peer's grant when there is none left.
-    async fn take_credit(&self) -> Result<()> {
+    /// Takes `charge` bytes of credit, waiting for the peer's grants while there is too
+    /// little left.
+    async fn take_credit(&self, charge: u64) -> Result<()> {
         loop {
             let took = self
                 .credits
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1));
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                    c.checked_sub(charge)
+                });
             if took.is_ok() {
                 return Ok(());
             }
             let mut parked = self.refill.lock().await;
-            if self.credits.load(Ordering::Acquire) > 0 {
+            if self.credits.load(Ordering::Acquire) >= charge {
                 continue; // another sender received a grant meanwhile
             }
             tracing::trace!("waiting for the peer to take messages");
             let wait = parked.0.get_or_insert_with(|| {
-                let ep = std::sync::Arc::clone(&self.ep);
-                Box::pin(async move { ep.recv(vec![0u8; 4].into_boxed_slice(), CREDIT_TAG).await })
+                let ep = Arc::clone(&self.ep);
+                Box::pin(async move { ep.recv(vec![0u8; 8].into_boxed_slice(), CREDIT_TAG).await })
             });
             let (r, grant) = wait.as_mut().await;
             parked.0 = None;
             let n = r.map_err(closed_or)?;
             let granted = grant
-                .first_chunk::<4>()
-                .map_or(0, |b| u32::from_le_bytes(*b));
-            if n != 4 || granted == 0 || granted > WINDOW {
-                return Err(self.refuse(format!(
-                    "a credit grant of {n} bytes for {granted} messages"
-                )));
+                .first_chunk::<8>()
+                .map_or(0, |b| u64::from_le_bytes(*b));
+            let before = self.credits.fetch_add(granted, Ordering::AcqRel);
+            if n != 8 || granted == 0 || before.saturating_add(granted) > self.window {
+                return Err(self.refuse(ProtocolError::Grant {
+                    got: n,
+                    bytes: granted,
+                }));
             }
-            self.credits.fetch_add(granted, Ordering::AcqRel);
         }
     }
 
-    /// Counts a message the application took, granting credits back every [`GRANT_EVERY`].
-    async fn took_one(&self) {
-        let taken = self.taken.fetch_add(1, Ordering::AcqRel) + 1;
-        if taken < GRANT_EVERY {
+    /// Counts a message the application took, granting credits back every
+    /// [`UCX_GRANT_EVERY`] bytes.
+    async fn took(&self, charge: u64) {
+        let taken = self.taken.fetch_add(charge, Ordering::AcqRel) + charge;
+        if taken < UCX_GRANT_EVERY {
             return;
         }
         self.taken.fetch_sub(taken, Ordering::AcqRel);
@@ -376,6 +432,8 @@ impl Conn {
     }
 
     pub(crate) async fn recv(&self) -> Result<(u32, Message)> {
+        self.receiving.store(true, Ordering::Release);
+        let _done = Receiving(&self.receiving);
         // One receive at a time: `Connection::recv` holds its slot for the whole message.
         // The first UCX message of every transport message fits FIRST_MAX bytes, so its receive
         // is posted before it arrives, into a buffer kept for the connection (no probe, no
@@ -389,9 +447,10 @@ impl Conn {
         let got = match r {
             Ok(n) => n,
             Err(ucx::Error::Truncated { message, .. }) => {
-                return Err(self.refuse(format!(
-                    "a {message}-byte first message (at most {FIRST_MAX})"
-                )))
+                return Err(self.refuse(ProtocolError::FirstMessage {
+                    got: message,
+                    max: FIRST_MAX,
+                }))
             }
             Err(e) => return Err(closed_or(e)),
         };
@@ -399,9 +458,11 @@ impl Conn {
         let result = self.parse_first(first).await;
         *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()) = buf;
         let (channel, metas) = match result? {
+            (CLOSE_CHANNEL, _) => return Err(TransportError::Closed(CloseReason::PeerClosed)),
             (channel, First::Inline(frames)) => {
-                self.took_one().await;
-                return Ok((channel, Message { frames }));
+                let msg = Message { frames };
+                self.took(ucx_charge(msg.len())).await;
+                return Ok((channel, msg));
             }
             (channel, First::Framed(metas)) => (channel, metas),
         };
@@ -422,7 +483,7 @@ impl Conn {
                 Ok(b) => posted.push(self.recv_frame(b)),
                 // No device memory for this frame: the rest of the message cannot be received
                 // in order any more, so the connection ends here.
-                Err(e) => return Err(self.refuse(format!("receiving a device frame: {e}"))),
+                Err(e) => return Err(self.refuse(ProtocolError::DeviceFrame(e.to_string()))),
             }
         }
         let recvs = futures::future::join_all(posted).await;
@@ -431,51 +492,67 @@ impl Conn {
             let n = match r {
                 Ok(n) => n,
                 Err(ucx::Error::Truncated { message, .. }) => {
-                    return Err(
-                        self.refuse(format!("a {message}-byte frame announced as {}", m.size))
-                    )
+                    return Err(self.refuse(ProtocolError::FrameSize {
+                        got: message as u64,
+                        announced: m.size,
+                    }))
                 }
                 Err(e) => return Err(closed_or(e)),
             };
             if n as u64 != m.size {
-                return Err(self.refuse(format!("a {n}-byte frame announced as {}", m.size)));
+                return Err(self.refuse(ProtocolError::FrameSize {
+                    got: n as u64,
+                    announced: m.size,
+                }));
             }
             frames.push(f);
         }
-        self.took_one().await;
-        Ok((channel, Message { frames }))
+        let msg = Message { frames };
+        self.took(ucx_charge(msg.len())).await;
+        Ok((channel, msg))
     }
 
     /// Reads a message's first UCX message: the channel, the frame entries (receiving the
     /// rest of a header longer than [`FIRST_MAX`]) and, for an inlined message, its frames.
     async fn parse_first(&self, first: &[u8]) -> Result<(u32, First)> {
         let Some(fixed) = first.first_chunk::<{ frame::FIXED_LEN }>() else {
-            return Err(self.refuse(format!("a {}-byte header", first.len())));
+            return Err(self.refuse(ProtocolError::HeaderParts {
+                frames: 0,
+                got: first.len(),
+            }));
         };
         let (channel, n) = match frame::decode_fixed(fixed, &self.limits) {
             Ok(v) => v,
-            Err(e) => return Err(self.refuse_header(e)),
+            Err(e) => return Err(self.refuse(e.into())),
         };
+        if channel == CLOSE_CHANNEL {
+            return Ok((channel, First::Inline(Vec::new())));
+        }
         let entries_end = frame::FIXED_LEN + n as usize * frame::ENTRY_LEN;
         let mut split_rest = Vec::new();
         if first.len() < entries_end {
             // A long header arrives in two parts: FIRST_MAX bytes, then the rest, exactly.
             if first.len() != FIRST_MAX {
-                return Err(self.refuse(format!("{n} frames but a {}-byte header", first.len())));
+                return Err(self.refuse(ProtocolError::HeaderParts {
+                    frames: n,
+                    got: first.len(),
+                }));
             }
             let want = entries_end - FIRST_MAX;
             let (r, rest) = Box::pin(self.ep.recv(vec![0u8; want].into_boxed_slice(), TAG)).await;
             match r {
                 Ok(k) if k == want => split_rest = rest.into_vec(),
                 Ok(k) => {
-                    return Err(
-                        self.refuse(format!("the header's second part has {k} of {want} bytes"))
-                    )
+                    return Err(self.refuse(ProtocolError::HeaderParts {
+                        frames: n,
+                        got: FIRST_MAX + k,
+                    }))
                 }
                 Err(ucx::Error::Truncated { message, .. }) => {
-                    return Err(self.refuse(format!(
-                        "the header's second part has {message} of {want} bytes"
-                    )))
+                    return Err(self.refuse(ProtocolError::HeaderParts {
+                        frames: n,
+                        got: FIRST_MAX + message,
+                    }))
                 }
                 Err(e) => return Err(closed_or(e)),
             }
@@ -489,7 +566,7 @@ impl Conn {
         };
         let total = match frame::check_entries(&entries, &self.limits) {
             Ok(t) => t,
-            Err(e) => return Err(self.refuse_header(e)),
+            Err(e) => return Err(self.refuse(e.into())),
         };
         let after = first.len().saturating_sub(entries_end);
         if after == 0 && total > 0 {
@@ -500,9 +577,10 @@ impl Conn {
         }
         // An inlined message: the frames' bytes follow the entries, exactly.
         if after as u64 != total {
-            return Err(self.refuse(format!(
-                "{after} bytes after the header for {total} bytes of frames"
-            )));
+            return Err(self.refuse(ProtocolError::Inline {
+                got: after,
+                announced: total,
+            }));
         }
         let all = Bytes::copy_from_slice(first.get(entries_end..).unwrap_or_default());
         let mut at = 0;
@@ -515,7 +593,7 @@ impl Conn {
             if m.cuda {
                 match crate::cuda::from_host(f) {
                     Ok(d) => frames.push(d),
-                    Err(e) => return Err(self.refuse(format!("landing a device frame: {e}"))),
+                    Err(e) => return Err(self.refuse(ProtocolError::DeviceFrame(e.to_string()))),
                 }
                 continue;
             }
@@ -524,27 +602,45 @@ impl Conn {
         Ok((channel, First::Inline(frames)))
     }
 
-    fn refuse_header(&self, e: frame::HeaderError) -> TransportError {
-        tracing::warn!(error = %e, "closing a UCX connection after a bad header");
+    /// Closes the connection after the peer broke the wire format.
+    fn refuse(&self, e: ProtocolError) -> TransportError {
+        tracing::warn!(error = %e, "closing a UCX connection after a malformed message");
         self.ep.abort();
-        TransportError::BadHeader(e)
-    }
-
-    fn refuse(&self, why: String) -> TransportError {
-        tracing::warn!(why, "closing a UCX connection after a malformed message");
-        self.ep.abort();
-        TransportError::Closed(format!("malformed message from the peer: {why}"))
+        TransportError::Protocol(e)
     }
 
     pub(crate) async fn close(&self) -> Result<()> {
-        self.ep.close().await.map_err(closed_or)
+        // The marker first (outside the credits: it is the last message), so the peer knows
+        // this is a close; a peer already gone does not make the close fail.
+        let marker = close_marker();
+        let (r, _) = self.post_in_order(self.ep.send(marker, TAG)).await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "the close marker was not delivered");
+        }
+        match self.ep.close().await {
+            Err(e) if !e.is_disconnect() => Err(TransportError::Ucx(e)),
+            _ => Ok(()),
+        }
     }
 }
 
+/// Clears a connection's "receiving" flag when its receive ends (or is dropped).
+struct Receiving<'a>(&'a AtomicBool);
+
+impl Drop for Receiving<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// A UCX error as the transport reports it: a peer that went away, or a local close, is a
+/// closed connection; anything else stays a UCX error.
 fn closed_or(e: ucx::Error) -> TransportError {
-    if e.is_disconnect() {
-        TransportError::Closed(e.to_string())
-    } else {
-        TransportError::Ucx(e)
+    match e {
+        ucx::Error::Closed => TransportError::Closed(CloseReason::Local),
+        ucx::Error::Ucx(s) if s.is_peer_failure() => {
+            TransportError::Closed(CloseReason::PeerFailed(Failure::Ucx(s)))
+        }
+        e => TransportError::Ucx(e),
     }
 }

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{pair, STEP};
-use transport::{connect, listen, Address, Message, TransportError};
+use transport::{connect, listen, Address, CloseReason, Message, ProtocolError, TransportError};
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
@@ -122,7 +122,10 @@ async fn close_ends_pending_recv(addr: &str) {
     let (r, ()) = tokio::time::timeout(STEP, async { tokio::join!(pending, close) })
         .await
         .expect("the pending receive ended");
-    assert!(matches!(r, Err(TransportError::Closed(_))), "{addr}: {r:?}");
+    assert!(
+        matches!(r, Err(TransportError::Closed(CloseReason::PeerClosed))),
+        "{addr}: {r:?}"
+    );
 }
 
 macro_rules! suite {
@@ -178,7 +181,7 @@ async fn inproc_names_are_exclusive_and_free_again() {
 /// A receiver that does not read makes sends wait after a bounded number, so neither side
 /// buffers without bound. 1 MiB messages: inproc stops at the channel depth, TCP at the socket
 /// buffers, UCX at once (rendezvous waits for the receive). 1 KiB messages: UCX would complete
-/// eager sends forever without the transport's credits (256 messages). Then reading resumes
+/// eager sends forever without the transport's credits (8 MiB by default: about 7,700). Then reading resumes
 /// the stream, in order, and the blocked send ends.
 async fn slow_receiver_blocks_sends(addr: &str, size: usize, most: usize) {
     let (server, client) = pair(addr).await;
@@ -228,17 +231,27 @@ async fn tcp_garbage_header_closes_the_connection() {
     junk.extend_from_slice(&u32::MAX.to_le_bytes());
     raw.write_all(&junk).await.unwrap();
     let r = tokio::time::timeout(STEP, server.recv()).await.unwrap();
-    assert!(matches!(r, Err(TransportError::BadHeader(_))), "{r:?}");
+    assert!(
+        matches!(r, Err(TransportError::Protocol(ProtocolError::Header(_)))),
+        "{r:?}"
+    );
+    assert!(matches!(
+        server.close_reason(),
+        Some(CloseReason::Refused(_))
+    ));
     // Wrong magic.
     let (server2, mut raw2) = common::raw_tcp(&mut l).await;
     raw2.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
     let r = tokio::time::timeout(STEP, server2.recv()).await.unwrap();
-    assert!(matches!(r, Err(TransportError::BadHeader(_))), "{r:?}");
+    assert!(
+        matches!(r, Err(TransportError::Protocol(ProtocolError::Header(_)))),
+        "{r:?}"
+    );
 }
 
 /// A raw UCX peer (ucx-rs, the same handshake) sending malformed messages on the transport's
-/// tag: a bad header is `BadHeader`, an inlined message whose bytes do not match its header
-/// closes the connection; nothing is allocated from the announced sizes.
+/// tag: each is a protocol error that closes the connection (`Refused`); nothing is allocated
+/// from the announced sizes.
 #[cfg(feature = "ucx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ucx_garbage_closes_the_connection() {
@@ -277,11 +290,12 @@ async fn ucx_garbage_closes_the_connection() {
         r.unwrap();
         let r = tokio::time::timeout(STEP, server.recv()).await.unwrap();
         assert!(
-            matches!(
-                r,
-                Err(TransportError::BadHeader(_)) | Err(TransportError::Closed(_))
-            ),
+            matches!(r, Err(TransportError::Protocol(_))),
             "{what}: {r:?}"
+        );
+        assert!(
+            matches!(server.close_reason(), Some(CloseReason::Refused(_))),
+            "{what}"
         );
         eprintln!("{what}: {}", r.unwrap_err());
     }

@@ -128,6 +128,34 @@ async fn probe_then_receive_even_after_the_peer_closed() {
     assert!(server.tag_probe(8, false).is_none(), "discarded");
 }
 
+/// Messages that arrived before the peer closed are delivered by a plain `recv` after UCX
+/// reported the endpoint failed; then the failure.
+#[tokio::test(flavor = "current_thread")]
+async fn recv_delivers_what_arrived_before_the_peer_failed() {
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    for i in 0..3u8 {
+        let (r, _) = within("send", client.send(pattern(100, i), 4)).await;
+        r.unwrap();
+    }
+    client.close().await.unwrap();
+    // Wait until this side has seen the failure.
+    within("failure seen", async {
+        while server.peer_error().is_none() {
+            server.worker().progress();
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    for i in 0..3u8 {
+        let (n, buf) = within("recv", server.recv(Vec::with_capacity(100), 4)).await;
+        assert_eq!(n.unwrap(), 100, "message {i}");
+        assert_eq!(buf, pattern(100, i));
+    }
+    let (r, _) = within("recv after", server.recv(Vec::with_capacity(100), 4)).await;
+    assert!(r.unwrap_err().is_disconnect());
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn worker_level_receive_reports_the_sender_tag() {
     let ctx = context();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use transport::{connect, listen, Address, Connection};
+use transport::{Address, Connection, Options};
 
 /// Time limit for one step of a test (connect, a batch of messages).
 pub const STEP: Duration = Duration::from_secs(60);
@@ -10,6 +10,12 @@ pub const STEP: Duration = Duration::from_secs(60);
 /// A connected (server, client) pair on `addr` (port 0 picks a free port; `inproc://` names
 /// get a unique suffix, since they are process-wide and tests run in parallel).
 pub async fn pair(addr: &str) -> (Connection, Connection) {
+    pair_with(addr, &Options::default()).await
+}
+
+/// [`pair`] with `opts` on both sides.
+#[allow(dead_code)] // not every test file uses every helper
+pub async fn pair_with(addr: &str, opts: &Options) -> (Connection, Connection) {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let addr = if addr.starts_with("inproc://") {
         format!(
@@ -19,11 +25,15 @@ pub async fn pair(addr: &str) -> (Connection, Connection) {
     } else {
         addr.to_string()
     };
-    let mut l = listen(&addr.parse::<Address>().unwrap()).await.unwrap();
-    let a = l.local_addr().clone();
-    let (s, c) = tokio::time::timeout(STEP, async { tokio::join!(l.accept(), connect(&a)) })
+    let mut l = transport::listen_with(&addr.parse::<Address>().unwrap(), opts)
         .await
-        .expect("connect in time");
+        .unwrap();
+    let a = l.local_addr().clone();
+    let (s, c) = tokio::time::timeout(STEP, async {
+        tokio::join!(l.accept(), transport::connect_with(&a, opts))
+    })
+    .await
+    .expect("connect in time");
     (s.unwrap(), c.unwrap())
 }
 

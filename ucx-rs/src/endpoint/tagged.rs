@@ -22,6 +22,9 @@ impl EpShared {
         .await
     }
 
+    /// Receives one message on `tag`. Messages that arrived before the peer failed are still
+    /// delivered: a receive refused (or cancelled) with the peer's failure takes a message
+    /// still waiting in UCX's queue, if there is one, before reporting the failure.
     pub(crate) async fn tag_recv<B: IoBufMut>(&self, buf: B, tag: u64) -> (Result<usize>, B) {
         let (r, buf) = self
             .recv_on(buf, |locked, _ep, landing| {
@@ -30,6 +33,17 @@ impl EpShared {
                 unsafe { ops::tag_recv(locked, landing, tag, u64::MAX) }
             })
             .await;
+        let (r, buf) = match r {
+            Err(Error::Ucx(s)) if self.ended_by() == Some(s) => {
+                match crate::probe::probe_raw(&self.worker, tag, u64::MAX, true)
+                    .and_then(|p| p.message)
+                {
+                    Some(queued) => queued.recv(buf).await,
+                    None => (Err(Error::Ucx(s)), buf),
+                }
+            }
+            r => (r, buf),
+        };
         if r.is_ok() {
             self.count_recv();
         }
@@ -145,7 +159,8 @@ impl Endpoint {
     /// Receives one tagged message into `buf` (into its whole capacity for `Vec`/`BytesMut`,
     /// whose length is then set to the message size). Returns the message size.
     ///
-    /// A message larger than the buffer fails with [`Error::Truncated`].
+    /// A message larger than the buffer fails with [`Error::Truncated`]. Messages that arrived
+    /// before the peer failed or closed are still delivered, then the failure is reported.
     pub async fn recv<B: IoBufMut>(&self, buf: B, tag: impl Into<Tag>) -> (Result<usize>, B) {
         let (_, t) = self.tag_pair(tag.into());
         self.shared.tag_recv(buf, t).await
