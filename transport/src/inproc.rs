@@ -46,7 +46,7 @@ pub(crate) struct Conn {
     closed_here: Arc<AtomicBool>,
     /// The peer's `closed_here`.
     closed_there: Arc<AtomicBool>,
-    limits: Limits,
+    pub(crate) limits: crate::SharedLimits,
 }
 
 pub(crate) fn listen(name: &str) -> Result<Listener> {
@@ -87,12 +87,12 @@ impl Listener {
     /// The next connection, with the peer's address: `inproc://<name>/<number>`, the number
     /// unique among this process's connections.
     pub(crate) async fn accept(&mut self, opts: &Options) -> Result<(Conn, Address)> {
-        let (mut conn, id) = self
+        let (conn, id) = self
             .incoming
             .recv()
             .await
             .ok_or(TransportError::Closed(CloseReason::Local))?;
-        conn.limits = opts.limits;
+        conn.limits.set(opts.limits);
         Ok((conn, Address::Inproc(format!("{}/{id}", self.name))))
     }
 }
@@ -122,7 +122,7 @@ impl Conn {
             rx: tokio::sync::Mutex::new(rx),
             closed_here: Arc::clone(closed_here),
             closed_there: Arc::clone(closed_there),
-            limits,
+            limits: crate::SharedLimits::new(limits),
         }
     }
 
@@ -136,7 +136,7 @@ impl Conn {
     }
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
-        check_outgoing(channel, &msg, &self.limits)?;
+        check_outgoing(channel, &msg, &self.limits.get())?;
         let tx = self
             .tx
             .lock()
@@ -154,7 +154,7 @@ impl Conn {
             .recv()
             .await
             .ok_or_else(|| self.peer_end())?;
-        if let Err(e) = check_limits(&msg, &self.limits) {
+        if let Err(e) = check_limits(&msg, &self.limits.get()) {
             self.close()?;
             return Err(TransportError::Protocol(ProtocolError::Header(e)));
         }

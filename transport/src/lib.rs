@@ -156,6 +156,36 @@ impl Options {
     }
 }
 
+/// A connection's limits, changeable while it runs ([`Connection::set_limits`]).
+#[derive(Debug)]
+pub(crate) struct SharedLimits {
+    max_frames: std::sync::atomic::AtomicU32,
+    max_message: std::sync::atomic::AtomicU64,
+}
+
+impl SharedLimits {
+    pub(crate) fn new(l: frame::Limits) -> SharedLimits {
+        SharedLimits {
+            max_frames: l.max_frames.into(),
+            max_message: l.max_message.into(),
+        }
+    }
+
+    pub(crate) fn get(&self) -> frame::Limits {
+        use std::sync::atomic::Ordering::Relaxed;
+        frame::Limits {
+            max_frames: self.max_frames.load(Relaxed),
+            max_message: self.max_message.load(Relaxed),
+        }
+    }
+
+    pub(crate) fn set(&self, l: frame::Limits) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.max_frames.store(l.max_frames, Relaxed);
+        self.max_message.store(l.max_message, Relaxed);
+    }
+}
+
 /// The crate's result type.
 pub type Result<T, E = TransportError> = std::result::Result<T, E>;
 
@@ -464,6 +494,19 @@ impl Connection {
             ConnInner::Tcp(c) => c.close().await,
             #[cfg(feature = "ucx")]
             ConnInner::Ucx(c) => c.close().await,
+        }
+    }
+
+    /// Changes what this side accepts from the peer, and may send, from the next message on.
+    /// A runtime that authenticates its peers starts connections with small limits (see
+    /// [`Options::limits`]) and raises them once the peer proved who it is, so a stranger
+    /// cannot make it allocate more than the handshake needs.
+    pub fn set_limits(&self, limits: frame::Limits) {
+        match &*self.inner {
+            ConnInner::Inproc(c) => c.limits.set(limits),
+            ConnInner::Tcp(c) => c.limits.set(limits),
+            #[cfg(feature = "ucx")]
+            ConnInner::Ucx(c) => c.limits.set(limits),
         }
     }
 

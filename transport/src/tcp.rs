@@ -16,7 +16,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
-use crate::frame::{self, Limits};
+use crate::frame;
 use crate::{
     check_outgoing, close_marker, encode_header, Address, CloseReason, CloseState, Failure, Frame,
     Message, Options, ProtocolError, Result, TransportError, CLOSE_CHANNEL,
@@ -31,7 +31,7 @@ pub(crate) struct Listener {
 pub(crate) struct Conn {
     reader: Mutex<OwnedReadHalf>,
     writer: Mutex<OwnedWriteHalf>,
-    limits: Limits,
+    pub(crate) limits: crate::SharedLimits,
     state: Arc<CloseState>,
 }
 
@@ -139,13 +139,13 @@ impl Conn {
         Conn {
             reader: Mutex::new(r),
             writer: Mutex::new(w),
-            limits: opts.limits,
+            limits: crate::SharedLimits::new(opts.limits),
             state,
         }
     }
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
-        check_outgoing(channel, &msg, &self.limits)?;
+        check_outgoing(channel, &msg, &self.limits.get())?;
         let header = encode_header(channel, &msg);
         // Device frames are staged through host memory, before anything is written: a copy
         // that fails must not leave half a message on the wire.
@@ -192,7 +192,7 @@ impl Conn {
             }
             _ => {}
         }
-        let (channel, n) = match frame::decode_fixed(&fixed, &self.limits) {
+        let (channel, n) = match frame::decode_fixed(&fixed, &self.limits.get()) {
             Ok(v) => v,
             Err(e) => return Err(self.refuse(e.into()).await),
         };
@@ -201,7 +201,7 @@ impl Conn {
         }
         let mut entries = vec![0u8; n as usize * frame::ENTRY_LEN];
         read_rest(&mut *r, &mut entries).await?;
-        let metas = match frame::decode_entries(&entries, &self.limits) {
+        let metas = match frame::decode_entries(&entries, &self.limits.get()) {
             Ok(m) => m,
             Err(e) => return Err(self.refuse(e.into()).await),
         };

@@ -33,7 +33,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use tokio::sync::Mutex;
 
-use crate::frame::{self, Limits};
+use crate::frame;
 use crate::{
     check_outgoing, close_marker, encode_header, header_metas, ucx_charge, Address, CloseReason,
     CloseState, Failure, Frame, Message, Options, ProtocolError, Result, TransportError,
@@ -117,7 +117,7 @@ pub(crate) struct Conn {
     refill: Mutex<ParkedGrant>,
     /// Bytes (charged) taken by the application and not yet granted back to the peer.
     taken: AtomicU64,
-    limits: Limits,
+    pub(crate) limits: crate::SharedLimits,
     /// A receive is in progress (perhaps parked by `Connection`, still posted in UCX).
     receiving: Arc<AtomicBool>,
 }
@@ -224,13 +224,13 @@ impl Conn {
             window: opts.credit_bytes,
             refill: Mutex::new(ParkedGrant(None)),
             taken: AtomicU64::new(0),
-            limits: opts.limits,
+            limits: crate::SharedLimits::new(opts.limits),
             receiving,
         }
     }
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
-        check_outgoing(channel, &msg, &self.limits)?;
+        check_outgoing(channel, &msg, &self.limits.get())?;
         self.take_credit(ucx_charge(msg.len())).await?;
         // Post under the lock so another sender's header or frames never land between ours
         // (UCX keeps per-tag order, not per-message order). Sends are posted on their first
@@ -521,7 +521,7 @@ impl Conn {
                 got: first.len(),
             }));
         };
-        let (channel, n) = match frame::decode_fixed(fixed, &self.limits) {
+        let (channel, n) = match frame::decode_fixed(fixed, &self.limits.get()) {
             Ok(v) => v,
             Err(e) => return Err(self.refuse(e.into())),
         };
@@ -564,7 +564,7 @@ impl Conn {
             all.extend_from_slice(&split_rest);
             std::borrow::Cow::Owned(all)
         };
-        let total = match frame::check_entries(&entries, &self.limits) {
+        let total = match frame::check_entries(&entries, &self.limits.get()) {
             Ok(t) => t,
             Err(e) => return Err(self.refuse(e.into())),
         };

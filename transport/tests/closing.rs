@@ -165,6 +165,47 @@ async fn inproc_limits_and_identities() {
     assert!(matches!(s1.close_reason(), Some(CloseReason::Refused(_))));
 }
 
+/// Limits changed on a live connection apply from the next message: a runtime starts with
+/// small limits until the peer authenticates.
+async fn limits_can_be_raised(addr: &str) {
+    let small = Options {
+        limits: Limits {
+            max_frames: 2,
+            max_message: 64,
+        },
+        ..Default::default()
+    };
+    let (server, client) = pair_with(addr, &small).await;
+    tokio::time::timeout(STEP, async {
+        client.send(0, msg(64)).await.unwrap();
+        assert_eq!(server.recv().await.unwrap().1.len(), 64);
+        let big = Limits::default();
+        client.set_limits(big);
+        server.set_limits(big);
+        // Concurrently: on ucx:// a large frame's send waits for the receive (rendezvous).
+        let (sent, got) = tokio::join!(client.send(0, msg(100_000)), server.recv());
+        sent.unwrap();
+        assert_eq!(got.unwrap().1.len(), 100_000);
+        // And lowered again: the peer's oversized message is refused.
+        server.set_limits(small.limits);
+        client.send(0, msg(1000)).await.unwrap();
+        assert!(matches!(server.recv().await, Err(TransportError::Protocol(_))));
+    })
+    .await
+    .expect("in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_can_be_raised_on_every_backend() {
+    let mut addrs = vec!["inproc://limits-raised", "tcp://127.0.0.1:0"];
+    if cfg!(feature = "ucx") {
+        addrs.push("ucx://127.0.0.1:0");
+    }
+    for addr in addrs {
+        limits_can_be_raised(addr).await;
+    }
+}
+
 /// Accepted tcp:// and ucx:// connections report where the peer came from (not `?:0`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepted_peers_have_addresses() {
