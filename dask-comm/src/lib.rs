@@ -1,1 +1,4 @@
-//! placeholder
+//! A Dask-like distributed task scheduler over `transport`.
+pub mod core;
+pub mod protocol;
+pub mod spec;

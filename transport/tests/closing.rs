@@ -189,7 +189,10 @@ async fn limits_can_be_raised(addr: &str) {
         // And lowered again: the peer's oversized message is refused.
         server.set_limits(small.limits);
         client.send(0, msg(1000)).await.unwrap();
-        assert!(matches!(server.recv().await, Err(TransportError::Protocol(_))));
+        assert!(matches!(
+            server.recv().await,
+            Err(TransportError::Protocol(_))
+        ));
     })
     .await
     .expect("in time");

@@ -17,9 +17,9 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// A frame of an encoded value: bytes that travel as they are.
+/// A frame of an encoded value: bytes that travel as they are. (Exhaustive on purpose: when
+/// device frames come, every place that moves frames must say what it does with them.)
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Frame {
     /// Host memory.
     Host(Bytes),

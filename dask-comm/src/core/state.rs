@@ -1,0 +1,162 @@
+//! What the scheduler core knows: tasks, workers, clients, and the invariants between them.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use dask_graph::{Key, TaskFailure};
+use rustc_hash::FxHashSet;
+
+use crate::protocol::{ClientId, Payload, Priority, WorkerId};
+
+/// A task's number in the core (its slot).
+pub type TaskId = u32;
+
+/// A task's state, as Dask names them (forgotten tasks leave the core).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Known, not computed, not needed now (or lost).
+    Released,
+    /// Needed; waiting for dependencies.
+    Waiting,
+    /// Ready root task, held back until a worker thread is free.
+    Queued,
+    /// Ready, but there is no worker.
+    NoWorker,
+    /// Sent to a worker.
+    Processing,
+    /// Its value is on one or more workers.
+    Memory,
+    /// It failed (or a dependency did).
+    Erred,
+}
+
+/// One task.
+#[derive(Debug)]
+pub struct TaskState {
+    pub key: Key,
+    /// What a worker runs; `None` for values a client scattered (they cannot be recomputed).
+    pub spec: Option<Payload>,
+    pub deps: Vec<TaskId>,
+    pub dependents: Vec<TaskId>,
+    pub status: Status,
+    /// Dependencies not in memory (while waiting).
+    pub waiting_on: u32,
+    pub who_has: Vec<WorkerId>,
+    pub processing_on: Option<WorkerId>,
+    /// Seconds the worker it runs on is expected to spend on it.
+    pub expected: f64,
+    pub wanted_by: Vec<ClientId>,
+    pub priority: Priority,
+    pub nbytes: u64,
+    pub failure: Option<Arc<TaskFailure>>,
+    /// The task's prefix (see [`Key::prefix`]), numbered.
+    pub prefix: u32,
+}
+
+/// One worker.
+#[derive(Debug)]
+pub struct WorkerState {
+    pub name: String,
+    pub address: String,
+    pub nthreads: u32,
+    pub memory_limit: u64,
+    pub processing: FxHashSet<TaskId>,
+    /// Seconds of work assigned and not finished.
+    pub occupancy: f64,
+    pub has: FxHashSet<TaskId>,
+    pub stored: u64,
+    pub last_seen: Instant,
+}
+
+/// One client.
+#[derive(Debug)]
+pub struct ClientState {
+    pub name: String,
+}
+
+/// Durations of a prefix's tasks.
+#[derive(Debug, Clone)]
+pub struct PrefixStats {
+    pub name: &'static str,
+    /// Exponentially weighted average duration in seconds, once one finished.
+    pub average: Option<f64>,
+}
+
+/// Slots that keep their numbers while others come and go.
+#[derive(Debug)]
+pub struct Slab<T> {
+    items: Vec<Option<T>>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl<T> Default for Slab<T> {
+    fn default() -> Self {
+        Slab {
+            items: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Slab<T> {
+    pub fn insert(&mut self, v: T) -> u32 {
+        self.len += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.items[i as usize] = Some(v);
+                i
+            }
+            None => {
+                self.items.push(Some(v));
+                (self.items.len() - 1) as u32
+            }
+        }
+    }
+
+    pub fn remove(&mut self, i: u32) -> Option<T> {
+        let v = self.items.get_mut(i as usize)?.take();
+        if v.is_some() {
+            self.len -= 1;
+            self.free.push(i);
+        }
+        v
+    }
+
+    pub fn get(&self, i: u32) -> Option<&T> {
+        self.items.get(i as usize)?.as_ref()
+    }
+
+    pub fn get_mut(&mut self, i: u32) -> Option<&mut T> {
+        self.items.get_mut(i as usize)?.as_mut()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.as_ref().map(|v| (i as u32, v)))
+    }
+}
+
+impl<T> std::ops::Index<u32> for Slab<T> {
+    type Output = T;
+    fn index(&self, i: u32) -> &T {
+        self.get(i).expect("a live task")
+    }
+}
+
+impl<T> std::ops::IndexMut<u32> for Slab<T> {
+    fn index_mut(&mut self, i: u32) -> &mut T {
+        self.get_mut(i).expect("a live task")
+    }
+}
+
+/// The sets of ready tasks the core holds back, by priority.
+pub type Ordered = BTreeSet<(Priority, TaskId)>;

@@ -1,0 +1,656 @@
+//! The core driven by a recording `Comm`: no network, no sleeps. Every step is followed by
+//! the core's invariant check, every message is asserted, and a test that leaves one unread
+//! fails. Messages are also round-tripped through the wire codec.
+
+use std::time::{Duration, Instant};
+
+use dask_graph::{FailureKind, Key, TaskFailure};
+
+use super::*;
+use crate::protocol::{decode_batch, encode_batch, Payload};
+
+/// Everything the core sent, in order.
+#[derive(Default)]
+struct Rec {
+    sent: Vec<Sent>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Sent {
+    W(WorkerId, ToWorker),
+    C(ClientId, ToClient),
+}
+
+impl Comm for Rec {
+    fn send_worker(&mut self, w: WorkerId, msg: ToWorker) {
+        // Every message survives the wire.
+        let back: Vec<ToWorker> = decode_batch(encode_batch(vec![msg.clone()])).unwrap();
+        assert_eq!(back, vec![msg.clone()]);
+        self.sent.push(Sent::W(w, msg));
+    }
+    fn send_client(&mut self, c: ClientId, msg: ToClient) {
+        let back: Vec<ToClient> = decode_batch(encode_batch(vec![msg.clone()])).unwrap();
+        assert_eq!(back, vec![msg.clone()]);
+        self.sent.push(Sent::C(c, msg));
+    }
+}
+
+impl Drop for Rec {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert!(self.sent.is_empty(), "unread messages: {:#?}", self.sent);
+        }
+    }
+}
+
+/// A core under test, its recorder and a clock.
+struct T {
+    core: Core,
+    rec: Rec,
+    now: Instant,
+}
+
+fn k(name: &str) -> Key {
+    Key::name_only(name)
+}
+
+fn def(key: &str, deps: &[&str], order: u32) -> TaskDef {
+    TaskDef {
+        key: k(key),
+        deps: deps.iter().map(|d| k(d)).collect(),
+        order,
+        spec: Payload::default(),
+    }
+}
+
+impl T {
+    fn new() -> T {
+        T {
+            core: Core::new(Config::default()),
+            rec: Rec::default(),
+            now: Instant::now(),
+        }
+    }
+
+    fn take(&mut self) -> Vec<Sent> {
+        self.core.check();
+        std::mem::take(&mut self.rec.sent)
+    }
+
+    fn nothing(&mut self) {
+        assert_eq!(self.take(), vec![]);
+    }
+
+    fn client(&mut self) -> ClientId {
+        let c = self.core.on_client_added("c".into(), &mut self.rec);
+        let sent = self.take();
+        assert!(
+            matches!(&sent[..], [Sent::C(x, ToClient::Welcome { id, .. })] if *x == c && *id == c)
+        );
+        c
+    }
+
+    fn worker(&mut self, name: &str, nthreads: u32) -> WorkerId {
+        let w = self.core.on_worker_added(
+            NewWorker {
+                name: name.into(),
+                address: format!("tcp://{name}"),
+                nthreads,
+                memory_limit: 0,
+            },
+            self.now,
+            &mut self.rec,
+        );
+        let sent = self.take();
+        assert!(
+            sent.iter()
+                .any(|s| matches!(s, Sent::W(x, ToWorker::Welcome { id }) if *x == w && *id == w)),
+            "{sent:?}"
+        );
+        // Clients hear about it; other messages (tasks it got) stay for the test.
+        self.rec.sent = sent
+            .into_iter()
+            .filter(|s| {
+                !matches!(
+                    s,
+                    Sent::W(_, ToWorker::Welcome { .. }) | Sent::C(_, ToClient::Workers { .. })
+                )
+            })
+            .collect();
+        w
+    }
+
+    fn graph(&mut self, c: ClientId, tasks: Vec<TaskDef>, wanted: &[&str]) {
+        self.core.on_client_message(
+            c,
+            FromClient::UpdateGraph {
+                tasks,
+                wanted: wanted.iter().map(|w| k(w)).collect(),
+            },
+            &mut self.rec,
+        );
+    }
+
+    fn finish(&mut self, w: WorkerId, key: &str, nbytes: u64, micros: u64) {
+        self.core.on_worker_message(
+            w,
+            FromWorker::Finished {
+                key: k(key),
+                nbytes,
+                micros,
+            },
+            self.now,
+            &mut self.rec,
+        );
+    }
+
+    /// The keys the recorder says were sent to compute, by worker, and nothing else.
+    fn computes(&mut self) -> Vec<(WorkerId, Key)> {
+        self.take()
+            .into_iter()
+            .map(|s| match s {
+                Sent::W(w, ToWorker::Compute { key, .. }) => (w, key),
+                other => panic!("expected only computes, got {other:?}"),
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn one_task_from_graph_to_memory_to_forgotten() {
+    let mut t = T::new();
+    let c = t.client();
+    let w = t.worker("a", 1);
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(w, k("x"))]);
+    t.finish(w, "x", 8, 100);
+    assert_eq!(
+        t.take(),
+        vec![Sent::C(
+            c,
+            ToClient::InMemory {
+                key: k("x"),
+                nbytes: 8
+            }
+        )]
+    );
+    assert_eq!(t.core.status(&k("x")), Some(Status::Memory));
+    t.core
+        .on_client_message(c, FromClient::Release { keys: vec![k("x")] }, &mut t.rec);
+    assert_eq!(
+        t.take(),
+        vec![Sent::W(w, ToWorker::Free { keys: vec![k("x")] })]
+    );
+    assert_eq!(t.core.task_count(), 0, "forgotten");
+}
+
+#[test]
+fn tasks_wait_for_a_worker_and_get_one_when_it_comes() {
+    let mut t = T::new();
+    let c = t.client();
+    t.graph(c, vec![def("x", &[], 0), def("y", &["x"], 1)], &["y"]);
+    t.nothing();
+    assert_eq!(t.core.status(&k("x")), Some(Status::NoWorker));
+    assert_eq!(t.core.status(&k("y")), Some(Status::Waiting));
+    let w = t.worker("a", 2);
+    assert_eq!(t.computes(), vec![(w, k("x"))]);
+    t.finish(w, "x", 8, 10);
+    assert_eq!(t.computes(), vec![(w, k("y"))]);
+    t.finish(w, "y", 8, 10);
+    // y wanted: the client hears; x no longer needed: freed, kept as y's lineage.
+    assert_eq!(
+        t.take(),
+        vec![
+            Sent::C(
+                c,
+                ToClient::InMemory {
+                    key: k("y"),
+                    nbytes: 8
+                }
+            ),
+            Sent::W(w, ToWorker::Free { keys: vec![k("x")] }),
+        ]
+    );
+    assert_eq!(t.core.status(&k("x")), Some(Status::Released));
+    t.core
+        .on_client_message(c, FromClient::Release { keys: vec![k("y")] }, &mut t.rec);
+    assert_eq!(
+        t.take(),
+        vec![Sent::W(w, ToWorker::Free { keys: vec![k("y")] })]
+    );
+    assert_eq!(t.core.task_count(), 0, "both forgotten");
+}
+
+/// Root tasks are released to free threads only (saturation 1.1 → 2 slots per thread), and
+/// once a prefix is known to be very short, more at a time.
+#[test]
+fn root_tasks_are_queued_then_released_to_free_threads() {
+    let mut t = T::new();
+    let c = t.client();
+    let w = t.worker("a", 1);
+    let tasks: Vec<TaskDef> = (0..200).map(|i| def(&format!("r-{i}"), &[], i)).collect();
+    let names: Vec<String> = (0..200).map(|i| format!("r-{i}")).collect();
+    let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
+    t.graph(c, tasks, &wanted);
+    assert_eq!(t.computes(), vec![(w, k("r-0")), (w, k("r-1"))]);
+    assert_eq!(t.core.status(&k("r-2")), Some(Status::Queued));
+    // A slow task (1 s): one more slot frees, one more task goes, in priority order.
+    t.finish(w, "r-0", 8, 1_000_000);
+    let sent = t.take();
+    assert_eq!(
+        sent[0],
+        Sent::C(
+            c,
+            ToClient::InMemory {
+                key: k("r-0"),
+                nbytes: 8
+            }
+        )
+    );
+    assert_eq!(
+        sent[1..],
+        [Sent::W(
+            w,
+            ToWorker::Compute {
+                key: k("r-2"),
+                spec: Payload::default(),
+                deps: vec![],
+                priority: Priority(1, 2)
+            }
+        )]
+    );
+    t.finish(w, "r-1", 8, 1_000_000);
+    t.finish(w, "r-2", 8, 1_000_000);
+    let sent = t.take();
+    assert_eq!(sent.len(), 4, "two answers, two more tasks: {sent:?}");
+
+    t.core.on_client_removed(c, &mut t.rec);
+    let frees = t.take();
+    assert!(
+        frees
+            .iter()
+            .all(|s| matches!(s, Sent::W(_, ToWorker::Free { .. }))),
+        "{frees:?}"
+    );
+    assert_eq!(t.core.task_count(), 0);
+}
+
+/// A task goes where its large dependency is, and dependencies are freed once done with.
+/// Tasks of a prefix known to be very short (1 us) are handed out many at a time, so a worker
+/// stays busy without waiting for the scheduler: at most 64 per thread.
+#[test]
+fn very_short_tasks_get_more_slots() {
+    let mut t = T::new();
+    let c = t.client();
+    let w = t.worker("a", 1);
+    let names: Vec<String> = (0..300).map(|i| format!("fast-{i}")).collect();
+    let tasks: Vec<TaskDef> = (0..300).map(|i| def(&names[i as usize], &[], i)).collect();
+    let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
+    t.graph(c, tasks, &wanted);
+    assert_eq!(t.computes().len(), 2, "unknown duration: saturation 1.1");
+    t.finish(w, &names[0], 8, 1);
+    let computes = t
+        .take()
+        .iter()
+        .filter(|s| matches!(s, Sent::W(_, ToWorker::Compute { .. })))
+        .count();
+    assert!(computes > 10, "{computes}");
+    assert!(t.core.processing(w) <= 64);
+    t.core.on_client_removed(c, &mut t.rec);
+    t.take();
+    assert_eq!(t.core.task_count(), 0);
+}
+
+#[test]
+fn placement_follows_the_data() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    let b = t.worker("b", 1);
+    t.graph(c, vec![def("big", &[], 0), def("small", &[], 1)], &[]);
+    // Not wanted and nothing needs them: forgotten at once.
+    t.nothing();
+    assert_eq!(t.core.task_count(), 0);
+    t.graph(
+        c,
+        vec![
+            def("big", &[], 0),
+            def("small", &[], 1),
+            def("use", &["big", "small"], 2),
+        ],
+        &["use"],
+    );
+    let computes = t.computes();
+    assert_eq!(computes.len(), 2);
+    let on = |key: &str| computes.iter().find(|(_, x)| *x == k(key)).unwrap().0;
+    let (wb, ws) = (on("big"), on("small"));
+    assert_ne!(wb, ws, "spread over the two workers");
+    t.finish(wb, "big", 100 << 20, 10);
+    t.finish(ws, "small", 10, 10);
+    assert_eq!(t.computes(), vec![(wb, k("use"))]);
+    t.finish(wb, "use", 8, 10);
+    let sent = t.take();
+    assert!(sent.contains(&Sent::C(
+        c,
+        ToClient::InMemory {
+            key: k("use"),
+            nbytes: 8
+        }
+    )));
+    assert!(sent.contains(&Sent::W(
+        wb,
+        ToWorker::Free {
+            keys: vec![k("big")]
+        }
+    )));
+    assert!(sent.contains(&Sent::W(
+        ws,
+        ToWorker::Free {
+            keys: vec![k("small")]
+        }
+    )));
+    let _ = (a, b);
+}
+
+#[test]
+fn a_failure_fails_its_dependents_with_the_cause() {
+    let mut t = T::new();
+    let c = t.client();
+    let w = t.worker("a", 1);
+    t.graph(
+        c,
+        vec![def("x", &[], 0), def("y", &["x"], 1), def("z", &["y"], 2)],
+        &["z"],
+    );
+    assert_eq!(t.computes(), vec![(w, k("x"))]);
+    let failure = TaskFailure::new(k("x"), "f", FailureKind::Panic, "boom");
+    t.core.on_worker_message(
+        w,
+        FromWorker::Erred {
+            key: k("x"),
+            failure: failure.clone(),
+        },
+        t.now,
+        &mut t.rec,
+    );
+    assert_eq!(
+        t.take(),
+        vec![Sent::C(
+            c,
+            ToClient::Erred {
+                key: k("z"),
+                failure
+            }
+        )]
+    );
+    assert_eq!(t.core.status(&k("y")), Some(Status::Erred));
+    // Asking again for the erred key answers at once.
+    t.graph(c, vec![], &["z"]);
+    assert!(matches!(
+        &t.take()[..],
+        [Sent::C(_, ToClient::Erred { .. })]
+    ));
+    t.core
+        .on_client_message(c, FromClient::Release { keys: vec![k("z")] }, &mut t.rec);
+    t.nothing();
+    assert_eq!(t.core.task_count(), 0);
+}
+
+/// A lost worker: what ran there runs elsewhere, what only it held is recomputed, and a
+/// dependent running elsewhere is taken back until its input exists again.
+#[test]
+fn a_lost_worker_loses_nothing() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    t.graph(c, vec![def("x", &[], 0)], &[]);
+    t.nothing();
+    t.graph(
+        c,
+        vec![def("x", &[], 0), def("y", &[], 1), def("z", &["x", "y"], 2)],
+        &["z"],
+    );
+    assert_eq!(t.computes(), vec![(a, k("x")), (a, k("y"))]);
+    t.finish(a, "x", 8, 10);
+    t.nothing();
+    let b = t.worker("b", 1);
+    t.nothing();
+    t.core.on_worker_removed(a, &mut t.rec);
+    let sent = t.take();
+    let computes: Vec<_> = sent
+        .iter()
+        .filter_map(|s| match s {
+            Sent::W(w, ToWorker::Compute { key, .. }) => Some((*w, *key)),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        computes.contains(&(b, k("x"))) && computes.contains(&(b, k("y"))),
+        "{sent:?}"
+    );
+    assert!(sent
+        .iter()
+        .any(|s| matches!(s, Sent::C(_, ToClient::Workers { workers }) if workers.len() == 1)));
+    t.finish(b, "x", 8, 10);
+    t.finish(b, "y", 8, 10);
+    assert_eq!(t.computes(), vec![(b, k("z"))]);
+    // Now b dies while z runs, and a new worker comes: everything is recomputed there.
+    let d = t.worker("d", 1);
+    t.nothing();
+    t.core.on_worker_removed(b, &mut t.rec);
+    let sent = t.take();
+    assert!(
+        sent.iter().any(
+            |s| matches!(s, Sent::W(w, ToWorker::Compute { key, .. }) if *w == d && *key == k("x"))
+        ),
+        "{sent:?}"
+    );
+    t.finish(d, "x", 8, 10);
+    t.finish(d, "y", 8, 10);
+    assert_eq!(t.computes(), vec![(d, k("z"))]);
+    t.finish(d, "z", 8, 10);
+    let sent = t.take();
+    assert!(sent.contains(&Sent::C(
+        c,
+        ToClient::InMemory {
+            key: k("z"),
+            nbytes: 8
+        }
+    )));
+}
+
+#[test]
+fn scattered_data_lost_with_its_worker_fails_what_needs_it() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    let _b = t.worker("b", 1);
+    t.core.on_client_message(
+        c,
+        FromClient::Scattered {
+            keys: vec![Scattered {
+                key: k("s"),
+                worker: a,
+                nbytes: 5,
+            }],
+        },
+        &mut t.rec,
+    );
+    assert_eq!(
+        t.take(),
+        vec![Sent::C(
+            c,
+            ToClient::InMemory {
+                key: k("s"),
+                nbytes: 5
+            }
+        )]
+    );
+    t.graph(c, vec![def("u", &["s"], 0)], &["u"]);
+    assert_eq!(t.computes(), vec![(a, k("u"))], "where the data is");
+    t.core.on_worker_removed(a, &mut t.rec);
+    let sent = t.take();
+    let errs: Vec<&Key> = sent
+        .iter()
+        .filter_map(|s| match s {
+            Sent::C(_, ToClient::Erred { key, failure }) if failure.kind == FailureKind::Lost => {
+                Some(key)
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(
+        errs.contains(&&k("s")) && errs.contains(&&k("u")),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn cancel_release_and_client_removal_free_everything() {
+    let mut t = T::new();
+    let c = t.client();
+    let w = t.worker("a", 4);
+    t.graph(c, vec![def("x", &[], 0), def("y", &["x"], 1)], &["y"]);
+    assert_eq!(t.computes(), vec![(w, k("x"))]);
+    t.core
+        .on_client_message(c, FromClient::Cancel { keys: vec![k("y")] }, &mut t.rec);
+    assert_eq!(
+        t.take(),
+        vec![
+            Sent::C(c, ToClient::Cancelled { key: k("y") }),
+            Sent::W(w, ToWorker::Free { keys: vec![k("x")] }),
+        ]
+    );
+    assert_eq!(t.core.task_count(), 0);
+    // A late answer for a forgotten task is harmless: the worker is told to drop it.
+    t.finish(w, "x", 8, 10);
+    assert_eq!(
+        t.take(),
+        vec![Sent::W(w, ToWorker::Free { keys: vec![k("x")] })]
+    );
+    // A second client's interest keeps a key alive after the first leaves.
+    let c2 = t.client();
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    t.graph(c2, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(w, k("x"))]);
+    t.core.on_client_removed(c, &mut t.rec);
+    t.nothing();
+    t.finish(w, "x", 8, 10);
+    assert_eq!(
+        t.take(),
+        vec![Sent::C(
+            c2,
+            ToClient::InMemory {
+                key: k("x"),
+                nbytes: 8
+            }
+        )]
+    );
+}
+
+#[test]
+fn graphs_with_unknown_dependencies_are_refused_whole() {
+    let mut t = T::new();
+    let c = t.client();
+    t.graph(c, vec![def("a", &[], 0), def("b", &["nope"], 1)], &["b"]);
+    let sent = t.take();
+    assert!(
+        matches!(&sent[..], [Sent::C(_, ToClient::Refused { keys, reason })]
+        if keys == &vec![k("b")] && reason.contains("nope"))
+    );
+    assert_eq!(t.core.task_count(), 0);
+}
+
+#[test]
+fn a_missing_dependency_is_fetched_elsewhere_or_recomputed() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    t.graph(c, vec![def("x", &[], 0), def("y", &["x"], 1)], &["y"]);
+    assert_eq!(t.computes(), vec![(a, k("x"))]);
+    t.finish(a, "x", 8, 10);
+    assert_eq!(t.computes(), vec![(a, k("y"))]);
+    // The worker says it could not get x (from itself: say it lost it).
+    t.core.on_worker_message(
+        a,
+        FromWorker::MissingDep {
+            key: k("y"),
+            dep: k("x"),
+            tried: vec!["tcp://a".into()],
+        },
+        t.now,
+        &mut t.rec,
+    );
+    assert_eq!(t.computes(), vec![(a, k("x"))], "recomputed");
+    t.finish(a, "x", 8, 10);
+    assert_eq!(t.computes(), vec![(a, k("y"))]);
+}
+
+#[test]
+fn silent_workers_are_removed_on_tick() {
+    let mut t = T::new();
+    let _c = t.client();
+    let a = t.worker("a", 1);
+    t.core.on_tick(t.now + Duration::from_secs(1), &mut t.rec);
+    t.nothing();
+    t.core
+        .on_tick(t.now + Duration::from_secs(3600), &mut t.rec);
+    let sent = t.take();
+    assert!(matches!(&sent[..], [Sent::C(_, ToClient::Workers { workers })] if workers.is_empty()));
+    assert!(t.core.workers().is_empty());
+    let _ = a;
+}
+
+/// The merge shape at scale: 10,000 roots into one sum, over two workers; everything
+/// finishes and nothing is left.
+#[test]
+fn a_merge_graph_runs_to_the_end() {
+    let mut t = T::new();
+    let c = t.client();
+    let ws = [t.worker("a", 1), t.worker("b", 1)];
+    let n = 10_000;
+    let mut tasks: Vec<TaskDef> = (0..n).map(|i| def(&format!("x-{i}"), &[], i)).collect();
+    let names: Vec<String> = (0..n).map(|i| format!("x-{i}")).collect();
+    let deps: Vec<&str> = names.iter().map(String::as_str).collect();
+    tasks.push(def("sum", &deps, n));
+    t.graph(c, tasks, &["sum"]);
+    let mut pending = t.computes();
+    let mut done = 0;
+    let mut steps = 0;
+    while let Some((w, key)) = pending.pop() {
+        steps += 1;
+        assert!(steps < 100_000, "bounded");
+        assert!(ws.contains(&w));
+        t.core.on_worker_message(
+            w,
+            FromWorker::Finished {
+                key,
+                nbytes: 8,
+                micros: 1,
+            },
+            t.now,
+            &mut t.rec,
+        );
+        if steps % 1000 == 0 {
+            t.core.check();
+        }
+        for s in std::mem::take(&mut t.rec.sent) {
+            match s {
+                Sent::W(w, ToWorker::Compute { key, .. }) => pending.push((w, key)),
+                Sent::W(_, ToWorker::Free { .. }) => {}
+                Sent::C(_, ToClient::InMemory { key, .. }) if key == k("sum") => done += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!(done, 1);
+    t.core.on_client_message(
+        c,
+        FromClient::Release {
+            keys: vec![k("sum")],
+        },
+        &mut t.rec,
+    );
+    assert!(matches!(&t.take()[..], [Sent::W(_, ToWorker::Free { .. })]));
+    assert_eq!(t.core.task_count(), 0);
+}

@@ -1,0 +1,526 @@
+//! The messages between clients, the scheduler and workers, and how they travel.
+//!
+//! Every transport message is a **batch**: frame 0 is the postcard encoding of a `Vec` of
+//! messages (everything one side produced in one pass), and the frames after it are the
+//! messages' payloads (task specs, values), in the order their [`Payload`]s appear. A payload
+//! travels as its frames, never copied into the control frame, so a value's bulk bytes move
+//! as they are.
+//!
+//! Connections and what they carry (each opened by the first party, after the security
+//! handshake of [`crate::security`], with a [`Hello`]):
+//! - client → scheduler: [`FromClient`] / [`ToClient`];
+//! - worker → scheduler: [`FromWorker`] / [`ToWorker`];
+//! - worker → worker and client → worker, for data only: [`DataMsg`].
+//!
+//! Control never waits behind bulk data: data moves on data connections, never on a control
+//! connection (see `docs/transport.md`, "One ordered stream per connection").
+
+use bytes::Bytes;
+use dask_graph::{Frame, Key, TaskFailure, Value, ValueMeta, WireValue};
+use serde::{Deserialize, Serialize};
+
+/// A worker, as the scheduler numbers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct WorkerId(pub u32);
+
+/// A client, as the scheduler numbers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ClientId(pub u32);
+
+/// When a task runs relative to others: lower first. The graph's generation (graphs submitted
+/// earlier run first), then the task's static order within its graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Priority(pub u32, pub u32);
+
+/// Bytes that travel as frames beside a control message: a header in the message, the frames
+/// after the batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payload {
+    /// A small header.
+    pub header: Vec<u8>,
+    /// How many frames belong to this payload.
+    pub nframes: u32,
+    /// The frames (carried outside the control frame).
+    #[serde(skip)]
+    pub frames: Vec<Frame>,
+}
+
+impl Payload {
+    /// Bytes in header and frames.
+    pub fn len(&self) -> usize {
+        self.header.len() + self.frames.iter().map(Frame::len).sum::<usize>()
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A value's encoding.
+    pub fn from_value(v: &Value) -> Result<Payload, dask_graph::DataError> {
+        let (meta, frames) = v.encode()?.split();
+        let header = postcard::to_stdvec(&meta).map_err(|e| dask_graph::DataError::Encode {
+            type_name: "ValueMeta",
+            reason: e.to_string(),
+        })?;
+        Ok(Payload {
+            header,
+            nframes: frames.len() as u32,
+            frames,
+        })
+    }
+
+    /// The value this payload encodes.
+    pub fn to_value(&self) -> Result<Value, dask_graph::DataError> {
+        let meta: ValueMeta =
+            postcard::from_bytes(&self.header).map_err(|e| dask_graph::DataError::Decode {
+                type_name: "ValueMeta".into(),
+                reason: e.to_string(),
+            })?;
+        if meta.frames as usize != self.frames.len() {
+            return Err(dask_graph::DataError::Decode {
+                type_name: meta.type_name,
+                reason: format!(
+                    "{} frames where {} were announced",
+                    self.frames.len(),
+                    meta.frames
+                ),
+            });
+        }
+        Value::decode(WireValue::join(meta, self.frames.clone()))
+    }
+}
+
+/// Messages that carry payloads say where they are, so a batch can move their frames out and
+/// back in.
+pub trait Payloads {
+    /// Calls `f` on each payload of the message, in a fixed order.
+    fn payloads(&mut self, f: &mut dyn FnMut(&mut Payload));
+}
+
+/// The first message on every connection, after the security handshake.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Hello {
+    /// A client, on its control connection to the scheduler.
+    Client {
+        /// A name for logs.
+        name: String,
+    },
+    /// A worker, on its control connection to the scheduler.
+    Worker {
+        /// A name for logs.
+        name: String,
+        /// Where peers fetch data from it.
+        data_address: String,
+        /// Threads that run tasks.
+        nthreads: u32,
+        /// Its memory limit in bytes (0: none).
+        memory_limit: u64,
+    },
+    /// A data connection (to a worker, from a worker or a client).
+    Data {
+        /// A name for logs.
+        name: String,
+    },
+}
+
+impl Payloads for Hello {
+    fn payloads(&mut self, _: &mut dyn FnMut(&mut Payload)) {}
+}
+
+/// A task as a client submits it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDef {
+    /// Its key.
+    pub key: Key,
+    /// The keys it needs.
+    pub deps: Vec<Key>,
+    /// Its place in the graph's static order.
+    pub order: u32,
+    /// What the worker runs (opaque to the scheduler; see [`crate::spec`]).
+    pub spec: Payload,
+}
+
+/// A value a client placed on a worker itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scattered {
+    /// Its key.
+    pub key: Key,
+    /// The worker holding it.
+    pub worker: WorkerId,
+    /// Its size.
+    pub nbytes: u64,
+}
+
+/// Client → scheduler.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromClient {
+    /// New tasks, and the keys the client holds futures for.
+    UpdateGraph {
+        /// The tasks (keys the scheduler already has are not replaced).
+        tasks: Vec<TaskDef>,
+        /// Keys the client wants (futures).
+        wanted: Vec<Key>,
+    },
+    /// Values the client put on workers itself (scatter); the client wants them.
+    Scattered {
+        /// What and where.
+        keys: Vec<Scattered>,
+    },
+    /// The client's futures for these keys are gone.
+    Release {
+        /// The keys.
+        keys: Vec<Key>,
+    },
+    /// Cancel these keys' computations (the client's futures end as cancelled).
+    Cancel {
+        /// The keys.
+        keys: Vec<Key>,
+    },
+    /// Where are these keys' values? (Answered with [`ToClient::WhoHas`].)
+    WhoHas {
+        /// The keys.
+        keys: Vec<Key>,
+    },
+}
+
+impl Payloads for FromClient {
+    fn payloads(&mut self, f: &mut dyn FnMut(&mut Payload)) {
+        if let FromClient::UpdateGraph { tasks, .. } = self {
+            tasks.iter_mut().for_each(|t| f(&mut t.spec));
+        }
+    }
+}
+
+/// A worker as clients see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// Its number.
+    pub id: WorkerId,
+    /// Its data address.
+    pub address: String,
+    /// Its threads.
+    pub nthreads: u32,
+}
+
+/// Scheduler → client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToClient {
+    /// The client's number, and the workers.
+    Welcome {
+        /// The client's number.
+        id: ClientId,
+        /// The workers at this moment.
+        workers: Vec<WorkerInfo>,
+    },
+    /// The workers changed.
+    Workers {
+        /// The workers now.
+        workers: Vec<WorkerInfo>,
+    },
+    /// A wanted key's value is on a worker.
+    InMemory {
+        /// The key.
+        key: Key,
+        /// Its size.
+        nbytes: u64,
+    },
+    /// A wanted key failed (`failure` names the task that failed: this key or a dependency).
+    Erred {
+        /// The key.
+        key: Key,
+        /// Why.
+        failure: TaskFailure,
+    },
+    /// A wanted key was cancelled.
+    Cancelled {
+        /// The key.
+        key: Key,
+    },
+    /// Where the asked keys are (unknown keys have no holders).
+    WhoHas {
+        /// Keys and the data addresses of workers holding them.
+        holders: Vec<(Key, Vec<String>)>,
+    },
+    /// Keys of a graph the scheduler refused (the text says why).
+    Refused {
+        /// The keys.
+        keys: Vec<Key>,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Payloads for ToClient {
+    fn payloads(&mut self, _: &mut dyn FnMut(&mut Payload)) {}
+}
+
+/// A dependency of a task sent to a worker: where to fetch it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dep {
+    /// Its key.
+    pub key: Key,
+    /// Data addresses of the workers holding it.
+    pub holders: Vec<String>,
+    /// Its size.
+    pub nbytes: u64,
+}
+
+/// Scheduler → worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToWorker {
+    /// The worker's number.
+    Welcome {
+        /// The number.
+        id: WorkerId,
+    },
+    /// Run a task once its dependencies are here.
+    Compute {
+        /// The task's key.
+        key: Key,
+        /// What to run.
+        spec: Payload,
+        /// Its dependencies and where they are.
+        deps: Vec<Dep>,
+        /// When it runs relative to others here.
+        priority: Priority,
+    },
+    /// Forget these keys (and cancel them if they have not run).
+    Free {
+        /// The keys.
+        keys: Vec<Key>,
+    },
+    /// Shut down.
+    Close,
+}
+
+impl Payloads for ToWorker {
+    fn payloads(&mut self, f: &mut dyn FnMut(&mut Payload)) {
+        if let ToWorker::Compute { spec, .. } = self {
+            f(spec);
+        }
+    }
+}
+
+/// Worker → scheduler.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromWorker {
+    /// A task ran; its value is here.
+    Finished {
+        /// The key.
+        key: Key,
+        /// The value's size.
+        nbytes: u64,
+        /// How long it ran, in microseconds.
+        micros: u64,
+    },
+    /// A task failed.
+    Erred {
+        /// The key.
+        key: Key,
+        /// Why.
+        failure: TaskFailure,
+    },
+    /// A dependency of `key` could not be fetched from any holder the scheduler named.
+    MissingDep {
+        /// The task that needed it.
+        key: Key,
+        /// The dependency.
+        dep: Key,
+        /// The holders that did not have it or could not be reached.
+        tried: Vec<String>,
+    },
+    /// How the worker is doing.
+    Heartbeat {
+        /// Bytes of values it holds.
+        stored: u64,
+        /// Tasks running now.
+        executing: u32,
+    },
+}
+
+impl Payloads for FromWorker {
+    fn payloads(&mut self, _: &mut dyn FnMut(&mut Payload)) {}
+}
+
+/// On data connections (worker ↔ worker, client ↔ worker).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DataMsg {
+    /// Send these keys' values.
+    Get {
+        /// The keys.
+        keys: Vec<Key>,
+    },
+    /// The answer to [`DataMsg::Get`]: each key's value, or `None` when it is not here.
+    Values {
+        /// The values.
+        values: Vec<(Key, Option<Payload>)>,
+    },
+    /// Keep these values (a client's scatter).
+    Put {
+        /// The values.
+        values: Vec<(Key, Payload)>,
+    },
+    /// The values of a [`DataMsg::Put`] are stored.
+    Stored,
+}
+
+impl Payloads for DataMsg {
+    fn payloads(&mut self, f: &mut dyn FnMut(&mut Payload)) {
+        match self {
+            DataMsg::Values { values } => values
+                .iter_mut()
+                .filter_map(|(_, p)| p.as_mut())
+                .for_each(f),
+            DataMsg::Put { values } => values.iter_mut().for_each(|(_, p)| f(p)),
+            DataMsg::Get { .. } | DataMsg::Stored => {}
+        }
+    }
+}
+
+/// Why a batch could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The batch has no control frame.
+    #[error("a batch without its control frame")]
+    Empty,
+    /// The control frame does not decode.
+    #[error("the control frame does not decode: {0}")]
+    Control(String),
+    /// The payloads announce more or fewer frames than the batch has.
+    #[error("payloads announce {announced} frames, the batch has {got}")]
+    Frames {
+        /// Frames announced.
+        announced: usize,
+        /// Frames present.
+        got: usize,
+    },
+    /// A device frame where only host frames are supported.
+    #[error("a device frame in a control batch")]
+    Device,
+}
+
+/// Encodes `msgs` as one transport message: the control frame, then every payload's frames.
+pub fn encode_batch<M: Serialize + Payloads>(mut msgs: Vec<M>) -> transport::Message {
+    let mut frames = vec![transport::Frame::Host(Bytes::new())];
+    for m in &mut msgs {
+        m.payloads(&mut |p| {
+            p.nframes = p.frames.len() as u32;
+            frames.extend(p.frames.drain(..).map(|f| match f {
+                Frame::Host(b) => transport::Frame::Host(b),
+            }));
+        });
+    }
+    let control = postcard::to_stdvec(&msgs).expect("protocol messages always encode");
+    frames[0] = transport::Frame::Host(Bytes::from(control));
+    transport::Message::from(frames)
+}
+
+/// Decodes what [`encode_batch`] made.
+pub fn decode_batch<M: for<'de> Deserialize<'de> + Payloads>(
+    msg: transport::Message,
+) -> Result<Vec<M>, DecodeError> {
+    let mut frames = msg.frames.into_iter();
+    let control = match frames.next() {
+        Some(transport::Frame::Host(b)) => b,
+        Some(_) => return Err(DecodeError::Device),
+        None => return Err(DecodeError::Empty),
+    };
+    let mut msgs: Vec<M> =
+        postcard::from_bytes(&control).map_err(|e| DecodeError::Control(e.to_string()))?;
+    let got = frames.len();
+    let mut announced = 0usize;
+    let mut bad = None;
+    for m in &mut msgs {
+        m.payloads(&mut |p| {
+            announced = announced.saturating_add(p.nframes as usize);
+            for _ in 0..p.nframes {
+                match frames.next() {
+                    Some(transport::Frame::Host(b)) => p.frames.push(Frame::Host(b)),
+                    #[allow(unreachable_patterns)] // device frames exist with transport's `cuda`
+                    Some(_) => bad = Some(DecodeError::Device),
+                    None => {
+                        bad.get_or_insert(DecodeError::Frames { announced: 0, got });
+                    }
+                }
+            }
+        });
+    }
+    if let Some(e) = bad {
+        return Err(match e {
+            DecodeError::Frames { got, .. } => DecodeError::Frames { announced, got },
+            e => e,
+        });
+    }
+    if announced != got {
+        return Err(DecodeError::Frames { announced, got });
+    }
+    Ok(msgs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_round_trip_with_payload_frames() {
+        let v = Value::new(Bytes::from(vec![9u8; 100]));
+        let msgs = vec![
+            DataMsg::Get {
+                keys: vec![Key::name_only("a")],
+            },
+            DataMsg::Values {
+                values: vec![
+                    (Key::name_only("a"), Some(Payload::from_value(&v).unwrap())),
+                    (Key::name_only("b"), None),
+                ],
+            },
+            DataMsg::Stored,
+        ];
+        let wire = encode_batch(msgs.clone());
+        assert_eq!(wire.frames.len(), 2, "control + one value frame");
+        let back: Vec<DataMsg> = decode_batch(wire).unwrap();
+        let DataMsg::Values { values } = &back[1] else {
+            panic!()
+        };
+        let got = values[0].1.as_ref().unwrap().to_value().unwrap();
+        assert_eq!(got.downcast_ref::<Bytes>().unwrap().len(), 100);
+        assert_eq!(back[0], msgs[0]);
+    }
+
+    #[test]
+    fn bad_batches_are_errors_not_panics() {
+        let empty = transport::Message::from(Vec::<Vec<u8>>::new());
+        assert_eq!(decode_batch::<DataMsg>(empty), Err(DecodeError::Empty));
+        let garbage = transport::Message::from(vec![vec![0xff; 10]]);
+        assert!(matches!(
+            decode_batch::<DataMsg>(garbage),
+            Err(DecodeError::Control(_))
+        ));
+        // A payload announcing frames that are not there, and frames nobody announced.
+        let mut wire = encode_batch(vec![DataMsg::Put {
+            values: vec![(
+                Key::name_only("k"),
+                Payload::from_value(&Value::new(Bytes::from_static(b"x"))).unwrap(),
+            )],
+        }]);
+        let extra = wire.frames.pop().unwrap();
+        assert!(matches!(
+            decode_batch::<DataMsg>(wire.clone()),
+            Err(DecodeError::Frames {
+                announced: 1,
+                got: 0
+            })
+        ));
+        wire.frames.push(extra.clone());
+        wire.frames.push(extra);
+        assert!(matches!(
+            decode_batch::<DataMsg>(wire),
+            Err(DecodeError::Frames {
+                announced: 1,
+                got: 2
+            })
+        ));
+    }
+}
