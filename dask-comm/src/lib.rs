@@ -1,4 +1,51 @@
 //! A Dask-like distributed task scheduler over `transport`.
+//!
+//! The runtime of a cluster: a scheduler, workers, and clients, over any `transport` address
+//! (`tcp://` by default, `ucx://` for speed, `inproc://` within a process). Graphs are
+//! [`dask_graph`] graphs, so any graph that runs on [`dask_graph::Sync`] or
+//! [`dask_graph::Threaded`] runs on a cluster unchanged: [`Client`] implements
+//! [`dask_graph::Scheduler`].
+//!
+//! - [`core`]: the scheduler's state machine, with no I/O (tested with a recording `Comm`);
+//! - [`SchedulerServer`], [`run_worker`], [`Client`]: the processes;
+//! - [`LocalCluster`]: a scheduler and worker processes on this machine;
+//! - [`cli`]: the `dask-comm scheduler|worker|bench` command line;
+//! - [`protocol`], [`spec`], [`security`]: what travels, and who may send it.
+//!
+//! ```no_run
+//! use dask_comm::LocalCluster;
+//! use dask_graph::{registry, Arg, Graph, Scheduler, Task};
+//! registry().register("inc", |x: i64| x + 1);
+//! registry().register_variadic("sum", |xs: Vec<i64>| xs.iter().sum::<i64>());
+//! let cluster = LocalCluster::new(2, 1).unwrap(); // worker processes stop here, as workers
+//! let client = cluster.client().unwrap();
+//! let mut g = Graph::new();
+//! for i in 0..100u32 {
+//!     g.insert(("x", i), Task::new("inc", [Arg::lit(i as i64)]));
+//! }
+//! g.insert("total", Task::new("sum", (0..100).map(|i| Arg::key(("x", i)))));
+//! let total = client.get(g, &["total".into()]).unwrap();
+//! assert_eq!(total[0].downcast_ref::<i64>(), Some(&5050));
+//! ```
+
+pub mod bench;
+mod benchcli;
+pub mod cli;
+mod client;
+mod cluster;
 pub mod core;
+mod error;
+mod net;
 pub mod protocol;
+mod runtime;
+mod scheduler;
+pub mod security;
 pub mod spec;
+mod worker;
+
+pub use client::{Client, DFuture, SubmitOptions};
+pub use cluster::{run_if_worker, ClusterOptions, LocalCluster, Protocol};
+pub use error::{Error, Result};
+pub use scheduler::SchedulerServer;
+pub use security::Secret;
+pub use worker::{run_worker, WorkerOptions};

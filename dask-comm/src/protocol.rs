@@ -224,6 +224,11 @@ pub enum ToClient {
         key: Key,
         /// Its size.
         nbytes: u64,
+        /// Data addresses of the workers holding it (the client fetches from one).
+        holders: Vec<String>,
+        /// The value itself when it is small ([`SMALL_RESULT`]): it rode with the worker's
+        /// completion notice, and saves the client a round trip to the worker.
+        value: Option<Payload>,
     },
     /// A wanted key failed (`failure` names the task that failed: this key or a dependency).
     Erred {
@@ -252,8 +257,16 @@ pub enum ToClient {
 }
 
 impl Payloads for ToClient {
-    fn payloads(&mut self, _: &mut dyn FnMut(&mut Payload)) {}
+    fn payloads(&mut self, f: &mut dyn FnMut(&mut Payload)) {
+        if let ToClient::InMemory { value: Some(p), .. } = self {
+            f(p);
+        }
+    }
 }
+
+/// The largest result (encoded) a worker sends with its completion notice when a client wants
+/// the key: metadata-sized, so it does not count as data through the scheduler.
+pub const SMALL_RESULT: usize = 1024;
 
 /// A dependency of a task sent to a worker: where to fetch it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -284,6 +297,8 @@ pub enum ToWorker {
         deps: Vec<Dep>,
         /// When it runs relative to others here.
         priority: Priority,
+        /// A client wants the key: send a small result with the completion notice.
+        wanted: bool,
     },
     /// Forget these keys (and cancel them if they have not run).
     Free {
@@ -313,6 +328,8 @@ pub enum FromWorker {
         nbytes: u64,
         /// How long it ran, in microseconds.
         micros: u64,
+        /// The value, when a client wants it and it is small ([`SMALL_RESULT`]).
+        small: Option<Payload>,
     },
     /// A task failed.
     Erred {
@@ -340,7 +357,11 @@ pub enum FromWorker {
 }
 
 impl Payloads for FromWorker {
-    fn payloads(&mut self, _: &mut dyn FnMut(&mut Payload)) {}
+    fn payloads(&mut self, f: &mut dyn FnMut(&mut Payload)) {
+        if let FromWorker::Finished { small: Some(p), .. } = self {
+            f(p);
+        }
+    }
 }
 
 /// On data connections (worker ↔ worker, client ↔ worker).

@@ -357,7 +357,25 @@ type Decoder = fn(&[u8], Vec<Frame>) -> Result<Value, DataError>;
 
 fn types() -> &'static RwLock<HashMap<&'static str, Decoder>> {
     static T: OnceLock<RwLock<HashMap<&'static str, Decoder>>> = OnceLock::new();
-    T.get_or_init(Default::default)
+    T.get_or_init(|| {
+        // The built-in types every process knows, whether or not it made one.
+        let mut m: HashMap<&'static str, Decoder> = HashMap::new();
+        fn add<T: Data>(m: &mut HashMap<&'static str, Decoder>) {
+            m.insert(T::type_name(), decode_as::<T>);
+        }
+        add::<()>(&mut m);
+        add::<bool>(&mut m);
+        add::<i64>(&mut m);
+        add::<u64>(&mut m);
+        add::<i32>(&mut m);
+        add::<u32>(&mut m);
+        add::<f64>(&mut m);
+        add::<f32>(&mut m);
+        add::<String>(&mut m);
+        add::<Bytes>(&mut m);
+        add::<List>(&mut m);
+        RwLock::new(m)
+    })
 }
 
 fn decode_as<T: Data>(header: &[u8], frames: Vec<Frame>) -> Result<Value, DataError> {

@@ -29,8 +29,8 @@ pub use state::Status;
 use state::{ClientState, Ordered, PrefixStats, Slab, TaskId, TaskState, WorkerState};
 
 use crate::protocol::{
-    ClientId, Dep, FromClient, FromWorker, Priority, Scattered, TaskDef, ToClient, ToWorker,
-    WorkerId, WorkerInfo,
+    ClientId, Dep, FromClient, FromWorker, Payload, Priority, Scattered, TaskDef, ToClient,
+    ToWorker, WorkerId, WorkerInfo,
 };
 
 /// Where the core's messages go. The scheduler process batches them per peer; tests record
@@ -88,6 +88,25 @@ pub struct Core {
     generation: u32,
     prefixes: Vec<PrefixStats>,
     prefix_ids: FxHashMap<&'static str, u32>,
+}
+
+/// A worker as the core sees it (see [`Core::worker_summaries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSummary {
+    /// Its number.
+    pub id: WorkerId,
+    /// Its name.
+    pub name: String,
+    /// Its data address.
+    pub address: String,
+    /// Its threads.
+    pub nthreads: u32,
+    /// Its memory limit (0: none).
+    pub memory_limit: u64,
+    /// Bytes it held at its last heartbeat.
+    pub stored: u64,
+    /// Tasks it is running or has been sent.
+    pub processing: usize,
 }
 
 /// What a worker told the scheduler when it registered.
@@ -276,13 +295,7 @@ impl Core {
                 t.wanted_by.push(c);
             }
             match t.status {
-                Status::Memory => comm.send_client(
-                    c,
-                    ToClient::InMemory {
-                        key: k,
-                        nbytes: t.nbytes,
-                    },
-                ),
+                Status::Memory => comm.send_client(c, self.in_memory(id, None)),
                 Status::Erred => {
                     let failure = t.failure.as_deref().cloned().unwrap_or_else(|| {
                         TaskFailure::new(k, "", FailureKind::Lost, "failed earlier")
@@ -347,7 +360,7 @@ impl Core {
             if self.tasks[id].status != Status::Memory {
                 // Tells the clients that want it, this one included.
                 self.tasks[id].nbytes = s.nbytes;
-                self.to_memory(id, s.worker, comm);
+                self.mark_in_memory(id, s.worker, None, comm);
                 continue;
             }
             if !self.tasks[id].who_has.contains(&s.worker) {
@@ -356,13 +369,7 @@ impl Core {
                     w.has.insert(id);
                 }
             }
-            comm.send_client(
-                c,
-                ToClient::InMemory {
-                    key: s.key,
-                    nbytes: self.tasks[id].nbytes,
-                },
-            );
+            comm.send_client(c, self.in_memory(id, None));
         }
     }
 
@@ -483,7 +490,8 @@ impl Core {
                 key,
                 nbytes,
                 micros,
-            } => self.finished(w, key, nbytes, micros, comm),
+                small,
+            } => self.finished(w, key, nbytes, micros, small, comm),
             FromWorker::Erred { key, failure } => self.erred(w, key, failure, comm),
             FromWorker::MissingDep { key, dep, tried } => {
                 self.missing_dep(w, key, dep, tried, comm)
@@ -508,7 +516,15 @@ impl Core {
         }
     }
 
-    fn finished(&mut self, w: WorkerId, key: Key, nbytes: u64, micros: u64, comm: &mut impl Comm) {
+    fn finished(
+        &mut self,
+        w: WorkerId,
+        key: Key,
+        nbytes: u64,
+        micros: u64,
+        small: Option<Payload>,
+        comm: &mut impl Comm,
+    ) {
         let Some(&id) = self.by_key.get(&key) else {
             // Forgotten meanwhile: the worker may drop it.
             comm.send_worker(w, ToWorker::Free { keys: vec![key] });
@@ -533,7 +549,7 @@ impl Core {
         *avg = Some(avg.map_or(secs, |a| 0.5 * a + 0.5 * secs));
         self.unassign(id);
         self.tasks[id].nbytes = nbytes;
-        self.to_memory(id, w, comm);
+        self.mark_in_memory(id, w, small, comm);
         self.fill(w, comm);
     }
 
@@ -724,6 +740,7 @@ impl Core {
                 spec: t.spec.clone().unwrap_or_default(),
                 deps,
                 priority: t.priority,
+                wanted: !t.wanted_by.is_empty(),
             },
         );
     }
@@ -739,19 +756,27 @@ impl Core {
         }
     }
 
-    /// Task `id`'s value is on worker `w`: tell who wants it, wake dependents, release what
-    /// no longer has a use.
-    fn to_memory(&mut self, id: TaskId, w: WorkerId, comm: &mut impl Comm) {
+    /// Task `id`'s value is on worker `w` (and, when small, in `small`): tell who wants it, wake
+    /// dependents, release what no longer has a use.
+    fn mark_in_memory(
+        &mut self,
+        id: TaskId,
+        w: WorkerId,
+        small: Option<Payload>,
+        comm: &mut impl Comm,
+    ) {
         let t = &mut self.tasks[id];
         t.status = Status::Memory;
         t.who_has = vec![w];
         t.failure = None;
-        let (key, nbytes) = (t.key, t.nbytes);
         if let Some(ws) = self.workers.get_mut(&w) {
             ws.has.insert(id);
         }
-        for &c in &self.tasks[id].wanted_by {
-            comm.send_client(c, ToClient::InMemory { key, nbytes });
+        if !self.tasks[id].wanted_by.is_empty() {
+            let msg = self.in_memory(id, small);
+            for &c in &self.tasks[id].wanted_by {
+                comm.send_client(c, msg.clone());
+            }
         }
         let dependents = self.tasks[id].dependents.clone();
         for d in dependents {
@@ -965,6 +990,18 @@ impl Core {
         id
     }
 
+    /// Tells a client that task `id`'s value is in memory, and where (and the value itself
+    /// when it is small and at hand).
+    fn in_memory(&self, id: TaskId, value: Option<Payload>) -> ToClient {
+        let t = &self.tasks[id];
+        ToClient::InMemory {
+            key: t.key,
+            nbytes: t.nbytes,
+            holders: self.addresses(&t.who_has),
+            value,
+        }
+    }
+
     fn addresses(&self, ws: &[WorkerId]) -> Vec<String> {
         ws.iter()
             .filter_map(|w| self.workers.get(w).map(|w| w.address.clone()))
@@ -1017,6 +1054,28 @@ impl Core {
     /// The workers, by number.
     pub fn workers(&self) -> Vec<WorkerId> {
         self.workers.keys().copied().collect()
+    }
+
+    /// Each worker: number, name, address, threads, memory limit, bytes stored (last
+    /// heartbeat), tasks processing.
+    pub fn worker_summaries(&self) -> Vec<WorkerSummary> {
+        self.workers
+            .iter()
+            .map(|(&id, w)| WorkerSummary {
+                id,
+                name: w.name.clone(),
+                address: w.address.clone(),
+                nthreads: w.nthreads,
+                memory_limit: w.memory_limit,
+                stored: w.stored,
+                processing: w.processing.len(),
+            })
+            .collect()
+    }
+
+    /// The average duration of each task prefix seen, in seconds.
+    pub fn prefix_durations(&self) -> Vec<(&'static str, Option<f64>)> {
+        self.prefixes.iter().map(|p| (p.name, p.average)).collect()
     }
 
     /// How many tasks a worker is running or has been sent.

@@ -138,10 +138,21 @@ impl T {
                 key: k(key),
                 nbytes,
                 micros,
+                small: None,
             },
             self.now,
             &mut self.rec,
         );
+    }
+
+    /// A worker's data address.
+    fn addr(&self, w: WorkerId) -> String {
+        self.core
+            .worker_summaries()
+            .into_iter()
+            .find(|s| s.id == w)
+            .map(|s| s.address)
+            .unwrap_or_default()
     }
 
     /// The keys the recorder says were sent to compute, by worker, and nothing else.
@@ -170,7 +181,9 @@ fn one_task_from_graph_to_memory_to_forgotten() {
             c,
             ToClient::InMemory {
                 key: k("x"),
-                nbytes: 8
+                nbytes: 8,
+                holders: vec!["tcp://a".into()],
+                value: None
             }
         )]
     );
@@ -205,7 +218,9 @@ fn tasks_wait_for_a_worker_and_get_one_when_it_comes() {
                 c,
                 ToClient::InMemory {
                     key: k("y"),
-                    nbytes: 8
+                    nbytes: 8,
+                    holders: vec!["tcp://a".into()],
+                    value: None
                 }
             ),
             Sent::W(w, ToWorker::Free { keys: vec![k("x")] }),
@@ -243,7 +258,9 @@ fn root_tasks_are_queued_then_released_to_free_threads() {
             c,
             ToClient::InMemory {
                 key: k("r-0"),
-                nbytes: 8
+                nbytes: 8,
+                holders: vec!["tcp://a".into()],
+                value: None
             }
         )
     );
@@ -255,7 +272,8 @@ fn root_tasks_are_queued_then_released_to_free_threads() {
                 key: k("r-2"),
                 spec: Payload::default(),
                 deps: vec![],
-                priority: Priority(1, 2)
+                priority: Priority(1, 2),
+                wanted: true
             }
         )]
     );
@@ -334,7 +352,9 @@ fn placement_follows_the_data() {
         c,
         ToClient::InMemory {
             key: k("use"),
-            nbytes: 8
+            nbytes: 8,
+            holders: vec![t.addr(wb)],
+            value: None
         }
     )));
     assert!(sent.contains(&Sent::W(
@@ -454,7 +474,9 @@ fn a_lost_worker_loses_nothing() {
         c,
         ToClient::InMemory {
             key: k("z"),
-            nbytes: 8
+            nbytes: 8,
+            holders: vec!["tcp://d".into()],
+            value: None
         }
     )));
 }
@@ -482,7 +504,9 @@ fn scattered_data_lost_with_its_worker_fails_what_needs_it() {
             c,
             ToClient::InMemory {
                 key: k("s"),
-                nbytes: 5
+                nbytes: 5,
+                holders: vec!["tcp://a".into()],
+                value: None
             }
         )]
     );
@@ -542,7 +566,9 @@ fn cancel_release_and_client_removal_free_everything() {
             c2,
             ToClient::InMemory {
                 key: k("x"),
-                nbytes: 8
+                nbytes: 8,
+                holders: vec!["tcp://a".into()],
+                value: None
             }
         )]
     );
@@ -627,6 +653,7 @@ fn a_merge_graph_runs_to_the_end() {
                 key,
                 nbytes: 8,
                 micros: 1,
+                small: None,
             },
             t.now,
             &mut t.rec,

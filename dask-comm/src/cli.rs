@@ -1,0 +1,296 @@
+//! The `dask-comm` command line: `scheduler`, `worker` and `bench`. A program with functions of
+//! its own embeds it (`dask_comm::cli::main()` after registering them), so that its workers
+//! know its functions.
+//!
+//! ```text
+//! dask-comm scheduler [--listen tcp://127.0.0.1:8786] [--scheduler-file F] [--secret-file F]
+//! dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N]
+//!                  [--memory-limit 4GiB] [--local-directory D] [--listen URI] [--name N]
+//! dask-comm bench [--workload merge-10000,tree-12,chain-10000,roundtrip] [--workers 2]
+//!                 [--threads 1] [--protocol tcp|ucx] [--zero-work] [--rounds 3]
+//!                 [--scheduler-process] [--json]
+//! ```
+//! The scheduler listens on loopback unless told otherwise, generates the cluster's secret
+//! (or reads it from `--secret-file` or `DASK_COMM_SECRET`), prints `LISTENING <address>`, and
+//! writes the scheduler file (JSON: `address`, `secret`; readable by its owner only).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use transport::Address;
+
+use crate::cluster::{ClusterOptions, Protocol};
+use crate::error::{Error, Result};
+use crate::scheduler::SchedulerServer;
+use crate::security::Secret;
+use crate::worker::{run_worker, WorkerOptions};
+
+/// What a scheduler file holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedulerFile {
+    /// The scheduler's address.
+    pub address: String,
+    /// The cluster's secret (hex).
+    pub secret: String,
+}
+
+impl SchedulerFile {
+    /// Reads a scheduler file.
+    pub fn read(path: &Path) -> Result<SchedulerFile> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::os(format!("reading {}", path.display()), e))?;
+        serde_json::from_str(&text)
+            .map_err(|e| Error::Config(format!("{} is not a scheduler file: {e}", path.display())))
+    }
+
+    /// Writes it atomically, readable by its owner only.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("tmp");
+        let text = serde_json::to_string_pretty(self).expect("serialises");
+        {
+            use std::io::Write;
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+            let mut f = opts
+                .open(&tmp)
+                .map_err(|e| Error::os(format!("writing {}", tmp.display()), e))?;
+            f.write_all(text.as_bytes())
+                .map_err(|e| Error::os(format!("writing {}", tmp.display()), e))?;
+        }
+        std::fs::rename(&tmp, path).map_err(|e| Error::os(format!("writing {}", path.display()), e))
+    }
+}
+
+/// Parses a size: `4GiB`, `500MB`, `1e9`, `123` (bytes).
+///
+/// ```
+/// assert_eq!(dask_comm::cli::parse_bytes("4GiB"), Some(4 << 30));
+/// assert_eq!(dask_comm::cli::parse_bytes("500MB"), Some(500_000_000));
+/// assert_eq!(dask_comm::cli::parse_bytes("12"), Some(12));
+/// assert_eq!(dask_comm::cli::parse_bytes("lots"), None);
+/// ```
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num: f64 = num.trim().parse().ok()?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024f64.powi(2),
+        "gib" => 1024f64.powi(3),
+        "tib" => 1024f64.powi(4),
+        _ => return None,
+    };
+    (num >= 0.0).then_some((num * mult) as u64)
+}
+
+struct Args {
+    words: Vec<String>,
+}
+
+impl Args {
+    fn flag(&mut self, name: &str) -> bool {
+        let before = self.words.len();
+        self.words.retain(|w| w != name);
+        before != self.words.len()
+    }
+
+    fn value(&mut self, name: &str) -> Result<Option<String>> {
+        let Some(i) = self.words.iter().position(|w| w == name) else {
+            return Ok(None);
+        };
+        if i + 1 >= self.words.len() {
+            return Err(Error::Config(format!("{name} needs a value")));
+        }
+        let v = self.words.remove(i + 1);
+        self.words.remove(i);
+        Ok(Some(v))
+    }
+
+    fn done(&self) -> Result<()> {
+        match self.words.first() {
+            Some(w) => Err(Error::Config(format!("unexpected argument {w:?}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+fn address(text: &str) -> Result<Address> {
+    Ok(text.parse().map_err(transport::TransportError::from)?)
+}
+
+fn secret_from(file: Option<String>) -> Result<Option<Secret>> {
+    if let Some(f) = file {
+        let text = std::fs::read_to_string(&f).map_err(|e| Error::os(format!("reading {f}"), e))?;
+        return Ok(Some(Secret::from_hex(&text)?));
+    }
+    match std::env::var("DASK_COMM_SECRET") {
+        Ok(s) => Ok(Some(Secret::from_hex(&s)?)),
+        Err(_) => Ok(None),
+    }
+}
+
+const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F]
+       dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE] [--local-directory D] [--listen URI] [--name N]
+       dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
+
+/// Runs the command line (the process's arguments); returns the exit status.
+pub fn main() -> i32 {
+    crate::cluster::run_if_worker();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let mut words: Vec<String> = std::env::args().skip(1).collect();
+    if words.is_empty() {
+        eprintln!("{USAGE}");
+        return 2;
+    }
+    let cmd = words.remove(0);
+    let args = Args { words };
+    let r = match cmd.as_str() {
+        "scheduler" => scheduler(args),
+        "worker" => worker(args),
+        "bench" => crate::benchcli::bench(args.words),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(Error::Config(format!("unknown command {other:?}\n{USAGE}"))),
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("dask-comm {cmd}: {e}");
+            1
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::os("starting a tokio runtime", e))
+}
+
+fn scheduler(mut a: Args) -> Result<()> {
+    let listen = address(
+        &a.value("--listen")?
+            .unwrap_or_else(|| "tcp://127.0.0.1:8786".into()),
+    )?;
+    let file = a.value("--scheduler-file")?.map(PathBuf::from);
+    let secret = secret_from(a.value("--secret-file")?)?.unwrap_or_else(Secret::generate);
+    a.done()?;
+    runtime()?.block_on(async {
+        let server = SchedulerServer::start(&listen, secret.clone(), Default::default()).await?;
+        if let Some(f) = &file {
+            SchedulerFile {
+                address: server.address().to_string(),
+                secret: secret.to_hex(),
+            }
+            .write(f)?;
+        }
+        println!("LISTENING {}", server.address());
+        let _ = tokio::signal::ctrl_c().await;
+        server.shutdown().await;
+        Ok(())
+    })
+}
+
+fn worker(mut a: Args) -> Result<()> {
+    let file = a.value("--scheduler-file")?.map(PathBuf::from);
+    let sched = a.value("--scheduler")?;
+    let secret_file = a.value("--secret-file")?;
+    let nthreads: usize = a
+        .value("--nthreads")?
+        .map(|n| {
+            n.parse()
+                .map_err(|_| Error::Config(format!("--nthreads {n:?}")))
+        })
+        .transpose()?
+        .unwrap_or(1);
+    let memory_limit = a
+        .value("--memory-limit")?
+        .map(|m| parse_bytes(&m).ok_or_else(|| Error::Config(format!("--memory-limit {m:?}"))))
+        .transpose()?
+        .unwrap_or(0);
+    let local_dir = a.value("--local-directory")?.map(PathBuf::from);
+    let listen = a.value("--listen")?.map(|l| address(&l)).transpose()?;
+    let name = a.value("--name")?;
+    let zero_work = a.flag("--zero-work");
+    a.done()?;
+    let (scheduler, secret) = match (file, sched) {
+        (Some(f), None) => {
+            let sf = wait_for_file(&f, Duration::from_secs(60))?;
+            (address(&sf.address)?, Secret::from_hex(&sf.secret)?)
+        }
+        (None, Some(s)) => (
+            address(&s)?,
+            secret_from(secret_file)?.ok_or_else(|| {
+                Error::Config("no secret: --secret-file F or DASK_COMM_SECRET".into())
+            })?,
+        ),
+        _ => {
+            return Err(Error::Config(format!(
+                "give one of --scheduler-file, --scheduler\n{USAGE}"
+            )))
+        }
+    };
+    if let Some(d) = &local_dir {
+        std::fs::create_dir_all(d)
+            .map_err(|e| Error::os(format!("creating {}", d.display()), e))?;
+    }
+    let mut opts = WorkerOptions::new(scheduler, secret, nthreads);
+    opts.memory_limit = memory_limit;
+    opts.listen = listen;
+    opts.zero_work = zero_work;
+    if let Some(n) = name {
+        opts.name = n;
+    }
+    runtime()?.block_on(run_worker(opts))
+}
+
+/// Waits for a scheduler file to appear (the scheduler may start after the workers).
+pub fn wait_for_file(path: &Path, limit: Duration) -> Result<SchedulerFile> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if path.exists() {
+            return SchedulerFile::read(path);
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout(format!(
+                "no scheduler file at {} after {limit:?}",
+                path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Options for a local cluster from bench arguments.
+pub(crate) fn cluster_options(
+    workers: usize,
+    threads: usize,
+    protocol: Protocol,
+    zero_work: bool,
+) -> ClusterOptions {
+    ClusterOptions {
+        workers,
+        threads_per_worker: threads,
+        protocol,
+        processes: true,
+        zero_work,
+        memory_limit: 0,
+    }
+}

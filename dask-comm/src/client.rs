@@ -1,0 +1,753 @@
+//! The client: submits graphs, holds futures, and moves data to and from workers directly.
+//!
+//! A [`Client`] runs its I/O on a runtime of its own, so its async methods can be awaited from
+//! any executor, and each has a blocking twin (`*_blocking`) for synchronous code (not to be
+//! called from inside an async task). It implements [`dask_graph::Scheduler`], so a graph
+//! computes the same on [`dask_graph::Sync`], [`dask_graph::Threaded`] or a cluster.
+//!
+//! A [`DFuture`] stands for a key on the cluster; its value stays there while a future for it
+//! exists (dropping the last one releases it).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dask_graph::{Arg, ComputeError, Graph, Key, Task, TaskFailure, Value};
+use futures::Stream;
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::{mpsc, oneshot, Notify};
+use transport::{Address, Connection};
+
+use crate::error::{Error, Result};
+use crate::net;
+use crate::protocol::{
+    DataMsg, FromClient, Hello, Payload, Scattered, TaskDef, ToClient, WorkerId, WorkerInfo,
+};
+use crate::runtime::{block_on, Runtime};
+use crate::security::Secret;
+
+#[derive(Debug, Clone)]
+enum Status {
+    Pending,
+    /// Computed; where the scheduler said it is (and the value, when it came along).
+    Memory(Vec<String>, Option<Value>),
+    Erred(Arc<TaskFailure>),
+    Cancelled,
+    Refused(String),
+}
+
+#[derive(Debug)]
+struct KeyState {
+    refs: usize,
+    status: Status,
+}
+
+/// Keys and the data addresses of the workers holding them.
+type Holders = Vec<(Key, Vec<String>)>;
+
+#[derive(Debug, Default)]
+struct State {
+    keys: FxHashMap<Key, KeyState>,
+    workers: Vec<WorkerInfo>,
+    who_has: std::collections::VecDeque<oneshot::Sender<Holders>>,
+    closed: Option<String>,
+    welcomed: bool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    name: String,
+    secret: Secret,
+    to_scheduler: mpsc::UnboundedSender<Vec<FromClient>>,
+    state: Mutex<State>,
+    changed: Notify,
+    data: tokio::sync::Mutex<FxHashMap<String, Arc<Connection>>>,
+    control: Arc<Connection>,
+    // Last, so the runtime stops after everything above is dropped.
+    rt: Runtime,
+}
+
+/// How a graph is submitted.
+#[derive(Debug, Clone)]
+pub struct SubmitOptions {
+    /// Fuse linear chains into single tasks (default: yes).
+    pub fuse: bool,
+}
+
+impl Default for SubmitOptions {
+    fn default() -> Self {
+        SubmitOptions { fuse: true }
+    }
+}
+
+/// A connection to a cluster's scheduler. Cheap to clone (clones share the connection).
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+/// A key on the cluster: its value stays on the workers while a future for it exists.
+#[derive(Debug)]
+pub struct DFuture {
+    key: Key,
+    client: Client,
+}
+
+impl Clone for DFuture {
+    fn clone(&self) -> Self {
+        self.client.hold(self.key);
+        DFuture {
+            key: self.key,
+            client: self.client.clone(),
+        }
+    }
+}
+
+impl Drop for DFuture {
+    fn drop(&mut self) {
+        self.client.let_go(self.key);
+    }
+}
+
+impl DFuture {
+    /// The key.
+    pub fn key(&self) -> Key {
+        self.key
+    }
+
+    /// Whether it finished (computed, failed or cancelled).
+    pub fn done(&self) -> bool {
+        !matches!(self.client.status(&self.key), Some(Status::Pending))
+    }
+
+    /// Its value, once computed (fetched from the worker holding it).
+    pub async fn result(&self) -> Result<Value> {
+        let mut v = self.client.gather(std::slice::from_ref(self)).await?;
+        Ok(v.remove(0))
+    }
+
+    /// [`DFuture::result`], blocking.
+    pub fn result_blocking(&self) -> Result<Value> {
+        block_on(self.result())
+    }
+}
+
+fn token() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+impl Client {
+    /// Connects to the scheduler at `address`, proving the cluster's `secret`.
+    pub async fn connect(address: &Address, secret: Secret) -> Result<Client> {
+        let rt = Runtime::new("dask-client")?;
+        let name = format!("client-{}", std::process::id());
+        let hello = Hello::Client { name: name.clone() };
+        let (addr, s) = (address.clone(), secret.clone());
+        let control = Arc::new(
+            rt.run(async move { net::dial(&addr, &s, hello).await })
+                .await??,
+        );
+        let (to_scheduler, rx) = mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
+            name,
+            secret,
+            to_scheduler,
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+            data: Default::default(),
+            control: Arc::clone(&control),
+            rt,
+        });
+        inner
+            .rt
+            .handle()
+            .spawn(net::writer(Arc::clone(&control), rx));
+        let weak = Arc::downgrade(&inner);
+        inner.rt.handle().spawn(async move {
+            let reason = loop {
+                let msgs = match net::recv_batch::<ToClient>(&control).await {
+                    Ok(m) => m,
+                    Err(e) => break e.to_string(),
+                };
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                inner.receive(msgs);
+            };
+            if let Some(inner) = weak.upgrade() {
+                tracing::debug!(%reason, "the client's scheduler connection ended");
+                inner.lock().closed = Some(reason);
+                inner.changed.notify_waiters();
+            }
+        });
+        let client = Client { inner };
+        client.welcomed().await?;
+        Ok(client)
+    }
+
+    /// [`Client::connect`], blocking.
+    pub fn connect_blocking(address: &Address, secret: Secret) -> Result<Client> {
+        block_on(Client::connect(address, secret))
+    }
+
+    async fn welcomed(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let changed = self.inner.changed.notified();
+            {
+                let s = self.inner.lock();
+                if let Some(r) = &s.closed {
+                    return Err(Error::Disconnected(r.clone()));
+                }
+                if s.welcomed {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout("no welcome from the scheduler".into()));
+            }
+            self.sleep_or(changed, Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits for `changed` or `d`, whichever comes first (runtime-agnostic).
+    async fn sleep_or(&self, changed: tokio::sync::futures::Notified<'_>, d: Duration) {
+        let sleep = self
+            .inner
+            .rt
+            .handle()
+            .spawn(async move { tokio::time::sleep(d).await });
+        tokio::select! {
+            _ = changed => {}
+            _ = sleep => {}
+        }
+    }
+
+    fn send(&self, msg: FromClient) -> Result<()> {
+        self.inner
+            .to_scheduler
+            .send(vec![msg])
+            .map_err(|_| Error::Disconnected("the client's writer ended".into()))
+    }
+
+    fn status(&self, key: &Key) -> Option<Status> {
+        self.inner.lock().keys.get(key).map(|k| k.status.clone())
+    }
+
+    fn hold(&self, key: Key) {
+        let mut s = self.inner.lock();
+        s.keys
+            .entry(key)
+            .or_insert(KeyState {
+                refs: 0,
+                status: Status::Pending,
+            })
+            .refs += 1;
+    }
+
+    fn let_go(&self, key: Key) {
+        let mut s = self.inner.lock();
+        let Some(k) = s.keys.get_mut(&key) else {
+            return;
+        };
+        k.refs -= 1;
+        if k.refs == 0 {
+            s.keys.remove(&key);
+            drop(s);
+            let _ = self.send(FromClient::Release { keys: vec![key] });
+        }
+    }
+
+    fn future(&self, key: Key) -> DFuture {
+        self.hold(key);
+        DFuture {
+            key,
+            client: self.clone(),
+        }
+    }
+
+    /// The workers, as the scheduler last told.
+    pub fn workers(&self) -> Vec<WorkerInfo> {
+        self.inner.lock().workers.clone()
+    }
+
+    /// Waits until at least `n` workers are connected (at most `limit`).
+    pub async fn wait_for_workers(&self, n: usize, limit: Duration) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let changed = self.inner.changed.notified();
+            {
+                let s = self.inner.lock();
+                if s.workers.len() >= n {
+                    return Ok(());
+                }
+                if let Some(r) = &s.closed {
+                    return Err(Error::Disconnected(r.clone()));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout(format!(
+                    "{} of {n} workers after {limit:?}",
+                    self.workers().len()
+                )));
+            }
+            self.sleep_or(changed, Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Submits a graph and returns futures for `keys` (their computation goes on while the
+    /// futures exist). The graph is checked first, here: unknown functions and wrong argument
+    /// types are refused before anything is sent. Keys of this client's futures may be used
+    /// as dependencies. The graph is culled to `keys` and its linear chains fused.
+    pub async fn persist(&self, graph: Graph, keys: &[Key]) -> Result<Vec<DFuture>> {
+        self.persist_with(graph, keys, &SubmitOptions::default())
+            .await
+    }
+
+    /// [`Client::persist`] with options.
+    pub async fn persist_with(
+        &self,
+        graph: Graph,
+        keys: &[Key],
+        opts: &SubmitOptions,
+    ) -> Result<Vec<DFuture>> {
+        let held: FxHashSet<Key> = self.inner.lock().keys.keys().copied().collect();
+        let external = |k: &Key| held.contains(k).then_some(None);
+        let structure = graph
+            .validate(keys, &external)
+            .map_err(ComputeError::from)?;
+        let n = graph.len();
+        let graph = dask_graph::optimize::cull_with(graph, &structure, keys);
+        let structure = if graph.len() == n {
+            structure
+        } else {
+            graph.structure()
+        };
+        let (graph, structure) = if opts.fuse {
+            let graph = dask_graph::optimize::fuse_with(
+                graph,
+                &structure,
+                keys,
+                dask_graph::local::FUSE_DEPTH,
+            );
+            let structure = graph.structure();
+            (graph, structure)
+        } else {
+            (graph, structure)
+        };
+        let order = dask_graph::order::order(&graph, &structure);
+        let mut tasks = Vec::with_capacity(graph.len());
+        for (i, (key, node)) in graph.iter().enumerate() {
+            tasks.push(TaskDef {
+                key: *key,
+                deps: node.dependencies(),
+                order: order[i],
+                spec: crate::spec::encode(node)?,
+            });
+        }
+        let futures: Vec<DFuture> = keys.iter().map(|&k| self.future(k)).collect();
+        self.send(FromClient::UpdateGraph {
+            tasks,
+            wanted: keys.to_vec(),
+        })?;
+        Ok(futures)
+    }
+
+    /// Computes `keys` of `graph` and returns their values.
+    pub async fn compute(&self, graph: Graph, keys: &[Key]) -> Result<Vec<Value>> {
+        let futures = self.persist(graph, keys).await?;
+        self.gather(&futures).await
+    }
+
+    /// Runs `func(args)` on the cluster.
+    pub async fn submit(&self, func: &str, args: Vec<Arg>) -> Result<DFuture> {
+        let key = Key::name_only(&format!("{func}-{}", token()));
+        let mut g = Graph::new();
+        g.insert(key, Task::new(func, args));
+        Ok(self.persist(g, &[key]).await?.remove(0))
+    }
+
+    /// Runs `func(item)` for every item, as independent tasks.
+    pub async fn map<T: dask_graph::Data>(
+        &self,
+        func: &str,
+        items: impl IntoIterator<Item = T>,
+    ) -> Result<Vec<DFuture>> {
+        let name = dask_graph::Name::new(&format!("{func}-{}", token()));
+        let mut g = Graph::new();
+        let mut keys = Vec::new();
+        for (i, item) in items.into_iter().enumerate() {
+            let key = Key::at(name, &[i as u32]);
+            g.insert(key, Task::new(func, [Arg::lit(item)]));
+            keys.push(key);
+        }
+        self.persist(g, &keys).await
+    }
+
+    /// Waits until every future is done (computed, failed or cancelled). Shows a progress bar
+    /// on a terminal when it takes more than a second.
+    pub async fn wait(&self, futures: &[DFuture]) -> Result<()> {
+        let t0 = Instant::now();
+        let mut bar: Option<indicatif::ProgressBar> = None;
+        loop {
+            let changed = self.inner.changed.notified();
+            let (done, closed) = {
+                let s = self.inner.lock();
+                let done = futures
+                    .iter()
+                    .filter(|f| {
+                        !matches!(s.keys.get(&f.key).map(|k| &k.status), Some(Status::Pending))
+                    })
+                    .count();
+                (done, s.closed.clone())
+            };
+            if let Some(b) = &bar {
+                b.set_position(done as u64);
+            }
+            if done == futures.len() {
+                if let Some(b) = bar {
+                    b.finish_and_clear();
+                }
+                return Ok(());
+            }
+            if let Some(r) = closed {
+                return Err(Error::Disconnected(r));
+            }
+            if bar.is_none() && t0.elapsed() > Duration::from_secs(1) {
+                let b = indicatif::ProgressBar::new(futures.len() as u64);
+                b.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "[{elapsed_precise}] {bar:40} {pos}/{len} keys",
+                    )
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+                bar = Some(b);
+            }
+            self.sleep_or(changed, Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The futures as they finish, in the order they do.
+    pub fn as_completed(&self, futures: Vec<DFuture>) -> impl Stream<Item = DFuture> + '_ {
+        futures::stream::unfold(futures, move |mut left| async move {
+            if left.is_empty() {
+                return None;
+            }
+            loop {
+                let changed = self.inner.changed.notified();
+                if let Some(i) = left.iter().position(DFuture::done) {
+                    let f = left.swap_remove(i);
+                    return Some((f, left));
+                }
+                if self.inner.lock().closed.is_some() {
+                    let f = left.remove(0);
+                    return Some((f, left));
+                }
+                self.sleep_or(changed, Duration::from_millis(250)).await;
+            }
+        })
+    }
+
+    /// Cancels the futures' computations (they end as cancelled).
+    pub async fn cancel(&self, futures: &[DFuture]) -> Result<()> {
+        self.send(FromClient::Cancel {
+            keys: futures.iter().map(DFuture::key).collect(),
+        })
+    }
+
+    /// The futures' values, fetched from the workers that hold them. The first failure (in the
+    /// futures' order) is the error.
+    pub async fn gather(&self, futures: &[DFuture]) -> Result<Vec<Value>> {
+        self.wait(futures).await?;
+        {
+            let s = self.inner.lock();
+            for f in futures {
+                match s.keys.get(&f.key).map(|k| &k.status) {
+                    Some(Status::Erred(cause)) => {
+                        return Err(ComputeError::Failed {
+                            key: f.key,
+                            cause: Arc::clone(cause),
+                        }
+                        .into())
+                    }
+                    Some(Status::Cancelled) => {
+                        return Err(ComputeError::Cancelled { key: f.key }.into())
+                    }
+                    Some(Status::Refused(why)) => return Err(Error::Unexpected(why.clone())),
+                    _ => {}
+                }
+            }
+        }
+        let keys: Vec<Key> = futures.iter().map(DFuture::key).collect();
+        // Small values came with the notice; the rest from where the scheduler said they are
+        // (asked again for what is not found there).
+        let mut values = FxHashMap::default();
+        let holders: Holders = {
+            let s = self.inner.lock();
+            keys.iter()
+                .filter_map(|k| match s.keys.get(k).map(|st| &st.status) {
+                    Some(Status::Memory(_, Some(v))) => {
+                        values.insert(*k, v.clone());
+                        None
+                    }
+                    Some(Status::Memory(h, None)) => Some((*k, h.clone())),
+                    _ => Some((*k, Vec::new())),
+                })
+                .collect()
+        };
+        if !holders.is_empty() {
+            values.extend(self.fetch(holders).await?);
+        }
+        let missing: Vec<Key> = keys
+            .iter()
+            .filter(|k| !values.contains_key(k))
+            .copied()
+            .collect();
+        if !missing.is_empty() {
+            let again = self.who_has(missing).await?;
+            values.extend(self.fetch(again).await?);
+        }
+        keys.iter()
+            .map(|k| {
+                values.remove(k).ok_or_else(|| {
+                    Error::Disconnected(format!("{k} is in memory but no worker gave it"))
+                })
+            })
+            .collect()
+    }
+
+    /// Fetches values from their holders (the first of each), all workers at once. Keys
+    /// without a holder, or not given, are left out.
+    async fn fetch(&self, holders: Holders) -> Result<FxHashMap<Key, Value>> {
+        let mut by_worker: FxHashMap<String, Vec<Key>> = FxHashMap::default();
+        for (k, hs) in holders {
+            if let Some(h) = hs.into_iter().next() {
+                by_worker.entry(h).or_default().push(k);
+            }
+        }
+        let mut fetches = Vec::new();
+        for (worker, ks) in by_worker {
+            let inner = Arc::clone(&self.inner);
+            fetches.push(self.inner.rt.run(async move {
+                let conn = inner.data.lock().await.get(&worker).cloned();
+                let (conn, r) =
+                    crate::worker::fetch::get(&worker, conn, &inner.name, &inner.secret, ks).await;
+                let mut pool = inner.data.lock().await;
+                match conn {
+                    Some(c) => pool.insert(worker.clone(), c),
+                    None => pool.remove(&worker),
+                };
+                if let Err(e) = &r {
+                    tracing::info!(%worker, error = %e, "fetching from a worker failed");
+                }
+                r.unwrap_or_default()
+            }));
+        }
+        let mut values = FxHashMap::default();
+        for f in futures::future::join_all(fetches).await {
+            for (k, p) in f? {
+                if let Some(p) = p {
+                    values.insert(k, p.to_value()?);
+                }
+            }
+        }
+        Ok(values)
+    }
+
+    async fn who_has(&self, keys: Vec<Key>) -> Result<Holders> {
+        let (tx, rx) = oneshot::channel();
+        // The request and its place in the reply queue, together (replies come in order).
+        {
+            let mut s = self.inner.lock();
+            s.who_has.push_back(tx);
+            self.inner
+                .to_scheduler
+                .send(vec![FromClient::WhoHas { keys }])
+                .map_err(|_| Error::Disconnected("the client's writer ended".into()))?;
+        }
+        rx.await
+            .map_err(|_| Error::Disconnected("the scheduler did not answer".into()))
+    }
+
+    /// Puts values on workers (spread over them) and returns futures for them.
+    pub async fn scatter(&self, values: Vec<Value>) -> Result<Vec<DFuture>> {
+        self.wait_for_workers(1, Duration::from_secs(30)).await?;
+        let workers = self.workers();
+        let name = dask_graph::Name::new(&format!("scatter-{}", token()));
+        let mut per: FxHashMap<usize, Vec<(Key, Payload, u64)>> = FxHashMap::default();
+        let mut keys = Vec::with_capacity(values.len());
+        for (i, v) in values.iter().enumerate() {
+            let key = Key::at(name, &[i as u32]);
+            per.entry(i % workers.len()).or_default().push((
+                key,
+                Payload::from_value(v)?,
+                v.nbytes() as u64,
+            ));
+            keys.push(key);
+        }
+        let futures: Vec<DFuture> = keys.iter().map(|&k| self.future(k)).collect();
+        let mut puts = Vec::new();
+        for (w, items) in per {
+            let (address, id) = (workers[w].address.clone(), workers[w].id);
+            let (name, secret) = (self.inner.name.clone(), self.inner.secret.clone());
+            puts.push(self.inner.rt.run(async move {
+                let addr: Address = address.parse().map_err(transport::TransportError::from)?;
+                let conn = net::dial(&addr, &secret, Hello::Data { name }).await?;
+                let sizes: Vec<(Key, u64)> = items.iter().map(|(k, _, n)| (*k, *n)).collect();
+                net::send_batch(
+                    &conn,
+                    vec![DataMsg::Put {
+                        values: items.into_iter().map(|(k, p, _)| (k, p)).collect(),
+                    }],
+                )
+                .await?;
+                let reply: Vec<DataMsg> = net::recv_batch(&conn).await?;
+                let _ = conn.close().await;
+                if reply != [DataMsg::Stored] {
+                    return Err(Error::Unexpected("a put was not stored".into()));
+                }
+                Ok::<_, Error>((id, sizes))
+            }));
+        }
+        let mut scattered = Vec::new();
+        for r in futures::future::join_all(puts).await {
+            let (worker, sizes): (WorkerId, _) = r??;
+            scattered.extend(sizes.into_iter().map(|(key, nbytes)| Scattered {
+                key,
+                worker,
+                nbytes,
+            }));
+        }
+        self.send(FromClient::Scattered { keys: scattered })?;
+        Ok(futures)
+    }
+
+    // ---- blocking wrappers ----------------------------------------------------------------
+
+    /// [`Client::persist`], blocking.
+    pub fn persist_blocking(&self, graph: Graph, keys: &[Key]) -> Result<Vec<DFuture>> {
+        block_on(self.persist(graph, keys))
+    }
+
+    /// [`Client::persist_with`], blocking.
+    pub fn persist_blocking_with(
+        &self,
+        graph: Graph,
+        keys: &[Key],
+        opts: &SubmitOptions,
+    ) -> Result<Vec<DFuture>> {
+        block_on(self.persist_with(graph, keys, opts))
+    }
+
+    /// [`Client::compute`], blocking.
+    pub fn compute_blocking(&self, graph: Graph, keys: &[Key]) -> Result<Vec<Value>> {
+        block_on(self.compute(graph, keys))
+    }
+
+    /// [`Client::submit`], blocking.
+    pub fn submit_blocking(&self, func: &str, args: Vec<Arg>) -> Result<DFuture> {
+        block_on(self.submit(func, args))
+    }
+
+    /// [`Client::map`], blocking.
+    pub fn map_blocking<T: dask_graph::Data>(
+        &self,
+        func: &str,
+        items: impl IntoIterator<Item = T>,
+    ) -> Result<Vec<DFuture>> {
+        block_on(self.map(func, items))
+    }
+
+    /// [`Client::gather`], blocking.
+    pub fn gather_blocking(&self, futures: &[DFuture]) -> Result<Vec<Value>> {
+        block_on(self.gather(futures))
+    }
+
+    /// [`Client::scatter`], blocking.
+    pub fn scatter_blocking(&self, values: Vec<Value>) -> Result<Vec<DFuture>> {
+        block_on(self.scatter(values))
+    }
+
+    /// [`Client::wait`], blocking.
+    pub fn wait_blocking(&self, futures: &[DFuture]) -> Result<()> {
+        block_on(self.wait(futures))
+    }
+
+    /// [`Client::cancel`], blocking.
+    pub fn cancel_blocking(&self, futures: &[DFuture]) -> Result<()> {
+        block_on(self.cancel(futures))
+    }
+
+    /// Closes the connection to the scheduler (the scheduler releases this client's keys).
+    pub async fn close(&self) -> Result<()> {
+        let control = Arc::clone(&self.inner.control);
+        self.inner
+            .rt
+            .run(async move { control.close().await })
+            .await??;
+        Ok(())
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn receive(&self, msgs: Vec<ToClient>) {
+        let mut s = self.lock();
+        for m in msgs {
+            match m {
+                ToClient::Welcome { id, workers } => {
+                    tracing::debug!(client = id.0, name = %self.name, "welcomed");
+                    s.workers = workers;
+                    s.welcomed = true;
+                }
+                ToClient::Workers { workers } => s.workers = workers,
+                ToClient::InMemory {
+                    key,
+                    holders,
+                    value,
+                    ..
+                } => {
+                    let value = value.and_then(|p| match p.to_value() {
+                        Ok(v) => Some(v),
+                        Err(e) => {
+                            tracing::warn!(%key, error = %e, "a small result does not decode; fetching it");
+                            None
+                        }
+                    });
+                    s.set(key, Status::Memory(holders, value));
+                }
+                ToClient::Erred { key, failure } => s.set(key, Status::Erred(Arc::new(failure))),
+                ToClient::Cancelled { key } => s.set(key, Status::Cancelled),
+                ToClient::Refused { keys, reason } => {
+                    for k in keys {
+                        s.set(k, Status::Refused(reason.clone()));
+                    }
+                }
+                ToClient::WhoHas { holders } => {
+                    if let Some(tx) = s.who_has.pop_front() {
+                        let _ = tx.send(holders);
+                    }
+                }
+            }
+        }
+        drop(s);
+        self.changed.notify_waiters();
+    }
+}
+
+impl State {
+    fn set(&mut self, key: Key, status: Status) {
+        if let Some(k) = self.keys.get_mut(&key) {
+            k.status = status;
+        }
+    }
+}
+
+impl dask_graph::Scheduler for Client {
+    fn get(&self, graph: Graph, keys: &[Key]) -> Result<Vec<Value>, ComputeError> {
+        self.compute_blocking(graph, keys)
+            .map_err(ComputeError::from)
+    }
+}

@@ -1,0 +1,66 @@
+//! dask-comm's errors.
+
+use crate::protocol::DecodeError;
+use crate::security::AuthError;
+
+/// What can go wrong running a scheduler, a worker or a client.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The network.
+    #[error("transport: {0}")]
+    Transport(#[from] transport::TransportError),
+    /// A peer did not prove it knows the cluster's secret (or we did not).
+    #[error("authentication: {0}")]
+    Auth(#[from] AuthError),
+    /// A peer sent a message that does not decode.
+    #[error("protocol: {0}")]
+    Protocol(#[from] DecodeError),
+    /// A peer sent a message that makes no sense where it came (the text says which).
+    #[error("unexpected message: {0}")]
+    Unexpected(String),
+    /// A computation failed.
+    #[error(transparent)]
+    Compute(#[from] dask_graph::ComputeError),
+    /// A value could not be encoded or decoded.
+    #[error("data: {0}")]
+    Data(#[from] dask_graph::DataError),
+    /// The scheduler or cluster went away.
+    #[error("lost the cluster: {0}")]
+    Disconnected(String),
+    /// A setting is wrong (the text says which and why).
+    #[error("configuration: {0}")]
+    Config(String),
+    /// Starting or stopping a process, or a file, failed.
+    #[error("{what}: {message}")]
+    Os {
+        /// What was being done.
+        what: String,
+        /// The operating system's description.
+        message: String,
+    },
+    /// Something took longer than its limit.
+    #[error("timed out: {0}")]
+    Timeout(String),
+}
+
+impl Error {
+    pub(crate) fn os(what: impl Into<String>, e: std::io::Error) -> Error {
+        Error::Os {
+            what: what.into(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<Error> for dask_graph::ComputeError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Compute(c) => c,
+            e => dask_graph::ComputeError::Disconnected(e.to_string()),
+        }
+    }
+}
+
+/// dask-comm's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

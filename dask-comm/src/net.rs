@@ -1,0 +1,117 @@
+//! Connections between the processes of a cluster: dial and admit with the security
+//! handshake and a [`Hello`], and batches of messages on the control channel.
+
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use transport::frame::Limits;
+use transport::{Address, Connection, Options};
+
+use crate::error::{Error, Result};
+use crate::protocol::{decode_batch, encode_batch, Hello, Payloads};
+use crate::security::{self, Secret, HANDSHAKE_LIMITS};
+
+/// The channel batches travel on (the handshake has its own).
+pub(crate) const CONTROL: u32 = 2;
+
+/// What an authenticated connection accepts: the transport's defaults.
+pub(crate) fn limits() -> Limits {
+    Limits::default()
+}
+
+/// Before the first `ucx://` use in this process: the progress mode, from
+/// `DASK_COMM_UCX_PROGRESS` (`polling`, `blocking`, `thread`), blocking by default (a cluster's
+/// processes share the machine's cores: spinning progress starves them). A program that
+/// configured `transport::configure_ucx` itself keeps its choice.
+pub(crate) fn prepare(addr: &Address) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    if !matches!(addr, Address::Ucx { .. }) {
+        return;
+    }
+    ONCE.call_once(|| {
+        let progress = std::env::var("DASK_COMM_UCX_PROGRESS")
+            .ok()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(ucx::ProgressMode::Blocking);
+        let _ = transport::configure_ucx(transport::UcxIntent {
+            progress,
+            ..Default::default()
+        });
+    });
+}
+
+/// Listens on `addr` (see [`prepare`]).
+pub(crate) async fn listen(addr: &Address) -> Result<transport::Listener> {
+    prepare(addr);
+    Ok(transport::listen(addr).await?)
+}
+
+/// Connects to `addr`, proves the secret, and introduces itself.
+pub(crate) async fn dial(addr: &Address, secret: &Secret, hello: Hello) -> Result<Connection> {
+    prepare(addr);
+    let conn = transport::connect_with(
+        addr,
+        &Options {
+            limits: HANDSHAKE_LIMITS,
+            ..Default::default()
+        },
+    )
+    .await?;
+    if let Err(e) = security::connect(&conn, secret, limits()).await {
+        let _ = conn.close().await;
+        return Err(e.into());
+    }
+    send_batch(&conn, vec![hello]).await?;
+    Ok(conn)
+}
+
+/// The accepting side: the peer must prove the secret, then say who it is.
+pub(crate) async fn admit(conn: &Connection, secret: &Secret) -> Result<Hello> {
+    security::accept(conn, secret, limits()).await?;
+    let mut hello: Vec<Hello> = tokio::time::timeout(security::HANDSHAKE_TIMEOUT, recv_batch(conn))
+        .await
+        .map_err(|_| Error::Timeout("no hello after the handshake".into()))??;
+    match (hello.pop(), hello.is_empty()) {
+        (Some(h), true) => Ok(h),
+        _ => Err(Error::Unexpected("a hello must be one message".into())),
+    }
+}
+
+/// Sends a batch on the control channel.
+pub(crate) async fn send_batch<M: Serialize + Payloads>(
+    conn: &Connection,
+    msgs: Vec<M>,
+) -> Result<()> {
+    conn.send(CONTROL, encode_batch(msgs)).await?;
+    Ok(())
+}
+
+/// Receives a batch from the control channel.
+pub(crate) async fn recv_batch<M: DeserializeOwned + Payloads>(
+    conn: &Connection,
+) -> Result<Vec<M>> {
+    let (channel, msg) = conn.recv().await?;
+    if channel != CONTROL {
+        return Err(Error::Unexpected(format!("a message on channel {channel}")));
+    }
+    Ok(decode_batch(msg)?)
+}
+
+/// Sends what arrives on `rx` to `conn`, coalescing batches that are already waiting into one
+/// message. Ends when `rx` closes or the connection fails.
+pub(crate) async fn writer<M: Serialize + Payloads>(
+    conn: Arc<Connection>,
+    mut rx: mpsc::UnboundedReceiver<Vec<M>>,
+) {
+    while let Some(mut batch) = rx.recv().await {
+        while let Ok(more) = rx.try_recv() {
+            batch.extend(more);
+        }
+        if let Err(e) = send_batch(&conn, batch).await {
+            tracing::debug!(peer = %conn.peer_addr(), error = %e, "writer ends");
+            return;
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The scheduler process: the core on one task, a reader and a writer per connection.
+//!
+//! Connections are admitted (security handshake, then a [`Hello`]) by a task of their own, so
+//! a slow or hostile peer never holds up the core. Each pass of the core handles every event
+//! that is waiting, then sends what it produced to each peer as one batch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use transport::{Address, Connection};
+
+use crate::core::{Comm, Config, Core, NewWorker};
+use crate::error::Result;
+use crate::net;
+use crate::protocol::{ClientId, FromClient, FromWorker, Hello, ToClient, ToWorker, WorkerId};
+use crate::security::Secret;
+
+enum Event {
+    Joined(Arc<Connection>, Hello),
+    Client(ClientId, Vec<FromClient>),
+    Worker(WorkerId, Vec<FromWorker>),
+    ClientLeft(ClientId, String),
+    WorkerLeft(WorkerId, String),
+}
+
+/// Messages the core produced in one pass, by peer.
+#[derive(Default)]
+struct Outboxes {
+    workers: BTreeMap<WorkerId, Vec<ToWorker>>,
+    clients: BTreeMap<ClientId, Vec<ToClient>>,
+}
+
+impl Comm for Outboxes {
+    fn send_worker(&mut self, w: WorkerId, msg: ToWorker) {
+        self.workers.entry(w).or_default().push(msg);
+    }
+    fn send_client(&mut self, c: ClientId, msg: ToClient) {
+        self.clients.entry(c).or_default().push(msg);
+    }
+}
+
+struct Peer<M> {
+    tx: mpsc::UnboundedSender<Vec<M>>,
+    conn: Arc<Connection>,
+}
+
+/// A running scheduler.
+#[derive(Debug)]
+pub struct SchedulerServer {
+    address: Address,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl SchedulerServer {
+    /// Starts a scheduler listening on `listen` (port 0 picks one; see [`Self::address`]) on the
+    /// current tokio runtime.
+    pub async fn start(listen: &Address, secret: Secret, cfg: Config) -> Result<SchedulerServer> {
+        let mut listener = net::listen(listen).await?;
+        let address = listener.local_addr().clone();
+        tracing::info!(%address, "scheduler listening");
+        let (events, rx) = mpsc::unbounded_channel();
+        let (stop, stopped) = oneshot::channel();
+        let accept_events = events.clone();
+        let accept_secret = secret.clone();
+        let acceptor = tokio::spawn(async move {
+            loop {
+                let conn = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        if e.is_closed() {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                let (events, secret) = (accept_events.clone(), accept_secret.clone());
+                tokio::spawn(async move {
+                    let peer = conn.peer_addr().clone();
+                    match net::admit(&conn, &secret).await {
+                        Ok(hello) => {
+                            let _ = events.send(Event::Joined(Arc::new(conn), hello));
+                        }
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "refused a connection");
+                            let _ = conn.close().await;
+                        }
+                    }
+                });
+            }
+        });
+        let task = tokio::spawn(run(Core::new(cfg), rx, events, stopped, acceptor));
+        Ok(SchedulerServer {
+            address,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// Where clients and workers connect.
+    pub fn address(&self) -> &Address {
+        &self.address
+    }
+
+    /// Tells the workers to close, closes every connection and stops.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for SchedulerServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn run(
+    mut core: Core,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    events: mpsc::UnboundedSender<Event>,
+    mut stopped: oneshot::Receiver<()>,
+    acceptor: JoinHandle<()>,
+) {
+    let mut clients: BTreeMap<ClientId, Peer<ToClient>> = BTreeMap::new();
+    let mut workers: BTreeMap<WorkerId, Peer<ToWorker>> = BTreeMap::new();
+    let mut out = Outboxes::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut stopped => break,
+            ev = rx.recv() => {
+                let Some(ev) = ev else { break };
+                handle(&mut core, ev, &mut out, &mut clients, &mut workers, &events);
+                // Everything already waiting goes into the same pass.
+                while let Ok(ev) = rx.try_recv() {
+                    handle(&mut core, ev, &mut out, &mut clients, &mut workers, &events);
+                }
+            }
+            _ = tick.tick() => core.on_tick(Instant::now(), &mut out),
+        }
+        flush(&mut out, &clients, &workers);
+    }
+    acceptor.abort();
+    tracing::info!(
+        workers = workers.len(),
+        clients = clients.len(),
+        "scheduler shutting down"
+    );
+    for p in workers.values() {
+        let _ = p.tx.send(vec![ToWorker::Close]);
+    }
+    // Give the writers a moment to deliver the closes, then close everything.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for p in workers.values() {
+        let _ = p.conn.close().await;
+    }
+    for p in clients.values() {
+        let _ = p.conn.close().await;
+    }
+}
+
+fn flush(
+    out: &mut Outboxes,
+    clients: &BTreeMap<ClientId, Peer<ToClient>>,
+    workers: &BTreeMap<WorkerId, Peer<ToWorker>>,
+) {
+    for (w, msgs) in std::mem::take(&mut out.workers) {
+        if let Some(p) = workers.get(&w) {
+            let _ = p.tx.send(msgs);
+        }
+    }
+    for (c, msgs) in std::mem::take(&mut out.clients) {
+        if let Some(p) = clients.get(&c) {
+            let _ = p.tx.send(msgs);
+        }
+    }
+}
+
+fn handle(
+    core: &mut Core,
+    ev: Event,
+    out: &mut Outboxes,
+    clients: &mut BTreeMap<ClientId, Peer<ToClient>>,
+    workers: &mut BTreeMap<WorkerId, Peer<ToWorker>>,
+    events: &mpsc::UnboundedSender<Event>,
+) {
+    match ev {
+        Event::Joined(conn, Hello::Client { name }) => {
+            let id = core.on_client_added(name, out);
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(net::writer(Arc::clone(&conn), rx));
+            tokio::spawn(read(
+                Arc::clone(&conn),
+                events.clone(),
+                move |m| Event::Client(id, m),
+                move |why| Event::ClientLeft(id, why),
+            ));
+            clients.insert(id, Peer { tx, conn });
+        }
+        Event::Joined(
+            conn,
+            Hello::Worker {
+                name,
+                data_address,
+                nthreads,
+                memory_limit,
+            },
+        ) => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(net::writer(Arc::clone(&conn), rx));
+            // Registered first, so the welcome and first tasks have somewhere to go.
+            let id = core.on_worker_added(
+                NewWorker {
+                    name,
+                    address: data_address,
+                    nthreads,
+                    memory_limit,
+                },
+                Instant::now(),
+                out,
+            );
+            tokio::spawn(read(
+                Arc::clone(&conn),
+                events.clone(),
+                move |m| Event::Worker(id, m),
+                move |why| Event::WorkerLeft(id, why),
+            ));
+            workers.insert(id, Peer { tx, conn });
+        }
+        Event::Joined(conn, Hello::Data { .. }) => {
+            tracing::warn!(peer = %conn.peer_addr(), "a data connection to the scheduler: refused");
+            tokio::spawn(async move { conn.close().await });
+        }
+        Event::Client(c, msgs) => {
+            for m in msgs {
+                core.on_client_message(c, m, out);
+            }
+        }
+        Event::Worker(w, msgs) => {
+            let now = Instant::now();
+            for m in msgs {
+                core.on_worker_message(w, m, now, out);
+            }
+        }
+        Event::ClientLeft(c, why) => {
+            tracing::debug!(client = c.0, %why, "client left");
+            clients.remove(&c);
+            core.on_client_removed(c, out);
+        }
+        Event::WorkerLeft(w, why) => {
+            tracing::info!(worker = w.0, %why, "worker left");
+            workers.remove(&w);
+            core.on_worker_removed(w, out);
+        }
+    }
+}
+
+/// Reads batches from a peer until its connection ends, then says why.
+async fn read<M: serde::de::DeserializeOwned + crate::protocol::Payloads>(
+    conn: Arc<Connection>,
+    events: mpsc::UnboundedSender<Event>,
+    wrap: impl Fn(Vec<M>) -> Event,
+    left: impl FnOnce(String) -> Event,
+) {
+    loop {
+        match net::recv_batch::<M>(&conn).await {
+            Ok(msgs) => {
+                if events.send(wrap(msgs)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let _ = events.send(left(e.to_string()));
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The worker's threads that run tasks: a queue by priority, and `nthreads` threads taking
+//! from it. A task's spec is decoded on the thread that runs it.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use dask_graph::{FailureKind, Key, Node, TaskFailure, Value};
+use rustc_hash::FxHashMap;
+use tokio::sync::mpsc;
+
+use crate::protocol::{Payload, Priority};
+
+/// A task ready to run: its spec and its inputs' values.
+pub(super) struct Job {
+    pub key: Key,
+    pub spec: Payload,
+    pub inputs: FxHashMap<Key, Value>,
+    pub priority: Priority,
+    pub seq: u64,
+}
+
+impl PartialEq for Job {
+    fn eq(&self, o: &Self) -> bool {
+        (self.priority, self.seq) == (o.priority, o.seq)
+    }
+}
+impl Eq for Job {}
+impl PartialOrd for Job {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Job {
+    /// Reversed: the heap pops the lowest priority, then the oldest.
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.priority, o.seq).cmp(&(self.priority, self.seq))
+    }
+}
+
+/// What a thread reports when a task ends.
+pub(super) struct Done {
+    pub key: Key,
+    pub result: Result<Value, Box<TaskFailure>>,
+    pub micros: u64,
+}
+
+struct Queue {
+    jobs: BinaryHeap<Job>,
+    closed: bool,
+}
+
+/// The threads and their queue.
+pub(super) struct Executor {
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    seq: u64,
+}
+
+impl Executor {
+    /// Starts `n` threads; each finished task is reported on `done`.
+    pub fn start(n: usize, done: mpsc::UnboundedSender<Done>) -> Executor {
+        let queue = Arc::new((
+            Mutex::new(Queue {
+                jobs: BinaryHeap::new(),
+                closed: false,
+            }),
+            Condvar::new(),
+        ));
+        let threads = (0..n.max(1))
+            .map(|i| {
+                let (q, done) = (Arc::clone(&queue), done.clone());
+                std::thread::Builder::new()
+                    .name(format!("dask-worker-{i}"))
+                    .spawn(move || run(&q, &done))
+                    .expect("spawning a worker thread")
+            })
+            .collect();
+        Executor {
+            queue,
+            threads,
+            seq: 0,
+        }
+    }
+
+    /// Queues a task.
+    pub fn submit(
+        &mut self,
+        key: Key,
+        spec: Payload,
+        inputs: FxHashMap<Key, Value>,
+        priority: Priority,
+    ) {
+        self.seq += 1;
+        let (lock, cv) = &*self.queue;
+        lock.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .jobs
+            .push(Job {
+                key,
+                spec,
+                inputs,
+                priority,
+                seq: self.seq,
+            });
+        cv.notify_one();
+    }
+
+    /// Removes a queued task that has not started; whether it was there.
+    pub fn cancel(&self, key: &Key) -> bool {
+        let (lock, _) = &*self.queue;
+        let mut q = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let before = q.jobs.len();
+        q.jobs.retain(|j| j.key != *key);
+        q.jobs.len() != before
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.queue;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+        cv.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(queue: &(Mutex<Queue>, Condvar), done: &mpsc::UnboundedSender<Done>) {
+    let (lock, cv) = queue;
+    loop {
+        let job = {
+            let mut q = lock.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if q.closed {
+                    return;
+                }
+                if let Some(j) = q.jobs.pop() {
+                    break j;
+                }
+                q = cv.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let t0 = Instant::now();
+        let result = execute(&job);
+        let micros = t0.elapsed().as_micros() as u64;
+        if done
+            .send(Done {
+                key: job.key,
+                result,
+                micros,
+            })
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+fn execute(job: &Job) -> Result<Value, Box<TaskFailure>> {
+    let node = crate::spec::decode(&job.spec).map_err(|e| {
+        Box::new(TaskFailure::new(
+            job.key,
+            "",
+            FailureKind::Data,
+            format!("the task's spec does not decode: {e}"),
+        ))
+    })?;
+    match node {
+        Node::Value(v) => Ok(v),
+        Node::Task(t) => dask_graph::run(&t, job.key, &|k| job.inputs.get(k).cloned()),
+    }
+}

@@ -1,0 +1,235 @@
+//! Fetching dependencies from the workers that hold them: batched per peer (at most
+//! [`BATCH_BYTES`] per request), one request in flight per peer, connections kept for reuse.
+//! A holder that does not have a key, or cannot be reached, is skipped for the next one; when
+//! none is left, the key is reported missing (the scheduler then finds it elsewhere or
+//! recomputes it).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use dask_graph::{Key, Value};
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::mpsc;
+use transport::{Address, Connection};
+
+use crate::error::{Error, Result};
+use crate::net;
+use crate::protocol::{DataMsg, Hello, Payload};
+use crate::security::Secret;
+
+/// The most bytes asked of one peer in one request (Dask's 50 MB).
+pub(crate) const BATCH_BYTES: u64 = 50 << 20;
+
+/// What a request to a peer brought back.
+pub(crate) struct Fetched {
+    peer: String,
+    conn: Option<Arc<Connection>>,
+    asked: Vec<Key>,
+    result: Result<Vec<(Key, Option<Payload>)>>,
+}
+
+struct Want {
+    holders: VecDeque<String>,
+    tried: Vec<String>,
+    nbytes: u64,
+}
+
+pub(crate) struct Fetcher {
+    me: String,
+    secret: Secret,
+    tx: mpsc::UnboundedSender<Fetched>,
+    wanted: FxHashMap<Key, Want>,
+    queues: FxHashMap<String, Vec<Key>>,
+    busy: FxHashSet<String>,
+    pool: FxHashMap<String, Arc<Connection>>,
+}
+
+/// Asks `peer` for `keys` over `conn` (or a new data connection).
+pub(crate) async fn get(
+    peer: &str,
+    conn: Option<Arc<Connection>>,
+    me: &str,
+    secret: &Secret,
+    keys: Vec<Key>,
+) -> (Option<Arc<Connection>>, Result<Vec<(Key, Option<Payload>)>>) {
+    let conn = match conn {
+        Some(c) => c,
+        None => {
+            let addr: Address = match peer.parse() {
+                Ok(a) => a,
+                Err(e) => return (None, Err(Error::Transport(e.into()))),
+            };
+            match net::dial(
+                &addr,
+                secret,
+                Hello::Data {
+                    name: me.to_string(),
+                },
+            )
+            .await
+            {
+                Ok(c) => Arc::new(c),
+                Err(e) => return (None, Err(e)),
+            }
+        }
+    };
+    let r = async {
+        net::send_batch(&conn, vec![DataMsg::Get { keys }]).await?;
+        let mut reply: Vec<DataMsg> = net::recv_batch(&conn).await?;
+        match (reply.pop(), reply.is_empty()) {
+            (Some(DataMsg::Values { values }), true) => Ok(values),
+            _ => Err(Error::Unexpected(
+                "a data answer must be one Values message".into(),
+            )),
+        }
+    }
+    .await;
+    let keep = r.is_ok().then_some(conn);
+    (keep, r)
+}
+
+impl Fetcher {
+    pub(crate) fn new(me: String, secret: Secret, tx: mpsc::UnboundedSender<Fetched>) -> Fetcher {
+        Fetcher {
+            me,
+            secret,
+            tx,
+            wanted: FxHashMap::default(),
+            queues: FxHashMap::default(),
+            busy: FxHashSet::default(),
+            pool: FxHashMap::default(),
+        }
+    }
+
+    /// Fetch `key` from one of `holders`.
+    pub(crate) fn want(&mut self, key: Key, holders: Vec<String>, nbytes: u64) {
+        let mut want = Want {
+            holders: holders.into(),
+            tried: Vec::new(),
+            nbytes,
+        };
+        match want.holders.pop_front() {
+            Some(h) => {
+                self.queues.entry(h).or_default().push(key);
+                self.wanted.insert(key, want);
+            }
+            None => {
+                // Nobody to ask: reported missing on the next pass.
+                self.wanted.insert(key, want);
+                let _ = self.tx.send(Fetched {
+                    peer: String::new(),
+                    conn: None,
+                    asked: vec![key],
+                    result: Err(Error::Unexpected("no holder".into())),
+                });
+            }
+        }
+    }
+
+    /// Sends a request to every peer that has keys queued and none in flight.
+    pub(crate) fn start(&mut self) {
+        let ready: Vec<String> = self
+            .queues
+            .iter()
+            .filter(|(p, ks)| !ks.is_empty() && !self.busy.contains(*p))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for peer in ready {
+            let queue = self.queues.get_mut(&peer).expect("listed above");
+            let mut bytes = 0u64;
+            let mut n = 0;
+            while n < queue.len() {
+                bytes += self.wanted.get(&queue[n]).map_or(0, |w| w.nbytes);
+                n += 1;
+                if bytes >= BATCH_BYTES {
+                    break;
+                }
+            }
+            let keys: Vec<Key> = queue.drain(..n).collect();
+            self.busy.insert(peer.clone());
+            let (conn, me, secret, tx) = (
+                self.pool.get(&peer).cloned(),
+                self.me.clone(),
+                self.secret.clone(),
+                self.tx.clone(),
+            );
+            tokio::spawn(async move {
+                let (conn, result) = get(&peer, conn, &me, &secret, keys.clone()).await;
+                let _ = tx.send(Fetched {
+                    peer,
+                    conn,
+                    asked: keys,
+                    result,
+                });
+            });
+        }
+    }
+
+    /// Takes in what a request brought: the values that arrived, and the keys no holder had
+    /// (with the holders tried).
+    pub(crate) fn arrived(&mut self, f: Fetched) -> Arrivals {
+        self.busy.remove(&f.peer);
+        match f.conn {
+            Some(c) => {
+                self.pool.insert(f.peer.clone(), c);
+            }
+            None => {
+                self.pool.remove(&f.peer);
+            }
+        }
+        let mut arrived = Vec::new();
+        let mut retry: Vec<Key> = Vec::new();
+        match f.result {
+            Ok(values) => {
+                let mut answered = FxHashSet::default();
+                for (k, p) in values {
+                    answered.insert(k);
+                    match p.map(|p| p.to_value()) {
+                        Some(Ok(v)) if self.wanted.remove(&k).is_some() => arrived.push((k, v)),
+                        Some(Ok(_)) => {} // not wanted any more
+                        Some(Err(e)) => {
+                            tracing::warn!(peer = %f.peer, key = %k, error = %e, "a fetched value does not decode");
+                            retry.push(k);
+                        }
+                        None => retry.push(k),
+                    }
+                }
+                retry.extend(f.asked.into_iter().filter(|k| !answered.contains(k)));
+            }
+            Err(e) => {
+                if !f.peer.is_empty() {
+                    tracing::info!(peer = %f.peer, error = %e, "fetching from a peer failed");
+                }
+                retry = f.asked;
+            }
+        }
+        let mut missing = Vec::new();
+        for k in retry {
+            let Some(w) = self.wanted.get_mut(&k) else {
+                continue;
+            };
+            if !f.peer.is_empty() {
+                w.tried.push(f.peer.clone());
+            }
+            match w.holders.pop_front() {
+                Some(h) => self.queues.entry(h).or_default().push(k),
+                None => {
+                    let w = self.wanted.remove(&k).expect("present");
+                    missing.push((k, w.tried));
+                }
+            }
+        }
+        Arrivals {
+            values: arrived,
+            missing,
+        }
+    }
+}
+
+/// What [`Fetcher::arrived`] found.
+pub(crate) struct Arrivals {
+    /// Values that arrived.
+    pub values: Vec<(Key, Value)>,
+    /// Keys no holder had, with the holders tried.
+    pub missing: Vec<(Key, Vec<String>)>,
+}

@@ -1,0 +1,512 @@
+//! The worker process: runs tasks on `nthreads` threads, keeps their values, and moves data
+//! directly to and from other workers (never through the scheduler).
+//!
+//! One task owns the worker's state and handles, in passes: the scheduler's messages, tasks
+//! that finished, and data that arrived. What a pass produces for the scheduler goes as one
+//! batch. Dependencies are fetched in batches per peer, one request per peer at a time, on
+//! data connections of their own (control messages never wait behind data). A data server
+//! answers other workers' and clients' requests from the store.
+
+mod exec;
+pub(crate) mod fetch;
+
+use std::collections::hash_map::Entry;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dask_graph::{Key, Value};
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::mpsc;
+use transport::{Address, Connection};
+
+use crate::error::{Error, Result};
+use crate::net;
+use crate::protocol::{DataMsg, Dep, FromWorker, Hello, Payload, Priority, ToWorker};
+use crate::security::Secret;
+use exec::{Done, Executor};
+use fetch::{Fetched, Fetcher};
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// The scheduler's address.
+    pub scheduler: Address,
+    /// The cluster's secret.
+    pub secret: Secret,
+    /// Where this worker serves data (default: loopback, port chosen by the system, in the
+    /// scheduler's scheme).
+    pub listen: Option<Address>,
+    /// Threads that run tasks.
+    pub nthreads: usize,
+    /// Memory limit in bytes (0: none), reported to the scheduler.
+    pub memory_limit: u64,
+    /// A name for logs.
+    pub name: String,
+    /// Answer every task at once without running it or fetching its inputs (to measure the
+    /// runtime alone, like RSDS's zero worker). Values are `()`.
+    pub zero_work: bool,
+}
+
+impl WorkerOptions {
+    /// Options for a worker of `scheduler` with `nthreads` threads.
+    pub fn new(scheduler: Address, secret: Secret, nthreads: usize) -> WorkerOptions {
+        WorkerOptions {
+            scheduler,
+            secret,
+            listen: None,
+            nthreads,
+            memory_limit: 0,
+            name: format!("worker-{}", std::process::id()),
+            zero_work: false,
+        }
+    }
+}
+
+/// Values the worker holds, shared with its data server.
+pub(crate) type Store = Arc<Mutex<FxHashMap<Key, Value>>>;
+
+fn default_listen(scheduler: &Address) -> Address {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    match scheduler {
+        Address::Inproc(name) => Address::Inproc(format!(
+            "{name}-worker-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        )),
+        Address::Tcp { .. } => Address::Tcp {
+            host: "127.0.0.1".into(),
+            port: 0,
+        },
+        Address::Ucx { .. } => Address::Ucx {
+            host: "127.0.0.1".into(),
+            port: 0,
+        },
+    }
+}
+
+/// A task the scheduler sent, not yet finished.
+struct Pending {
+    spec: Payload,
+    deps: Vec<Key>,
+    priority: Priority,
+    /// Dependencies not here yet.
+    missing: usize,
+    running: bool,
+    /// A client wants the result (a small one goes with the completion notice).
+    wanted: bool,
+}
+
+/// Runs a worker until the scheduler tells it to close or goes away.
+pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
+    let listen = opts
+        .listen
+        .clone()
+        .unwrap_or_else(|| default_listen(&opts.scheduler));
+    let mut listener = net::listen(&listen).await?;
+    let address = listener.local_addr().to_string();
+    let store: Store = Arc::default();
+    let serve = {
+        let (store, secret) = (Arc::clone(&store), opts.secret.clone());
+        tokio::spawn(async move {
+            while let Ok(conn) = listener.accept().await {
+                let (store, secret) = (Arc::clone(&store), secret.clone());
+                tokio::spawn(serve_data(conn, store, secret));
+            }
+        })
+    };
+    let control = net::dial(
+        &opts.scheduler,
+        &opts.secret,
+        Hello::Worker {
+            name: opts.name.clone(),
+            data_address: address.clone(),
+            nthreads: opts.nthreads as u32,
+            memory_limit: opts.memory_limit,
+        },
+    )
+    .await?;
+    let control = Arc::new(control);
+    tracing::info!(name = %opts.name, %address, scheduler = %opts.scheduler, nthreads = opts.nthreads, "worker started");
+    let r = Worker::new(&opts, address, store, Arc::clone(&control))
+        .run()
+        .await;
+    serve.abort();
+    let _ = control.close().await;
+    tracing::info!(name = %opts.name, "worker stopped");
+    r
+}
+
+struct Worker {
+    address: String,
+    zero_work: bool,
+    store: Store,
+    control: Arc<Connection>,
+    pending: FxHashMap<Key, Pending>,
+    /// Tasks waiting for each dependency that is being fetched.
+    waiting_for: FxHashMap<Key, Vec<Key>>,
+    /// Tasks freed while running: their result is dropped.
+    freed_running: FxHashSet<Key>,
+    executor: Executor,
+    done_rx: mpsc::UnboundedReceiver<Done>,
+    fetcher: Fetcher,
+    fetched_rx: mpsc::UnboundedReceiver<Fetched>,
+    out: Vec<FromWorker>,
+    executing: u32,
+}
+
+impl Worker {
+    fn new(
+        opts: &WorkerOptions,
+        address: String,
+        store: Store,
+        control: Arc<Connection>,
+    ) -> Worker {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let (fetched_tx, fetched_rx) = mpsc::unbounded_channel();
+        Worker {
+            fetcher: Fetcher::new(address.clone(), opts.secret.clone(), fetched_tx),
+            address,
+            zero_work: opts.zero_work,
+            store,
+            control,
+            pending: FxHashMap::default(),
+            waiting_for: FxHashMap::default(),
+            freed_running: FxHashSet::default(),
+            executor: Executor::start(opts.nthreads, done_tx),
+            done_rx,
+            fetched_rx,
+            out: Vec::new(),
+            executing: 0,
+        }
+    }
+
+    async fn run(mut self) -> Result<()> {
+        let (from_scheduler, mut scheduler_rx) = mpsc::unbounded_channel();
+        let reader = {
+            let control = Arc::clone(&self.control);
+            tokio::spawn(async move {
+                loop {
+                    let r = net::recv_batch::<ToWorker>(&control).await;
+                    let end = r.is_err();
+                    if from_scheduler.send(r).is_err() || end {
+                        return;
+                    }
+                }
+            })
+        };
+        let (to_scheduler, writer_rx) = mpsc::unbounded_channel();
+        let writer = tokio::spawn(net::writer(Arc::clone(&self.control), writer_rx));
+        let mut heartbeat = tokio::time::interval(Duration::from_secs(2));
+        let result = loop {
+            tokio::select! {
+                msgs = scheduler_rx.recv() => match msgs {
+                    Some(Ok(msgs)) => {
+                        if self.on_scheduler(msgs) {
+                            break Ok(());
+                        }
+                    }
+                    Some(Err(e)) => break match e {
+                        Error::Transport(t) if t.is_closed() => Ok(()),
+                        e => Err(e),
+                    },
+                    None => break Ok(()),
+                },
+                Some(done) = self.done_rx.recv() => self.on_done(done),
+                Some(fetched) = self.fetched_rx.recv() => self.on_fetched(fetched),
+                _ = heartbeat.tick() => {
+                    let stored = self.store.lock().unwrap_or_else(|e| e.into_inner()).values().map(|v| v.nbytes() as u64).sum();
+                    self.out.push(FromWorker::Heartbeat { stored, executing: self.executing });
+                }
+            }
+            // Everything else already here joins this pass.
+            while let Ok(done) = self.done_rx.try_recv() {
+                self.on_done(done);
+            }
+            while let Ok(fetched) = self.fetched_rx.try_recv() {
+                self.on_fetched(fetched);
+            }
+            self.fetcher.start();
+            if !self.out.is_empty() && to_scheduler.send(std::mem::take(&mut self.out)).is_err() {
+                break Err(Error::Disconnected(
+                    "the scheduler connection's writer ended".into(),
+                ));
+            }
+        };
+        reader.abort();
+        drop(to_scheduler);
+        let _ = writer.await;
+        result
+    }
+
+    /// Handles the scheduler's messages; true when told to close.
+    fn on_scheduler(&mut self, msgs: Vec<ToWorker>) -> bool {
+        for m in msgs {
+            match m {
+                ToWorker::Welcome { id } => tracing::debug!(worker = id.0, "welcomed"),
+                ToWorker::Compute {
+                    key,
+                    spec,
+                    deps,
+                    priority,
+                    wanted,
+                } => self.compute(key, spec, deps, priority, wanted),
+                ToWorker::Free { keys } => self.free(keys),
+                ToWorker::Close => return true,
+            }
+        }
+        false
+    }
+
+    fn compute(
+        &mut self,
+        key: Key,
+        spec: Payload,
+        deps: Vec<Dep>,
+        priority: Priority,
+        wanted: bool,
+    ) {
+        if self.zero_work {
+            self.store
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, Value::new(()));
+            self.out.push(FromWorker::Finished {
+                key,
+                nbytes: 0,
+                micros: 0,
+                small: None,
+            });
+            return;
+        }
+        if self.pending.contains_key(&key) {
+            return; // sent again (rescheduled to us while still here)
+        }
+        let mut missing = 0;
+        {
+            let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+            for d in &deps {
+                if !store.contains_key(&d.key) {
+                    missing += 1;
+                    let first = match self.waiting_for.entry(d.key) {
+                        Entry::Occupied(mut e) => {
+                            e.get_mut().push(key);
+                            false
+                        }
+                        Entry::Vacant(e) => {
+                            e.insert(vec![key]);
+                            true
+                        }
+                    };
+                    if first {
+                        let holders = d
+                            .holders
+                            .iter()
+                            .filter(|h| **h != self.address)
+                            .cloned()
+                            .collect();
+                        self.fetcher.want(d.key, holders, d.nbytes);
+                    }
+                }
+            }
+        }
+        self.pending.insert(
+            key,
+            Pending {
+                spec,
+                deps: deps.into_iter().map(|d| d.key).collect(),
+                priority,
+                missing,
+                running: false,
+                wanted,
+            },
+        );
+        if missing == 0 {
+            self.start(key);
+        }
+    }
+
+    /// Queues a task whose inputs are all here.
+    fn start(&mut self, key: Key) {
+        let Some(p) = self.pending.get_mut(&key) else {
+            return;
+        };
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let inputs: FxHashMap<Key, Value> = p
+            .deps
+            .iter()
+            .filter_map(|d| store.get(d).map(|v| (*d, v.clone())))
+            .collect();
+        drop(store);
+        p.running = true;
+        self.executing += 1;
+        self.executor
+            .submit(key, std::mem::take(&mut p.spec), inputs, p.priority);
+    }
+
+    fn free(&mut self, keys: Vec<Key>) {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        for k in keys {
+            store.remove(&k);
+            if let Some(p) = self.pending.remove(&k) {
+                if p.running {
+                    if self.executor.cancel(&k) {
+                        self.executing -= 1;
+                    } else {
+                        self.freed_running.insert(k);
+                    }
+                }
+                for d in p.deps {
+                    if let Some(ws) = self.waiting_for.get_mut(&d) {
+                        ws.retain(|x| *x != k);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_done(&mut self, d: Done) {
+        self.executing = self.executing.saturating_sub(1);
+        if self.freed_running.remove(&d.key) {
+            return;
+        }
+        let wanted = self.pending.remove(&d.key).is_some_and(|p| p.wanted);
+        match d.result {
+            Ok(v) => {
+                let nbytes = v.nbytes() as u64;
+                let small = wanted
+                    .then(|| Payload::from_value(&v).ok())
+                    .flatten()
+                    .filter(|p| p.len() <= crate::protocol::SMALL_RESULT);
+                self.store
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(d.key, v);
+                self.out.push(FromWorker::Finished {
+                    key: d.key,
+                    nbytes,
+                    micros: d.micros,
+                    small,
+                });
+            }
+            Err(f) => self.out.push(FromWorker::Erred {
+                key: d.key,
+                failure: f.on_worker(self.address.clone()),
+            }),
+        }
+    }
+
+    fn on_fetched(&mut self, f: Fetched) {
+        let fetch::Arrivals {
+            values: arrived,
+            missing,
+        } = self.fetcher.arrived(f);
+        {
+            let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+            for (k, v) in &arrived {
+                store.insert(*k, v.clone());
+            }
+        }
+        for (k, _) in arrived {
+            for t in self.waiting_for.remove(&k).unwrap_or_default() {
+                let ready = self.pending.get_mut(&t).is_some_and(|p| {
+                    p.missing -= 1;
+                    p.missing == 0
+                });
+                if ready {
+                    self.start(t);
+                }
+            }
+        }
+        for (dep, tried) in missing {
+            for key in self.waiting_for.remove(&dep).unwrap_or_default() {
+                if self.pending.remove(&key).is_some() {
+                    self.out.push(FromWorker::MissingDep {
+                        key,
+                        dep,
+                        tried: tried.clone(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Serves one data connection: values from the store, and values a client puts.
+async fn serve_data(conn: Connection, store: Store, secret: Secret) {
+    let peer = conn.peer_addr().clone();
+    match net::admit(&conn, &secret).await {
+        Ok(Hello::Data { .. }) => {}
+        Ok(other) => {
+            tracing::warn!(%peer, ?other, "not a data connection: closed");
+            let _ = conn.close().await;
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "refused a data connection");
+            let _ = conn.close().await;
+            return;
+        }
+    }
+    loop {
+        let msgs = match net::recv_batch::<DataMsg>(&conn).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "data connection ends");
+                return;
+            }
+        };
+        let mut reply = Vec::new();
+        for m in msgs {
+            match m {
+                DataMsg::Get { keys } => {
+                    let values = {
+                        let store = store.lock().unwrap_or_else(|e| e.into_inner());
+                        keys.into_iter()
+                            .map(|k| (k, store.get(&k).cloned()))
+                            .collect::<Vec<_>>()
+                    };
+                    let values = values
+                        .into_iter()
+                        .map(|(k, v)| {
+                            let p = v.and_then(|v| match Payload::from_value(&v) {
+                                Ok(p) => Some(p),
+                                Err(e) => {
+                                    tracing::warn!(key = %k, error = %e, "a value does not encode");
+                                    None
+                                }
+                            });
+                            (k, p)
+                        })
+                        .collect();
+                    reply.push(DataMsg::Values { values });
+                }
+                DataMsg::Put { values } => {
+                    let mut decoded = Vec::with_capacity(values.len());
+                    for (k, p) in values {
+                        match p.to_value() {
+                            Ok(v) => decoded.push((k, v)),
+                            Err(e) => {
+                                tracing::warn!(%peer, key = %k, error = %e, "a put value does not decode");
+                                let _ = conn.close().await;
+                                return;
+                            }
+                        }
+                    }
+                    store
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(decoded);
+                    reply.push(DataMsg::Stored);
+                }
+                other => {
+                    tracing::warn!(%peer, ?other, "unexpected on a data connection: closed");
+                    let _ = conn.close().await;
+                    return;
+                }
+            }
+        }
+        if net::send_batch(&conn, reply).await.is_err() {
+            return;
+        }
+    }
+}
