@@ -677,6 +677,13 @@ impl Client {
         block_on(self.cancel(futures))
     }
 
+    /// [`Client::close`], blocking (errors are logged: the connection is gone either way).
+    pub fn close_blocking(&self) {
+        if let Err(e) = block_on(self.close()) {
+            tracing::debug!(error = %e, "closing the client");
+        }
+    }
+
     /// Closes the connection to the scheduler (the scheduler releases this client's keys).
     pub async fn close(&self) -> Result<()> {
         let control = Arc::clone(&self.inner.control);

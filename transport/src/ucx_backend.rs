@@ -51,18 +51,33 @@ pub const FIRST_MAX: usize = crate::UCX_FIRST_MAX;
 /// The tag credit grants travel on (little-endian `u64`: bytes granted back).
 pub const CREDIT_TAG: ucx::Tag = ucx::Tag::User(0x5456);
 
+/// The process's UCX worker, made on first use. A `blocking` worker is progressed by a task
+/// on the runtime it was made in; when that runtime has shut down (a program that makes one
+/// runtime per phase, or a test after a test), the next connection makes a new worker in the
+/// current runtime. Connections of the old worker died with its runtime.
 fn worker() -> Result<ucx::Worker> {
-    static WORKER: OnceLock<std::result::Result<ucx::Worker, ucx::Error>> = OnceLock::new();
-    WORKER
+    static CONTEXT: OnceLock<std::result::Result<ucx::Context, ucx::Error>> = OnceLock::new();
+    static WORKER: std::sync::Mutex<Option<ucx::Worker>> = std::sync::Mutex::new(None);
+    let intent = crate::ucx_config::chosen();
+    let ctx = CONTEXT
         .get_or_init(|| {
-            let intent = crate::ucx_config::chosen();
             let opts = intent.options().unwrap_or_default();
             tracing::debug!(ucx = %intent, "starting the UCX backend");
-            let ctx = ucx::Context::builder().options(opts).build()?;
-            ucx::Worker::new(&ctx, intent.progress)
+            ucx::Context::builder().options(opts).build()
         })
-        .clone()
-        .map_err(TransportError::from)
+        .clone()?;
+    let mut current = WORKER.lock().unwrap_or_else(|e| e.into_inner());
+    match &*current {
+        Some(w) if w.is_progressing() => Ok(w.clone()),
+        stale => {
+            if stale.is_some() {
+                tracing::info!("the UCX worker's runtime shut down: making a new worker");
+            }
+            let w = ucx::Worker::new(&ctx, intent.progress)?;
+            *current = Some(w.clone());
+            Ok(w)
+        }
+    }
 }
 
 /// What a message's first UCX message held.

@@ -78,6 +78,8 @@ pub(crate) struct WorkerShared {
     context: Context,
     /// The progress engine (blocking task or thread) is asleep on the event fd.
     sleeping: AtomicBool,
+    /// The blocking-mode progress task ended while the worker lived (its runtime shut down).
+    orphaned: AtomicBool,
     notify: Arc<tokio::sync::Notify>,
     /// Endpoints whose error callback fired; handled after the current UCX call.
     failed: Mutex<Vec<Arc<EpShared>>>,
@@ -318,6 +320,7 @@ impl Worker {
             mode,
             context: context.clone(),
             sleeping: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
             notify: Arc::new(tokio::sync::Notify::new()),
             failed: Mutex::new(Vec::new()),
             has_failed: AtomicBool::new(false),
@@ -349,9 +352,12 @@ impl Worker {
                 };
                 let weak = Arc::downgrade(&shared);
                 let notify = Arc::clone(&shared.notify);
-                runtime
-                    .expect("checked above")
-                    .spawn(blocking_progress(weak, afd, notify));
+                runtime.expect("checked above").spawn(blocking_progress(
+                    weak.clone(),
+                    afd,
+                    notify,
+                    OrphanGuard(weak),
+                ));
             }
             ProgressMode::Thread => {
                 let fd = event_fd(&shared)?;
@@ -369,6 +375,23 @@ impl Worker {
     /// The progress mode.
     pub fn mode(&self) -> ProgressMode {
         self.shared.mode
+    }
+
+    /// Whether something still progresses this worker. A `Blocking` worker's progress task
+    /// lives on the runtime it was created in: once that runtime shuts down, nothing completes
+    /// the worker's operations unless a future is polled on a `Polling` worker. Code that keeps
+    /// a worker beyond one runtime (a process-wide worker, say) checks this and makes a new one.
+    ///
+    /// ```
+    /// let ctx = ucx::Context::new().unwrap();
+    /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    /// let w = rt.block_on(async { ucx::Worker::new(&ctx, ucx::ProgressMode::Blocking) }).unwrap();
+    /// assert!(w.is_progressing());
+    /// drop(rt);
+    /// assert!(!w.is_progressing());
+    /// ```
+    pub fn is_progressing(&self) -> bool {
+        !self.shared.orphaned.load(Ordering::Acquire)
     }
 
     /// The context this worker belongs to.
@@ -474,10 +497,25 @@ fn progress_then_arm(shared: &WorkerShared) -> bool {
     }
 }
 
+/// Marks the worker orphaned when the blocking progress task is dropped (its runtime shut
+/// down) while the worker lives. An argument of the task, so it drops even if the task never
+/// ran.
+struct OrphanGuard(Weak<WorkerShared>);
+
+impl Drop for OrphanGuard {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.orphaned.store(true, Ordering::Release);
+            tracing::debug!("the runtime progressing a UCX worker shut down");
+        }
+    }
+}
+
 async fn blocking_progress(
     weak: Weak<WorkerShared>,
     fd: tokio::io::unix::AsyncFd<OwnedFd>,
     notify: Arc<tokio::sync::Notify>,
+    _orphaned: OrphanGuard,
 ) {
     let mut idle = 0u32;
     loop {

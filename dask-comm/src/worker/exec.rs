@@ -54,6 +54,7 @@ struct Queue {
 /// The threads and their queue.
 pub(super) struct Executor {
     queue: Arc<(Mutex<Queue>, Condvar)>,
+    /// Detached when the executor is dropped.
     threads: Vec<std::thread::JoinHandle<()>>,
     seq: u64,
 }
@@ -118,13 +119,16 @@ impl Executor {
 }
 
 impl Drop for Executor {
+    /// Stops the threads without waiting: a running task finishes on its own (its result is
+    /// dropped), so a worker told to close does not wait for long tasks.
     fn drop(&mut self) {
         let (lock, cv) = &*self.queue;
-        lock.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+        let mut q = lock.lock().unwrap_or_else(|e| e.into_inner());
+        q.closed = true;
+        q.jobs.clear();
+        drop(q);
         cv.notify_all();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        self.threads.clear();
     }
 }
 

@@ -1,0 +1,262 @@
+//! A cluster in this process (in-process workers over `inproc://`): the client's API, the same
+//! answers as the local schedulers, failures that name their task, nothing that hangs.
+
+use std::time::Duration;
+
+use dask_comm::{ClusterOptions, LocalCluster, Protocol};
+use dask_graph::{registry, Arg, ComputeError, FailureKind, Graph, Key, Scheduler, Task, Value};
+use futures::StreamExt;
+
+fn setup() {
+    registry().register("t-inc", |x: i64| x + 1);
+    registry().register("t-add", |x: i64, y: i64| x + y);
+    registry().register_variadic("t-sum", |xs: Vec<i64>| xs.iter().sum::<i64>());
+    registry().register("t-slow", |x: i64| {
+        std::thread::sleep(Duration::from_millis(x as u64));
+        x
+    });
+    registry().register("t-boom", |x: i64| -> i64 {
+        if x == 3 {
+            panic!("three is not allowed")
+        }
+        x
+    });
+    registry().register("t-bytes", |n: u64| {
+        bytes::Bytes::from(vec![7u8; n as usize])
+    });
+    registry().register("t-len", |b: bytes::Bytes| b.len() as u64);
+}
+
+fn cluster(workers: usize, threads: usize) -> LocalCluster {
+    setup();
+    LocalCluster::with(ClusterOptions {
+        workers,
+        threads_per_worker: threads,
+        protocol: Protocol::Inproc,
+        processes: false,
+        ..Default::default()
+    })
+    .expect("an in-process cluster")
+}
+
+fn int(v: &Value) -> i64 {
+    *v.downcast_ref::<i64>().expect("an i64")
+}
+
+#[test]
+fn submit_map_gather_and_the_same_graph_everywhere() {
+    let c = cluster(2, 2);
+    let client = c.client().unwrap();
+    let f = client
+        .submit_blocking("t-inc", vec![Arg::lit(41i64)])
+        .unwrap();
+    assert_eq!(int(&f.result_blocking().unwrap()), 42);
+    let fs = client.map_blocking("t-inc", 0..100i64).unwrap();
+    let vs = client.gather_blocking(&fs).unwrap();
+    assert_eq!(
+        vs.iter().map(int).collect::<Vec<_>>(),
+        (1..=100).collect::<Vec<_>>()
+    );
+    // A graph computes the same on Sync, Threaded and the cluster.
+    let mut g = Graph::new();
+    for i in 0..64u32 {
+        g.insert(("x", i), Task::new("t-inc", [Arg::lit(i as i64)]));
+    }
+    for i in 0..32u32 {
+        g.insert(
+            ("y", i),
+            Task::new(
+                "t-add",
+                [Arg::key(("x", 2 * i)), Arg::key(("x", 2 * i + 1))],
+            ),
+        );
+    }
+    g.insert(
+        "total",
+        Task::new("t-sum", (0..32).map(|i| Arg::key(("y", i)))),
+    );
+    let keys = [Key::name_only("total"), Key::new("y", &[3])];
+    let a = dask_graph::Sync.get(g.clone(), &keys).unwrap();
+    let b = dask_graph::Threaded::new(2).get(g.clone(), &keys).unwrap();
+    let d = client.get(g, &keys).unwrap();
+    for vs in [&a, &b, &d] {
+        assert_eq!(int(&vs[0]), (1..=64).sum::<i64>());
+        assert_eq!(int(&vs[1]), 7 + 8);
+    }
+}
+
+#[test]
+fn bulk_values_move_between_workers_and_scatter_places_data() {
+    let c = cluster(2, 1);
+    let client = c.client().unwrap();
+    // Values made on workers, used by tasks that may run elsewhere (a fetch), and gathered.
+    let mut g = Graph::new();
+    for i in 0..8u32 {
+        g.insert(
+            ("b", i),
+            Task::new("t-bytes", [Arg::lit((i as u64 + 1) << 16)]),
+        );
+        g.insert(("n", i), Task::new("t-len", [Arg::key(("b", i))]));
+    }
+    let keys: Vec<Key> = (0..8).map(|i| Key::new("n", &[i])).collect();
+    let vs = client.compute_blocking(g, &keys).unwrap();
+    for (i, v) in vs.iter().enumerate() {
+        assert_eq!(v.downcast_ref::<u64>(), Some(&((i as u64 + 1) << 16)));
+    }
+    // Scattered data is used by tasks and comes back as it went.
+    let data: Vec<Value> = (0..4)
+        .map(|i| Value::new(bytes::Bytes::from(vec![i as u8; 100_000 + i])))
+        .collect();
+    let fs = client.scatter_blocking(data).unwrap();
+    let lens = fs
+        .iter()
+        .map(|f| {
+            client
+                .submit_blocking("t-len", vec![Arg::Key(f.key())])
+                .unwrap()
+        })
+        .collect::<Vec<_>>();
+    let vs = client.gather_blocking(&lens).unwrap();
+    for (i, v) in vs.iter().enumerate() {
+        assert_eq!(v.downcast_ref::<u64>(), Some(&(100_000 + i as u64)));
+    }
+    let back = client.gather_blocking(&fs[2..3]).unwrap();
+    assert_eq!(
+        back[0].downcast_ref::<bytes::Bytes>().unwrap()[..],
+        vec![2u8; 100_002][..]
+    );
+}
+
+#[test]
+fn a_panicking_task_fails_its_key_and_its_dependents_with_the_cause() {
+    let c = cluster(2, 1);
+    let client = c.client().unwrap();
+    let mut g = Graph::new();
+    for i in 0..6u32 {
+        g.insert(("p", i), Task::new("t-boom", [Arg::lit(i as i64)]));
+    }
+    g.insert(
+        "all",
+        Task::new("t-sum", (0..6).map(|i| Arg::key(("p", i)))),
+    );
+    let e = client.compute_blocking(g, &["all".into()]).unwrap_err();
+    let dask_comm::Error::Compute(ComputeError::Failed { key, cause }) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(*key, Key::name_only("all"));
+    assert_eq!(cause.key, Key::new("p", &[3]));
+    assert_eq!(cause.kind, FailureKind::Panic);
+    assert_eq!(cause.function, "t-boom");
+    assert_eq!(cause.message, "three is not allowed");
+    assert!(cause
+        .worker
+        .as_deref()
+        .is_some_and(|w| w.starts_with("inproc://")));
+    assert!(cause.backtrace.is_some());
+    // The workers live on: the next computation works.
+    let f = client
+        .submit_blocking("t-inc", vec![Arg::lit(1i64)])
+        .unwrap();
+    assert_eq!(int(&f.result_blocking().unwrap()), 2);
+}
+
+#[test]
+fn bad_graphs_are_refused_before_they_are_sent() {
+    let c = cluster(1, 1);
+    let client = c.client().unwrap();
+    let e = client
+        .submit_blocking("no-such-function", vec![Arg::lit(1i64)])
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            dask_comm::Error::Compute(ComputeError::Graph(
+                dask_graph::GraphError::UnknownFunction { .. }
+            ))
+        ),
+        "{e:?}"
+    );
+    let e = client
+        .submit_blocking("t-inc", vec![Arg::lit("text".to_string())])
+        .unwrap_err();
+    assert!(e.to_string().contains("t-inc"), "{e}");
+    let mut g = Graph::new();
+    g.insert("y", Task::new("t-inc", [Arg::key("not-here")]));
+    assert!(client.compute_blocking(g, &["y".into()]).is_err());
+}
+
+#[test]
+fn futures_compose_wait_and_complete_in_any_order() {
+    let c = cluster(2, 2);
+    let client = c.client().unwrap();
+    let slow = client
+        .submit_blocking("t-slow", vec![Arg::lit(300i64)])
+        .unwrap();
+    let fast = client
+        .submit_blocking("t-slow", vec![Arg::lit(1i64)])
+        .unwrap();
+    // A future's key feeds a new task.
+    let both = client
+        .submit_blocking("t-add", vec![Arg::Key(slow.key()), Arg::Key(fast.key())])
+        .unwrap();
+    let order: Vec<Key> = futures::executor::block_on(
+        client
+            .as_completed(vec![slow.clone(), fast.clone()])
+            .map(|f| f.key())
+            .collect(),
+    );
+    assert_eq!(order, vec![fast.key(), slow.key()]);
+    client.wait_blocking(&[both.clone()]).unwrap();
+    assert!(both.done());
+    assert_eq!(int(&both.result_blocking().unwrap()), 301);
+}
+
+#[test]
+fn cancel_ends_a_future_as_cancelled() {
+    let c = cluster(1, 1);
+    let client = c.client().unwrap();
+    let f = client
+        .submit_blocking("t-slow", vec![Arg::lit(2000i64)])
+        .unwrap();
+    client.cancel_blocking(std::slice::from_ref(&f)).unwrap();
+    let e = client
+        .gather_blocking(std::slice::from_ref(&f))
+        .unwrap_err();
+    assert!(
+        matches!(e, dask_comm::Error::Compute(ComputeError::Cancelled { .. })),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn many_clients_share_a_cluster_and_a_client_leaving_changes_nothing_for_others() {
+    let c = cluster(2, 1);
+    let a = c.client().unwrap();
+    let b = c.client().unwrap();
+    let fa = a.map_blocking("t-inc", 0..50i64).unwrap();
+    let fb = b.map_blocking("t-inc", 100..150i64).unwrap();
+    drop(fa);
+    a.close_blocking();
+    drop(a);
+    let vs = b.gather_blocking(&fb).unwrap();
+    assert_eq!(int(&vs[0]), 101);
+}
+
+#[test]
+fn async_api_from_another_runtime() {
+    let c = cluster(1, 1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = dask_comm::Client::connect(c.address(), c.secret().clone())
+            .await
+            .unwrap();
+        let f = client.submit("t-inc", vec![Arg::lit(9i64)]).await.unwrap();
+        assert_eq!(int(&f.result().await.unwrap()), 10);
+        let fs = client.map("t-inc", 0..10i64).await.unwrap();
+        let vs = client.gather(&fs).await.unwrap();
+        assert_eq!(vs.len(), 10);
+    });
+}

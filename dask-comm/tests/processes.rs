@@ -1,0 +1,265 @@
+//! Real processes: local clusters of worker processes over `tcp://` and `ucx://`, the
+//! `dask-comm` command line with a scheduler file, a worker killed mid-computation, and
+//! strangers at the door.
+//!
+//! Its own `main` (no test harness): worker processes re-execute this binary, and must become
+//! workers before anything else runs.
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dask_comm::{ClusterOptions, LocalCluster, Protocol, Secret};
+use dask_graph::{registry, Arg, Graph, Key, Task, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dask-comm");
+
+fn register() {
+    dask_comm::bench::register();
+    registry().register("p-slow-inc", |x: i64| {
+        std::thread::sleep(Duration::from_millis(20));
+        x + 1
+    });
+}
+
+fn int(v: &Value) -> i64 {
+    *v.downcast_ref::<i64>().expect("an i64")
+}
+
+fn merge(n: u32, func: &str, tag: &str) -> (Graph, Key, i64) {
+    let mut g = Graph::new();
+    let x = format!("x-{tag}");
+    for i in 0..n {
+        g.insert((x.as_str(), i), Task::new(func, [Arg::lit(i as i64)]));
+    }
+    let total = format!("total-{tag}");
+    g.insert(
+        total.as_str(),
+        Task::new("sum", (0..n).map(|i| Arg::key((x.as_str(), i)))),
+    );
+    let n = n as i64;
+    (g, Key::name_only(&total), n * (n + 1) / 2)
+}
+
+fn process_cluster(protocol: Protocol) {
+    let c = LocalCluster::with(ClusterOptions {
+        workers: 2,
+        threads_per_worker: 1,
+        protocol,
+        ..Default::default()
+    })
+    .unwrap();
+    let client = c.client().unwrap();
+    assert_eq!(client.workers().len(), 2);
+    let fs = client.map_blocking("inc", 0..1000i64).unwrap();
+    let vs = client.gather_blocking(&fs).unwrap();
+    assert_eq!(vs.iter().map(int).sum::<i64>(), (1..=1000).sum::<i64>());
+    let (g, key, want) = merge(5000, "inc", "p");
+    let v = client.compute_blocking(g, &[key]).unwrap();
+    assert_eq!(int(&v[0]), want);
+    // Bulk data between worker processes.
+    let data = Value::new(bytes::Bytes::from(vec![3u8; 8 << 20]));
+    let f = client.scatter_blocking(vec![data]).unwrap();
+    let back = client.gather_blocking(&f).unwrap();
+    assert_eq!(
+        back[0].downcast_ref::<bytes::Bytes>().unwrap().len(),
+        8 << 20
+    );
+}
+
+/// A worker process killed while it runs tasks: its tasks run on the other worker, and the
+/// answer is right.
+fn killed_worker_loses_nothing() {
+    let c = LocalCluster::with(ClusterOptions {
+        workers: 2,
+        threads_per_worker: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let client = c.client().unwrap();
+    let (g, key, want) = merge(200, "p-slow-inc", "k");
+    let f = client.persist_blocking(g, &[key]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let victim = client.workers()[0].address.clone();
+    let port = victim.rsplit(':').next().unwrap().to_string();
+    // The worker listening on that port.
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            &format!("ss -ltnpH 'sport = :{port}' | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2"),
+        ])
+        .output()
+        .unwrap();
+    let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!pid.is_empty(), "the worker on port {port}");
+    Command::new("kill").args(["-9", &pid]).status().unwrap();
+    let v = client.gather_blocking(&f).unwrap();
+    assert_eq!(int(&v[0]), want);
+    assert_eq!(client.workers().len(), 1);
+}
+
+struct Kill(Vec<Child>);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `dask-comm scheduler` and `dask-comm worker` processes found through a scheduler file.
+fn command_line() {
+    let dir = std::env::temp_dir().join(format!("dask-comm-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("scheduler.json");
+    let mut procs = Kill(Vec::new());
+    // Workers first: they wait for the scheduler file.
+    for i in 0..2 {
+        procs.0.push(
+            Command::new(BIN)
+                .args(["worker", "--nthreads", "1", "--name", &format!("cli-{i}")])
+                .arg("--scheduler-file")
+                .arg(&file)
+                .arg("--local-directory")
+                .arg(dir.join(format!("w{i}")))
+                .spawn()
+                .unwrap(),
+        );
+    }
+    let mut sched = Command::new(BIN)
+        .args([
+            "scheduler",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--scheduler-file",
+        ])
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr = test_support::listening(&mut sched, test_support::START_LIMIT).unwrap();
+    procs.0.push(sched);
+    let sf = dask_comm::cli::SchedulerFile::read(&file).unwrap();
+    assert_eq!(sf.address, addr);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "the scheduler file is private");
+    }
+    let client = dask_comm::Client::connect_blocking(
+        &sf.address.parse().unwrap(),
+        Secret::from_hex(&sf.secret).unwrap(),
+    )
+    .unwrap();
+    futures::executor::block_on(client.wait_for_workers(2, Duration::from_secs(60))).unwrap();
+    let (g, key, want) = merge(2000, "inc", "cli");
+    assert_eq!(int(&client.compute_blocking(g, &[key]).unwrap()[0]), want);
+    drop(procs);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Strangers: a wrong secret, garbage bytes, a peer that connects and says nothing, a raw UCX
+/// endpoint speaking another protocol. Each is refused and logged; the cluster goes on.
+fn strangers_are_refused(protocol: Protocol) {
+    let c = LocalCluster::with(ClusterOptions {
+        workers: 1,
+        threads_per_worker: 1,
+        protocol,
+        ..Default::default()
+    })
+    .unwrap();
+    let addr = c.address().clone();
+    let e = dask_comm::Client::connect_blocking(&addr, Secret::generate()).unwrap_err();
+    assert!(matches!(e, dask_comm::Error::Auth(_)), "{e:?}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (host, port) = match &addr {
+        transport::Address::Tcp { host, port } | transport::Address::Ucx { host, port } => {
+            (host.clone(), *port)
+        }
+        other => panic!("{other}"),
+    };
+    let mut silent = Vec::new();
+    rt.block_on(async {
+        let ucx_worker = match protocol {
+            Protocol::Ucx => {
+                let ctx = ucx::Context::new().unwrap();
+                Some(ucx::Worker::new(&ctx, ucx::ProgressMode::Blocking).unwrap())
+            }
+            _ => None,
+        };
+        for _ in 0..20 {
+            match protocol {
+                Protocol::Tcp => {
+                    let mut s = std::net::TcpStream::connect((host.as_str(), port)).unwrap();
+                    let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n\xff\xff\xff\xff garbage");
+                    silent.push(std::net::TcpStream::connect((host.as_str(), port)).unwrap());
+                }
+                _ => {
+                    let w = ucx_worker.as_ref().unwrap();
+                    if let Ok(ep) = ucx::Endpoint::connect(w, (host.as_str(), port)).await {
+                        let _ = ep.send(vec![0xffu8; 5000], transport::UCX_TAG).await;
+                        let _ = ep.send(vec![1u8; 20], 7).await;
+                    }
+                }
+            }
+        }
+    });
+    // The cluster serves a real client at once, strangers or not.
+    let t0 = Instant::now();
+    let client = c.client().unwrap();
+    let f = client.submit_blocking("inc", vec![Arg::lit(1i64)]).unwrap();
+    assert_eq!(int(&f.result_blocking().unwrap()), 2);
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    drop(silent);
+}
+
+fn main() {
+    register();
+    dask_comm::run_if_worker();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .try_init();
+    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    let tests: Vec<(&str, Box<dyn Fn()>)> = vec![
+        (
+            "process_cluster_tcp",
+            Box::new(|| process_cluster(Protocol::Tcp)),
+        ),
+        (
+            "process_cluster_ucx",
+            Box::new(|| process_cluster(Protocol::Ucx)),
+        ),
+        (
+            "killed_worker_loses_nothing",
+            Box::new(killed_worker_loses_nothing),
+        ),
+        ("command_line", Box::new(command_line)),
+        (
+            "strangers_are_refused_tcp",
+            Box::new(|| strangers_are_refused(Protocol::Tcp)),
+        ),
+        (
+            "strangers_are_refused_ucx",
+            Box::new(|| strangers_are_refused(Protocol::Ucx)),
+        ),
+    ];
+    let mut ran = 0;
+    for (name, t) in tests {
+        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
+        let t0 = Instant::now();
+        t();
+        println!("test {name} ... ok ({:.1?})", t0.elapsed());
+        ran += 1;
+    }
+    println!("test result: ok. {ran} passed");
+}
