@@ -171,6 +171,13 @@ impl LocalCluster {
     /// A cluster as `opts` says.
     pub fn with(opts: ClusterOptions) -> Result<LocalCluster> {
         run_if_worker();
+        if opts.workers == 0 || opts.threads_per_worker == 0 {
+            return Err(Error::Config(format!(
+                "a local cluster needs at least one worker with at least one thread \
+                 (asked for {} workers × {} threads)",
+                opts.workers, opts.threads_per_worker
+            )));
+        }
         if opts.processes && opts.protocol == Protocol::Inproc {
             return Err(Error::Config(
                 "inproc:// works only with in-process workers".into(),

@@ -206,7 +206,7 @@ fn futures_compose_wait_and_complete_in_any_order() {
             .collect(),
     );
     assert_eq!(order, vec![fast.key(), slow.key()]);
-    client.wait_blocking(&[both.clone()]).unwrap();
+    client.wait_blocking(std::slice::from_ref(&both)).unwrap();
     assert!(both.done());
     assert_eq!(int(&both.result_blocking().unwrap()), 301);
 }

@@ -219,6 +219,9 @@ fn strangers_are_refused(protocol: Protocol) {
     drop(silent);
 }
 
+/// One named test of this harness-less suite.
+type Test = Box<dyn Fn()>;
+
 fn main() {
     register();
     dask_comm::run_if_worker();
@@ -228,7 +231,7 @@ fn main() {
         )
         .try_init();
     let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
-    let tests: Vec<(&str, Box<dyn Fn()>)> = vec![
+    let tests: Vec<(&str, Test)> = vec![
         (
             "process_cluster_tcp",
             Box::new(|| process_cluster(Protocol::Tcp)),

@@ -98,6 +98,9 @@ struct Pending {
 
 /// Runs a worker until the scheduler tells it to close or goes away.
 pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
+    if opts.nthreads == 0 {
+        return Err(Error::Config("a worker needs at least one thread".into()));
+    }
     let listen = opts
         .listen
         .clone()
