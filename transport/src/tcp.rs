@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
@@ -22,6 +22,13 @@ use crate::{
     Message, Options, ProtocolError, Result, TransportError, CLOSE_CHANNEL,
 };
 
+/// Messages up to this size (header and frames) are copied into one buffer and written at
+/// once; larger ones are written frame by frame, without a copy.
+const COALESCE: usize = 16 << 10;
+/// The receive side reads through a buffer this large, so a small message's header, entries
+/// and frames take one system call; a frame at least this large bypasses it.
+const READ_BUFFER: usize = 64 << 10;
+
 #[derive(Debug)]
 pub(crate) struct Listener {
     inner: TcpListener,
@@ -29,7 +36,7 @@ pub(crate) struct Listener {
 
 #[derive(Debug)]
 pub(crate) struct Conn {
-    reader: Mutex<OwnedReadHalf>,
+    reader: Mutex<BufReader<OwnedReadHalf>>,
     writer: Mutex<OwnedWriteHalf>,
     pub(crate) limits: crate::SharedLimits,
     state: Arc<CloseState>,
@@ -137,7 +144,7 @@ impl Conn {
     fn new(s: TcpStream, opts: &Options, state: Arc<CloseState>) -> Conn {
         let (r, w) = s.into_split();
         Conn {
-            reader: Mutex::new(r),
+            reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, r)),
             writer: Mutex::new(w),
             limits: crate::SharedLimits::new(opts.limits),
             state,
@@ -162,6 +169,18 @@ impl Conn {
         );
         let written = async {
             let w = &mut *w;
+            let total = header.len() + msg.frames.iter().map(Frame::len).sum::<usize>();
+            let host: Option<Vec<&bytes::Bytes>> = msg.frames.iter().map(Frame::as_host).collect();
+            if let Some(host) = host.filter(|_| total <= COALESCE) {
+                // A small message goes out in one write (one segment, one wake-up for the
+                // peer) rather than one per frame.
+                let mut one = Vec::with_capacity(total);
+                one.extend_from_slice(&header);
+                for b in host {
+                    one.extend_from_slice(b);
+                }
+                return w.write_all(&one).await;
+            }
             w.write_all(&header).await?;
             for (i, f) in msg.frames.iter().enumerate() {
                 match f.as_host() {

@@ -269,15 +269,17 @@ impl Worker {
         wanted: bool,
     ) {
         if self.zero_work {
+            let v = Value::new(());
+            let small = small_result(wanted, &v);
             self.store
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(key, Value::new(()));
+                .insert(key, v);
             self.out.push(FromWorker::Finished {
                 key,
                 nbytes: 0,
                 micros: 0,
-                small: None,
+                small,
             });
             return;
         }
@@ -376,10 +378,7 @@ impl Worker {
         match d.result {
             Ok(v) => {
                 let nbytes = v.nbytes() as u64;
-                let small = wanted
-                    .then(|| Payload::from_value(&v).ok())
-                    .flatten()
-                    .filter(|p| p.len() <= crate::protocol::SMALL_RESULT);
+                let small = small_result(wanted, &v);
                 self.store
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -512,4 +511,12 @@ async fn serve_data(conn: Connection, store: Store, secret: Secret) {
             return;
         }
     }
+}
+
+/// A wanted result small enough to travel with its completion notice, encoded.
+fn small_result(wanted: bool, v: &Value) -> Option<Payload> {
+    wanted
+        .then(|| Payload::from_value(v).ok())
+        .flatten()
+        .filter(|p| p.len() <= crate::protocol::SMALL_RESULT)
 }
