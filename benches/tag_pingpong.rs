@@ -1,7 +1,7 @@
 //! Tagged ping-pong through ucx-rs against an `ucx-echo server` child process (CPU 0; this
 //! process on CPU 1), host memory, polling and blocking progress, 8 B / 1 MiB / 64 MiB.
 //!
-//! `cargo bench --bench tag_pingpong`. Compare with `scripts/bench-vs-perftest.sh`, which runs
+//! `cargo bench --bench tag_pingpong`. Compare with `python3 scripts/compare.py`, which runs
 //! `ucx_perftest` in the same run and prints ratios.
 
 use std::process::{Child, Command, Stdio};

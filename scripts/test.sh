@@ -20,6 +20,15 @@ echo "example over_every_backend (transport):"
 timeout 300 cargo run -q -j2 -p transport --example over_every_backend
 cargo test -j2 --workspace --all-features
 cargo test -j2 -p transport --no-default-features
+# The scheduler's examples, over both network protocols.
+for proto in tcp ucx; do
+  echo "example primes (dask-comm, $proto):"
+  timeout 300 cargo run -q -j2 -p dask-comm --example primes -- 100000000 100001000 --protocol "$proto"
+done
+echo "example delayed (dask-comm):"
+timeout 300 cargo run -q -j2 -p dask-comm --example delayed
+echo "example million (dask-graph, 100,000 tasks here):"
+timeout 300 cargo run -q -j2 --release -p dask-graph --example million -- 100000
 # Whether this machine ran the device tests, and if not why (they return early without a GPU).
 cargo run -q -j2 --features cuda --bin ucx-gpu-echo -- info
 echo "example gpu_echo (device buffers; says why it skips without a GPU):"
@@ -34,3 +43,7 @@ cargo build -q -j2 --release -p transport --bins
 timeout 600 python3 scripts/compare.py --rounds 1 --sizes 8 --ops stream,am --msgrate
 # UCXX's own client against its listener and ours.
 timeout 900 python3 scripts/compare.py --rounds 1 --sizes 8 --interop
+# The scheduler against Dask distributed from PyPI (into target/dask-venv), small workloads,
+# one round: the command works and both give the same answers.
+python3 -m py_compile scripts/dask_compare.py
+timeout 900 python3 scripts/dask_compare.py --quick

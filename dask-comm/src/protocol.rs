@@ -116,6 +116,8 @@ pub enum Hello {
         nthreads: u32,
         /// Its memory limit in bytes (0: none).
         memory_limit: u64,
+        /// Its process id (on its host).
+        pid: u32,
     },
     /// A data connection (to a worker, from a worker or a client).
     Data {
@@ -201,6 +203,8 @@ pub struct WorkerInfo {
     pub address: String,
     /// Its threads.
     pub nthreads: u32,
+    /// Its process id (on its host).
+    pub pid: u32,
 }
 
 /// Scheduler → client.

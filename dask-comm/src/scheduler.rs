@@ -214,6 +214,7 @@ fn handle(
                 data_address,
                 nthreads,
                 memory_limit,
+                pid,
             },
         ) => {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -225,6 +226,7 @@ fn handle(
                     address: data_address,
                     nthreads,
                     memory_limit,
+                    pid,
                 },
                 Instant::now(),
                 out,

@@ -120,6 +120,8 @@ pub struct NewWorker {
     pub nthreads: u32,
     /// Memory limit in bytes (0: none).
     pub memory_limit: u64,
+    /// Its process id (on its host).
+    pub pid: u32,
 }
 
 impl Core {
@@ -405,6 +407,7 @@ impl Core {
                 address: w.address,
                 nthreads: w.nthreads.max(1),
                 memory_limit: w.memory_limit,
+                pid: w.pid,
                 processing: Default::default(),
                 occupancy: 0.0,
                 has: Default::default(),
@@ -1015,6 +1018,7 @@ impl Core {
                 id,
                 address: w.address.clone(),
                 nthreads: w.nthreads,
+                pid: w.pid,
             })
             .collect()
     }

@@ -61,6 +61,7 @@ pub struct WorkerState {
     pub address: String,
     pub nthreads: u32,
     pub memory_limit: u64,
+    pub pid: u32,
     pub processing: FxHashSet<TaskId>,
     /// Seconds of work assigned and not finished.
     pub occupancy: f64,

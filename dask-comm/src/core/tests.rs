@@ -97,6 +97,7 @@ impl T {
                 address: format!("tcp://{name}"),
                 nthreads,
                 memory_limit: 0,
+                pid: 1,
             },
             self.now,
             &mut self.rec,

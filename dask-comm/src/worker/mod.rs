@@ -125,6 +125,7 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
             data_address: address.clone(),
             nthreads: opts.nthreads as u32,
             memory_limit: opts.memory_limit,
+            pid: std::process::id(),
         },
     )
     .await?;
