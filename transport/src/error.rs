@@ -195,6 +195,13 @@ pub enum ProtocolError {
     /// received in order: the connection ends.
     #[error("a device frame could not land: {0}")]
     DeviceFrame(String),
+    /// No host memory could be had for a frame the header announced (within the limits): the
+    /// message cannot be received in order, so the connection ends.
+    #[error("no memory for a frame of {size} bytes")]
+    FrameMemory {
+        /// The frame's announced size.
+        size: u64,
+    },
 }
 
 /// Why an outgoing message was refused before sending (see [`TransportError::Refused`]).

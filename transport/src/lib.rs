@@ -42,6 +42,8 @@
 //! ```
 
 pub mod address;
+#[cfg(feature = "ucx")]
+mod budget;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
@@ -61,6 +63,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use address::{Address, AddressError};
+#[cfg(feature = "ucx")]
+pub use budget::{receive_budget, set_receive_budget, BudgetInUse, DEFAULT_RECEIVE_BUDGET};
 pub use error::{CloseReason, Failure, InprocError, ProtocolError, Refusal, TransportError};
 pub use message::{Frame, Message};
 #[cfg(feature = "ucx")]

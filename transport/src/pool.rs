@@ -17,22 +17,32 @@ const POOL_LIMIT: usize = 512 << 20;
 static FREE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
 /// A buffer with capacity for at least `size` bytes: a pooled one whose capacity is at most
-/// twice `size`, or a new one. Its contents are unspecified; its length is 0 for new buffers
-/// and whatever was last received for pooled ones (callers overwrite what they use).
-pub(crate) fn take(size: usize) -> Vec<u8> {
-    if size >= POOL_MIN {
-        let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
-        let best = free
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.capacity() >= size && v.capacity() / 2 <= size)
-            .min_by_key(|(_, v)| v.capacity())
-            .map(|(i, _)| i);
-        if let Some(i) = best {
-            return free.swap_remove(i);
-        }
+/// twice `size`, or a new one; `None` where the memory cannot be had (rather than aborting the
+/// process). Its contents are unspecified; its length is 0 for new buffers and whatever was
+/// last received for pooled ones (callers overwrite what they use).
+#[cfg_attr(not(feature = "ucx"), allow(dead_code))]
+pub(crate) fn try_take(size: usize) -> Option<Vec<u8>> {
+    take_pooled(size).or_else(|| {
+        let mut v = Vec::new();
+        v.try_reserve_exact(size).ok()?;
+        Some(v)
+    })
+}
+
+/// A pooled buffer for `size` bytes (capacity at most twice `size`), if the pool has one: memory
+/// this process already holds.
+pub(crate) fn take_pooled(size: usize) -> Option<Vec<u8>> {
+    if size < POOL_MIN {
+        return None;
     }
-    Vec::with_capacity(size)
+    let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
+    let best = free
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.capacity() >= size && v.capacity() / 2 <= size)
+        .min_by_key(|(_, v)| v.capacity())
+        .map(|(i, _)| i)?;
+    Some(free.swap_remove(best))
 }
 
 /// Wraps a received buffer (its length is the frame size) as `Bytes`, returning it to the pool
@@ -72,7 +82,7 @@ mod tests {
     #[test]
     fn large_frames_are_reused() {
         let size = POOL_MIN * 3 + 5;
-        let mut v = take(size);
+        let mut v = try_take(size).unwrap();
         v.resize(size, 7);
         let ptr = v.as_ptr();
         let b = into_bytes(v);
@@ -82,12 +92,12 @@ mod tests {
         drop(b);
         drop(clone);
         // Other tests may use the pool too: look for ours among what comes back.
-        let got: Vec<Vec<u8>> = (0..8).map(|_| take(size)).collect();
+        let got: Vec<Vec<u8>> = (0..8).map(|_| try_take(size).unwrap()).collect();
         assert!(
             got.iter().any(|v| v.as_ptr() == ptr),
             "the buffer was not reused"
         );
         // Small sizes never get a big pooled buffer.
-        assert!(take(10).capacity() < POOL_MIN);
+        assert!(try_take(10).unwrap().capacity() < POOL_MIN);
     }
 }

@@ -28,6 +28,8 @@ const COALESCE: usize = 16 << 10;
 /// The receive side reads through a buffer this large, so a small message's header, entries
 /// and frames take one system call; a frame at least this large bypasses it.
 const READ_BUFFER: usize = 64 << 10;
+/// A frame's receive buffer starts this large and grows with what arrives (see [`read_frame`]).
+const GROW_FROM: usize = 64 << 10;
 
 #[derive(Debug)]
 pub(crate) struct Listener {
@@ -117,6 +119,28 @@ async fn read_rest(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<(
         )));
     }
     Ok(())
+}
+
+/// Reads a frame the header announced as `size` bytes. Memory follows what the peer has sent,
+/// never what it announced: the buffer starts at [`GROW_FROM`] bytes (or is a pooled one the
+/// process already holds) and at most doubles as bytes arrive, so a peer that announces
+/// gigabytes and sends little costs little.
+async fn read_frame(r: &mut (impl AsyncRead + Unpin), size: usize) -> Result<Vec<u8>> {
+    let mut b = crate::pool::take_pooled(size).unwrap_or_default();
+    b.clear();
+    while b.len() < size {
+        let left = size - b.len();
+        if b.len() == b.capacity() {
+            b.reserve_exact(b.capacity().max(GROW_FROM).min(left));
+        }
+        let room = (b.capacity() - b.len()).min(left);
+        if (&mut *r).take(room as u64).read_buf(&mut b).await? == 0 {
+            return Err(TransportError::Closed(CloseReason::PeerFailed(
+                Failure::Truncated,
+            )));
+        }
+    }
+    Ok(b)
 }
 
 /// Shuts the socket down unless disarmed: a send dropped part-way through a message leaves
@@ -226,14 +250,7 @@ impl Conn {
         };
         let mut frames = Vec::with_capacity(metas.len());
         for m in metas {
-            let size = m.size as usize;
-            let mut b = crate::pool::take(size);
-            // Pooled buffers are already initialised up to their old length: only grow.
-            if b.len() < size {
-                b.resize(size, 0);
-            }
-            b.truncate(size);
-            read_rest(&mut *r, &mut b).await?;
+            let b = read_frame(&mut *r, m.size as usize).await?;
             let bytes = crate::pool::into_bytes(b);
             #[cfg(feature = "cuda")]
             if m.cuda {

@@ -47,6 +47,15 @@ impl fmt::Debug for ProbedMessage {
 }
 
 impl ProbedMessage {
+    /// A message `ucp_tag_probe_nb` removed from `worker`'s queue (`handle`, not null).
+    pub(crate) fn taken(handle: usize, info: TagInfo, worker: &Arc<WorkerShared>) -> Self {
+        ProbedMessage {
+            handle,
+            info,
+            worker: Arc::clone(worker),
+        }
+    }
+
     /// Size and sender tag of the message.
     pub fn info(&self) -> TagInfo {
         self.info
@@ -136,11 +145,7 @@ pub(crate) fn probe_raw(
     };
     Some(Probed {
         info,
-        message: remove.then(|| ProbedMessage {
-            handle: msg as usize,
-            info,
-            worker: Arc::clone(worker),
-        }),
+        message: remove.then(|| ProbedMessage::taken(msg as usize, info, worker)),
     })
 }
 

@@ -514,41 +514,24 @@ impl<T: Item> Data for Vec<T> {
     }
 }
 
-impl<T: Item> Data for Option<T> {
-    fn nbytes(&self) -> usize {
-        std::mem::size_of::<Self>()
-    }
-    fn encode(&self) -> Result<Encoded, DataError> {
-        serde_encode(self)
-    }
-    fn decode(header: &[u8], frames: Vec<Frame>) -> Result<Self, DataError> {
-        serde_decode(header, &frames)
-    }
+/// [`Data`] for generic serde containers of [`Item`]s (`nbytes`: their inline size).
+macro_rules! serde_data_generic {
+    ($(<$($g:ident),+> $t:ty);+ $(;)?) => {$(
+        impl<$($g: Item),+> Data for $t {
+            fn nbytes(&self) -> usize {
+                std::mem::size_of::<Self>()
+            }
+            fn encode(&self) -> Result<Encoded, DataError> {
+                serde_encode(self)
+            }
+            fn decode(header: &[u8], frames: Vec<Frame>) -> Result<Self, DataError> {
+                serde_decode(header, &frames)
+            }
+        }
+    )+};
 }
 
-impl<A: Item, B: Item> Data for (A, B) {
-    fn nbytes(&self) -> usize {
-        std::mem::size_of::<Self>()
-    }
-    fn encode(&self) -> Result<Encoded, DataError> {
-        serde_encode(self)
-    }
-    fn decode(header: &[u8], frames: Vec<Frame>) -> Result<Self, DataError> {
-        serde_decode(header, &frames)
-    }
-}
-
-impl<A: Item, B: Item, C: Item> Data for (A, B, C) {
-    fn nbytes(&self) -> usize {
-        std::mem::size_of::<Self>()
-    }
-    fn encode(&self) -> Result<Encoded, DataError> {
-        serde_encode(self)
-    }
-    fn decode(header: &[u8], frames: Vec<Frame>) -> Result<Self, DataError> {
-        serde_decode(header, &frames)
-    }
-}
+serde_data_generic!(<T> Option<T>; <A, B> (A, B); <A, B, C> (A, B, C));
 
 /// Bytes travel as one frame, without a copy on the sending side.
 impl Data for Bytes {

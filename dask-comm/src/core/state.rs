@@ -54,6 +54,28 @@ pub struct TaskState {
     pub prefix: u32,
 }
 
+impl TaskState {
+    /// A task the scheduler has just learnt of: released, linked to nothing yet.
+    pub fn new(key: Key, spec: Option<Payload>, priority: Priority, prefix: u32) -> TaskState {
+        TaskState {
+            key,
+            spec,
+            deps: Vec::new(),
+            dependents: Vec::new(),
+            status: Status::Released,
+            waiting_on: 0,
+            who_has: Vec::new(),
+            processing_on: None,
+            expected: 0.0,
+            wanted_by: Vec::new(),
+            priority,
+            nbytes: 0,
+            failure: None,
+            prefix,
+        }
+    }
+}
+
 /// One worker.
 #[derive(Debug)]
 pub struct WorkerState {

@@ -8,6 +8,7 @@ use super::{Endpoint, EpShared};
 use crate::buffer::{IoBuf, IoBufMut};
 use crate::error::{Error, ProtocolError, Result};
 use crate::ops;
+use crate::probe::{ProbedMessage, TagInfo};
 use crate::wire::Tag;
 
 /// User tags whose raw tags an endpoint keeps.
@@ -171,6 +172,29 @@ impl Endpoint {
     pub async fn recv_vec(&self, tag: impl Into<Tag>) -> Result<Vec<u8>> {
         let (_, t) = self.tag_pair(tag.into());
         self.shared.recv_probed(t, self.max_message).await
+    }
+
+    /// Waits for the next message on `tag` and takes it out of UCX's queue without receiving
+    /// it, so its size is known before any memory is set aside for it; receive it with
+    /// [`ProbedMessage::recv`] (dropping it discards the message). A message that arrived
+    /// before the peer failed is still found.
+    ///
+    /// ```no_run
+    /// # async fn f(ep: &ucx::Endpoint) -> ucx::Result<()> {
+    /// let msg = ep.probe_message(7).await?;
+    /// let len = msg.info().length; // allocate what arrived, not what was announced
+    /// let (n, buf) = msg.recv(Vec::with_capacity(len)).await;
+    /// assert_eq!(n?, buf.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn probe_message(&self, tag: impl Into<Tag>) -> Result<ProbedMessage> {
+        let (_, t) = self.tag_pair(tag.into());
+        let (handle, length) = self.shared.probe(t).await?;
+        let info = TagInfo {
+            length,
+            sender_tag: t,
+        };
+        Ok(ProbedMessage::taken(handle, info, &self.shared.worker))
     }
 
     /// Limits what [`recv_vec`](Self::recv_vec), [`recv_obj`](Self::recv_obj),

@@ -1,0 +1,160 @@
+//! Hostile peers cannot take a server's memory: 200 connections that each send a valid header
+//! announcing one 3 GiB frame, then 100 bytes (or nothing), and hold the connection open,
+//! against a `transport-echo server` process, while a good client keeps echoing. The good
+//! client is served, the server's RSS (sampled) stays under 1 GiB, and the server lives.
+//!
+//! Over `tcp://` the server grows a frame's buffer only as bytes arrive. Over `ucx://` the
+//! frame's receive is posted into memory that is reserved but never touched until bytes land.
+//! (`inproc://` peers live in the same process and hand over whole messages: nothing is
+//! announced before it exists.)
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use test_support::{listening, START_LIMIT};
+use transport::frame::{self, FrameMeta};
+use transport::{connect, Address, Message};
+
+const BIN: &str = env!("CARGO_BIN_EXE_transport-echo");
+const HOSTILE: usize = 200;
+const ANNOUNCED: u64 = 3 << 30;
+const RSS_LIMIT_MIB: f64 = 1024.0;
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(scheme: &str) -> (Server, Address) {
+    let mut child = Command::new(BIN)
+        .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("transport-echo starts");
+    let addr = listening(&mut child, START_LIMIT).expect("the server prints its address");
+    (Server(child), addr.parse().expect("an address"))
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// A valid header announcing one frame of [`ANNOUNCED`] bytes on channel 1.
+fn announcement() -> Vec<u8> {
+    frame::encode(
+        1,
+        &[FrameMeta {
+            size: ANNOUNCED,
+            cuda: false,
+        }],
+    )
+}
+
+/// Echoes 64 KiB messages for a while, sampling the server's RSS; returns the largest sample.
+async fn good_client(server: &mut Server, addr: &Address) -> f64 {
+    let conn = connect(addr).await.expect("the good client connects");
+    let pid = server.0.id();
+    let payload = vec![0x5au8; 64 << 10];
+    let mut peak: f64 = rss_mib(pid);
+    let t0 = Instant::now();
+    for i in 0..200 {
+        let sent = Message::from(vec![payload.clone()]);
+        tokio::time::timeout(Duration::from_secs(20), async {
+            conn.send(2, sent).await.expect("send");
+            let (ch, back) = conn.recv().await.expect("echo");
+            assert_eq!(ch, 2);
+            assert_eq!(
+                back.frames[0].as_host().expect("host frame")[..],
+                payload[..]
+            );
+        })
+        .await
+        .unwrap_or_else(|_| panic!("echo {i} took over 20 s"));
+        if i % 10 == 0 {
+            peak = peak.max(rss_mib(pid));
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+    }
+    assert!(
+        server.0.try_wait().expect("wait").is_none(),
+        "the server died"
+    );
+    peak.max(rss_mib(pid))
+}
+
+#[test]
+fn tcp_announcements_cost_nothing() {
+    let (mut server, addr) = start("tcp");
+    let Address::Tcp { host, port } = &addr else {
+        panic!("{addr}")
+    };
+    let mut hostile = Vec::with_capacity(HOSTILE);
+    for i in 0..HOSTILE {
+        let mut s = TcpStream::connect((host.as_str(), *port)).expect("connect");
+        s.write_all(&announcement()).expect("header");
+        if i % 2 == 0 {
+            s.write_all(&[7u8; 100]).expect("100 bytes");
+        }
+        hostile.push(s);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let peak = rt.block_on(good_client(&mut server, &addr));
+    eprintln!("tcp: {HOSTILE} peers announcing 3 GiB each; server peak RSS {peak:.0} MiB");
+    assert!(peak < RSS_LIMIT_MIB, "server RSS {peak:.0} MiB");
+    drop(hostile);
+}
+
+#[test]
+fn ucx_announcements_cost_nothing() {
+    let (mut server, addr) = start("ucx");
+    let Address::Ucx { host, port } = &addr else {
+        panic!("{addr}")
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ctx = ucx::Context::new().expect("UCX context");
+        let worker = ucx::Worker::new(&ctx, ucx::ProgressMode::Blocking).expect("UCX worker");
+        let mut hostile = Vec::with_capacity(HOSTILE);
+        for i in 0..HOSTILE {
+            let ep = tokio::time::timeout(
+                Duration::from_secs(20),
+                ucx::Endpoint::connect(&worker, (host.as_str(), *port)),
+            )
+            .await
+            .expect("connects in time")
+            .expect("connect");
+            let (r, _) = ep.send(announcement(), transport::UCX_TAG).await;
+            r.expect("header");
+            if i % 2 == 0 {
+                // Arrives where the 3 GiB frame was posted: a short frame, refused.
+                let (r, _) = ep.send(vec![7u8; 100], transport::UCX_TAG).await;
+                r.expect("100 bytes");
+            }
+            hostile.push(ep);
+        }
+        let peak = good_client(&mut server, &addr).await;
+        eprintln!("ucx: {HOSTILE} peers announcing 3 GiB each; server peak RSS {peak:.0} MiB");
+        assert!(peak < RSS_LIMIT_MIB, "server RSS {peak:.0} MiB");
+        drop(hostile);
+    });
+}
