@@ -1,0 +1,149 @@
+//! Peer death at scale: a `transport-echo server` process is killed with SIGKILL at a random
+//! moment of a random-size echo (1 B to 16 MiB); the survivor's pending send and receive must
+//! both end, with an error where the echo had not completed, within 2 s. Over `tcp://` and
+//! over `ucx://` in each progress mode (polling, blocking, thread; the survivor's mode, one
+//! process per mode since UCX is configured once per process). Prints the distribution of
+//! detection times (from the kill to the last pending operation's end).
+//!
+//! `cargo test -p transport --test peer_death` runs 25 trials per configuration;
+//! `PEER_DEATH_TRIALS=1000` (or `bash scripts/faults.sh`) runs more. No test harness: the
+//! binary re-executes itself per configuration.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use test_support::{listening, START_LIMIT};
+use transport::{configure_ucx, connect, Address, Message, UcxIntent};
+
+const BIN: &str = env!("CARGO_BIN_EXE_transport-echo");
+const DETECT_LIMIT: Duration = Duration::from_secs(2);
+const HANG: Duration = Duration::from_secs(10);
+const ENV_CONFIG: &str = "PEER_DEATH_CONFIG";
+
+struct Victim(Child);
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn victim(scheme: &str) -> (Victim, Address) {
+    let mut child = Command::new(BIN)
+        .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("transport-echo starts");
+    let addr = listening(&mut child, START_LIMIT).expect("its address");
+    (Victim(child), addr.parse().expect("an address"))
+}
+
+/// One trial: whether the kill came mid-echo, and the time from the kill until the survivor's
+/// pending operations had all ended (where the echo finished first, until a further receive
+/// failed).
+async fn trial(scheme: &str, rng: &mut impl Rng) -> Result<(bool, Duration), String> {
+    let (mut v, addr) = victim(scheme);
+    let conn = connect(&addr).await.map_err(|e| format!("connect: {e}"))?;
+    let size = 1usize << rng.gen_range(0..=24);
+    // Somewhere within about twice the echo's time on loopback (1 GB/s, 50 µs at least).
+    let delay = Duration::from_nanos(rng.gen_range(0..50_000 + 2 * size as u64));
+    let payload = vec![0xa5u8; size];
+    let io = async {
+        let (s, r) = tokio::join!(conn.send(1, Message::from(vec![payload])), conn.recv());
+        (s.is_ok(), r.is_ok())
+    };
+    let kill = async {
+        tokio::time::sleep(delay).await;
+        v.0.kill().expect("SIGKILL");
+        Instant::now()
+    };
+    let (killed_at, (sent, echoed)) = tokio::time::timeout(HANG, async {
+        let (mut killed_at, mut outcome) = (None, None);
+        tokio::pin!(io, kill);
+        while killed_at.is_none() || outcome.is_none() {
+            tokio::select! {
+                t = &mut kill, if killed_at.is_none() => killed_at = Some(t),
+                o = &mut io, if outcome.is_none() => outcome = Some(o),
+            }
+        }
+        (killed_at.expect("set"), outcome.expect("set"))
+    })
+    .await
+    .map_err(|_| format!("{size} B, kill after {delay:?}: pending operations hung"))?;
+    let _ = v.0.wait();
+    if sent && echoed {
+        // The echo beat the kill: the next receive must learn of the death.
+        return match tokio::time::timeout(HANG, conn.recv()).await {
+            Ok(Err(_)) if killed_at.elapsed() <= DETECT_LIMIT => Ok((false, killed_at.elapsed())),
+            Ok(Err(_)) => Err(format!("death noticed after {:?}", killed_at.elapsed())),
+            Ok(Ok(_)) => Err("a message from a dead peer".into()),
+            Err(_) => Err("a receive after the death hung".into()),
+        };
+    }
+    let took = killed_at.elapsed();
+    if took > DETECT_LIMIT {
+        return Err(format!("{size} B: death noticed after {took:?}"));
+    }
+    Ok((true, took))
+}
+
+fn run_config(config: &str, trials: usize) {
+    let (scheme, mode) = config.split_once(':').unwrap_or((config, ""));
+    if scheme == "ucx" {
+        configure_ucx(UcxIntent {
+            progress: mode.parse().expect("a progress mode"),
+            ..Default::default()
+        })
+        .expect("UCX configured");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut rng = rand::thread_rng();
+    let (mut times, mut mid) = (Vec::with_capacity(trials), 0);
+    for i in 0..trials {
+        match rt.block_on(trial(scheme, &mut rng)) {
+            Ok((during, t)) => {
+                mid += usize::from(during);
+                times.push(t);
+            }
+            Err(e) => panic!("{config} trial {i}: {e}"),
+        }
+    }
+    times.sort();
+    let pct = |p: usize| {
+        times
+            .get((times.len() * p / 100).min(times.len().saturating_sub(1)))
+            .map_or("-".into(), |t| format!("{t:.1?}"))
+    };
+    println!(
+        "{config:<13} {trials} trials ({mid} killed mid-echo): detection p50 {} p90 {} p99 {} max {}",
+        pct(50),
+        pct(90),
+        pct(99),
+        times.last().map_or("-".into(), |t| format!("{t:.1?}"))
+    );
+}
+
+fn main() {
+    let trials: usize = std::env::var("PEER_DEATH_TRIALS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(25);
+    if let Ok(config) = std::env::var(ENV_CONFIG) {
+        run_config(&config, trials);
+        return;
+    }
+    let exe = std::env::current_exe().expect("this test");
+    for config in ["tcp", "ucx:polling", "ucx:blocking", "ucx:thread"] {
+        let status = Command::new(&exe)
+            .env(ENV_CONFIG, config)
+            .status()
+            .expect("runs");
+        assert!(status.success(), "{config}: {status}");
+    }
+}
