@@ -3,11 +3,29 @@
 # - peer death: a peer process SIGKILLed at a random moment of a random-size echo, 250 trials
 #   for each of tcp://, ucx:// polling, blocking and thread (1,000 in all), detection times;
 # - a connection storm: 1,000 clients at once on one listener, per backend;
-# - hostile peers: 200 connections announcing 3 GiB each while a good client is served.
+# - hostile peers: 200 connections announcing 3 GiB each while a good client is served;
+# - a soak of 10M mixed-size messages per backend, and a leak check under valgrind.
 # PEER_DEATH_TRIALS sets the trials per configuration.
+# `--leak-only` runs just the valgrind check (LEAK_MESSAGES messages; CI uses it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+leak_check() {
+  SOAK=$(cargo test -q -j2 -p transport --test soak --no-run --message-format=json |
+    python3 -c 'import sys, json; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable") and j["target"]["name"] == "soak"][0])')
+  SOAK_RSS_CHECK=0 SOAK_MESSAGES=${LEAK_MESSAGES:-20000} valgrind -q --leak-check=full \
+    --show-leak-kinds=definite --errors-for-leak-kinds=definite --error-exitcode=3 \
+    --suppressions=scripts/valgrind-ucx.supp "$SOAK" --nocapture 2>&1 | grep -E "messages in|test result|lost"
+  echo "valgrind: no definite leak"
+}
+if [ "${1:-}" = --leak-only ]; then
+  leak_check
+  exit 0
+fi
 PEER_DEATH_TRIALS=${PEER_DEATH_TRIALS:-250} cargo test -q -j2 -p transport --test peer_death
 cargo test -q -j2 -p transport --test storm -- --nocapture 2>&1 | grep -E "clients|test result"
 cargo test -q -j2 -p transport --test hostile -- --nocapture 2>&1 | grep -E "peers|test result"
+# The 10M-message soak (RSS sampled every 1M, flat within 10%), then a short one under valgrind
+# (no definite leak; UCX's process-wide setup suppressed, see scripts/valgrind-ucx.supp).
+SOAK_MESSAGES=${SOAK_MESSAGES:-10000000} cargo test -q -j2 -p transport --test soak -- --nocapture 2>&1 | grep -E "messages in|test result"
+leak_check

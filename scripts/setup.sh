@@ -3,7 +3,7 @@
 set -euo pipefail
 
 need=()
-for pkg in libucx-dev ucx-utils libclang-dev pkg-config gcc python3 python3-venv libhwloc-dev libudev-dev; do
+for pkg in libucx-dev ucx-utils libclang-dev pkg-config gcc python3 python3-venv libhwloc-dev libudev-dev valgrind; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

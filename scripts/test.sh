@@ -20,6 +20,8 @@ echo "example over_every_backend (transport):"
 timeout 300 cargo run -q -j2 -p transport --example over_every_backend
 cargo test -j2 --workspace --all-features
 cargo test -j2 -p transport --no-default-features
+# No definite leak in a short soak of every backend under valgrind.
+LEAK_MESSAGES=5000 bash scripts/faults.sh --leak-only
 # The scheduler's examples, over both network protocols.
 for proto in tcp ucx; do
   echo "example primes (dask-comm, $proto):"
