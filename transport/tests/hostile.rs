@@ -10,37 +10,18 @@
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use test_support::{listening, START_LIMIT};
 use transport::frame::{self, FrameMeta};
 use transport::{connect, Address, Message};
+
+mod common;
+use common::EchoProcess;
 
 const BIN: &str = env!("CARGO_BIN_EXE_transport-echo");
 const HOSTILE: usize = 200;
 const ANNOUNCED: u64 = 3 << 30;
 const RSS_LIMIT_MIB: f64 = 1024.0;
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(scheme: &str) -> (Server, Address) {
-    let mut child = Command::new(BIN)
-        .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("transport-echo starts");
-    let addr = listening(&mut child, START_LIMIT).expect("the server prints its address");
-    (Server(child), addr.parse().expect("an address"))
-}
 
 fn rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -63,7 +44,7 @@ fn announcement() -> Vec<u8> {
 }
 
 /// Echoes 64 KiB messages for a while, sampling the server's RSS; returns the largest sample.
-async fn good_client(server: &mut Server, addr: &Address) -> f64 {
+async fn good_client(server: &mut EchoProcess, addr: &Address) -> f64 {
     let conn = connect(addr).await.expect("the good client connects");
     let pid = server.0.id();
     let payload = vec![0x5au8; 64 << 10];
@@ -98,7 +79,7 @@ async fn good_client(server: &mut Server, addr: &Address) -> f64 {
 
 #[test]
 fn tcp_announcements_cost_nothing() {
-    let (mut server, addr) = start("tcp");
+    let (mut server, addr) = EchoProcess::start(BIN, "tcp");
     let Address::Tcp { host, port } = &addr else {
         panic!("{addr}")
     };
@@ -123,7 +104,7 @@ fn tcp_announcements_cost_nothing() {
 
 #[test]
 fn ucx_announcements_cost_nothing() {
-    let (mut server, addr) = start("ucx");
+    let (mut server, addr) = EchoProcess::start(BIN, "ucx");
     let Address::Ucx { host, port } = &addr else {
         panic!("{addr}")
     };

@@ -9,43 +9,25 @@
 //! `PEER_DEATH_TRIALS=1000` (or `bash scripts/faults.sh`) runs more. No test harness: the
 //! binary re-executes itself per configuration.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use test_support::{listening, START_LIMIT};
-use transport::{configure_ucx, connect, Address, Message, UcxIntent};
+use transport::{configure_ucx, connect, Message, UcxIntent};
+
+mod common;
+use common::EchoProcess;
 
 const BIN: &str = env!("CARGO_BIN_EXE_transport-echo");
 const DETECT_LIMIT: Duration = Duration::from_secs(2);
 const HANG: Duration = Duration::from_secs(10);
 const ENV_CONFIG: &str = "PEER_DEATH_CONFIG";
 
-struct Victim(Child);
-
-impl Drop for Victim {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn victim(scheme: &str) -> (Victim, Address) {
-    let mut child = Command::new(BIN)
-        .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("transport-echo starts");
-    let addr = listening(&mut child, START_LIMIT).expect("its address");
-    (Victim(child), addr.parse().expect("an address"))
-}
-
 /// One trial: whether the kill came mid-echo, and the time from the kill until the survivor's
 /// pending operations had all ended (where the echo finished first, until a further receive
 /// failed).
 async fn trial(scheme: &str, rng: &mut impl Rng) -> Result<(bool, Duration), String> {
-    let (mut v, addr) = victim(scheme);
+    let (mut v, addr) = EchoProcess::start(BIN, scheme);
     let conn = connect(&addr).await.map_err(|e| format!("connect: {e}"))?;
     let size = 1usize << rng.gen_range(0..=24);
     // Somewhere within about twice the echo's time on loopback (1 GB/s, 50 µs at least).

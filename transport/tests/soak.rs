@@ -1,6 +1,6 @@
 //! Soak: many messages of mixed sizes on one connection, per backend, with this process's RSS
 //! sampled at every tenth of the run; after the first three tenths (pools and caches warm), it
-//! must stay within 10% of what it was then.
+//! must stay within 10% of what it was then, plus two of the largest (4 MiB) messages.
 //!
 //! `cargo test -p transport --test soak` sends 200,000 messages per backend;
 //! `SOAK_MESSAGES=10000000` (in `scripts/faults.sh`) the long run. Sizes: mostly 8 B–4 KiB,
@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use transport::{connect, listen, Address, Message};
 
 const SAMPLES: u64 = 10;
+/// The largest message, in MiB (see [`size_of`]).
+const LARGEST_MIB: f64 = 4.0;
 
 fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -86,10 +88,12 @@ fn mixed_sizes_on_one_connection_keep_memory_flat() {
             .block_on(async { tokio::time::timeout(Duration::from_secs(1800), soak(at, n)).await })
             .unwrap_or_else(|_| panic!("{at}: the soak did not finish in 30 minutes"));
         let secs = t0.elapsed().as_secs_f64();
-        // The first three tenths warm pools and caches (and a 4 MiB message in flight at a
-        // sample is a large share of a small process); the rest must not exceed them by 10%.
+        // The first three tenths warm pools and caches; the rest must not exceed them by more
+        // than 10%, plus two of the largest messages: in a process of 15 MiB, whether a 4 MiB
+        // buffer is in flight or still held by the allocator at a sample is more than 10%.
         let base = samples.iter().take(3).copied().fold(0.0, f64::max);
         let high = samples.iter().skip(3).copied().fold(base, f64::max);
+        let allowed = base * 1.10 + 2.0 * LARGEST_MIB;
         let shown: Vec<String> = samples.iter().map(|m| format!("{m:.0}")).collect();
         eprintln!(
             "{at}: {n} messages in {secs:.1} s ({:.0}/s); RSS MiB at each tenth: {}",
@@ -99,8 +103,8 @@ fn mixed_sizes_on_one_connection_keep_memory_flat() {
         // Under valgrind (`SOAK_RSS_CHECK=0`, scripts/faults.sh) RSS is valgrind's own.
         let check = std::env::var("SOAK_RSS_CHECK").map_or(true, |v| v != "0");
         assert!(
-            !check || high <= base * 1.10,
-            "{at}: RSS grew from {base:.0} to {high:.0} MiB"
+            !check || high <= allowed,
+            "{at}: RSS grew from {base:.0} to {high:.0} MiB (allowed {allowed:.0})"
         );
     }
 }

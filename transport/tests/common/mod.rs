@@ -9,6 +9,7 @@ pub const STEP: Duration = Duration::from_secs(60);
 
 /// A connected (server, client) pair on `addr` (port 0 picks a free port; `inproc://` names
 /// get a unique suffix, since they are process-wide and tests run in parallel).
+#[allow(dead_code)] // not every test file uses every helper
 pub async fn pair(addr: &str) -> (Connection, Connection) {
     pair_with(addr, &Options::default()).await
 }
@@ -66,4 +67,32 @@ pub async fn raw_ucx(
         ::ucx::Endpoint::connect(worker, ("127.0.0.1", port))
     );
     (server.unwrap(), raw.unwrap())
+}
+
+/// A `transport-echo server` process (`bin`, the test's `CARGO_BIN_EXE_transport-echo`)
+/// listening on `scheme://127.0.0.1:0`, killed when dropped.
+#[allow(dead_code)]
+pub struct EchoProcess(pub std::process::Child);
+
+#[allow(dead_code)]
+impl EchoProcess {
+    /// Starts it and reads the address it prints.
+    pub fn start(bin: &str, scheme: &str) -> (EchoProcess, Address) {
+        let mut child = std::process::Command::new(bin)
+            .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0")])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("transport-echo starts");
+        let addr = test_support::listening(&mut child, test_support::START_LIMIT)
+            .expect("the server prints its address");
+        (EchoProcess(child), addr.parse().expect("an address"))
+    }
+}
+
+impl Drop for EchoProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
