@@ -36,10 +36,17 @@ pub(crate) struct Listener {
     inner: TcpListener,
 }
 
+/// The sending side: the socket's write half, and a buffer small messages are gathered in.
+#[derive(Debug)]
+struct Writer {
+    half: OwnedWriteHalf,
+    scratch: Vec<u8>,
+}
+
 #[derive(Debug)]
 pub(crate) struct Conn {
     reader: Mutex<BufReader<OwnedReadHalf>>,
-    writer: Mutex<OwnedWriteHalf>,
+    writer: Mutex<Writer>,
     pub(crate) limits: crate::SharedLimits,
     state: Arc<CloseState>,
 }
@@ -169,7 +176,10 @@ impl Conn {
         let (r, w) = s.into_split();
         Conn {
             reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, r)),
-            writer: Mutex::new(w),
+            writer: Mutex::new(Writer {
+                half: w,
+                scratch: Vec::new(),
+            }),
             limits: crate::SharedLimits::new(opts.limits),
             state,
         }
@@ -186,24 +196,25 @@ impl Conn {
             Vec::new()
         };
         // One writer at a time: a message's header and frames are never interleaved.
-        let mut w = self.writer.lock().await;
+        let mut locked = self.writer.lock().await;
+        let Writer { half: w, scratch } = &mut *locked;
         let mut guard = ShutdownOnDrop(
             Some(std::os::fd::AsRawFd::as_raw_fd(w.as_ref())),
             &self.state,
         );
         let written = async {
-            let w = &mut *w;
             let total = header.len() + msg.frames.iter().map(Frame::len).sum::<usize>();
             let host: Option<Vec<&bytes::Bytes>> = msg.frames.iter().map(Frame::as_host).collect();
             if let Some(host) = host.filter(|_| total <= COALESCE) {
                 // A small message goes out in one write (one segment, one wake-up for the
-                // peer) rather than one per frame.
-                let mut one = Vec::with_capacity(total);
-                one.extend_from_slice(&header);
+                // peer) rather than one per frame, copied into the connection's scratch buffer
+                // (kept, so no allocation per message).
+                scratch.clear();
+                scratch.extend_from_slice(&header);
                 for b in host {
-                    one.extend_from_slice(b);
+                    scratch.extend_from_slice(b);
                 }
-                return w.write_all(&one).await;
+                return w.write_all(scratch).await;
             }
             w.write_all(&header).await?;
             for (i, f) in msg.frames.iter().enumerate() {
@@ -270,12 +281,12 @@ impl Conn {
 
     async fn refuse(&self, e: ProtocolError) -> TransportError {
         tracing::warn!(error = %e, "closing a TCP connection after a malformed message");
-        let _ = self.writer.lock().await.shutdown().await;
+        let _ = self.writer.lock().await.half.shutdown().await;
         TransportError::Protocol(e)
     }
 
     pub(crate) async fn close(&self) -> Result<()> {
-        let mut w = self.writer.lock().await;
+        let w = &mut self.writer.lock().await.half;
         // The marker first, so the peer knows this is a close and not a crash; a peer that is
         // already gone does not make the close fail.
         if let Err(e) = w.write_all(&close_marker()).await {
