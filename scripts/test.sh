@@ -20,6 +20,9 @@ echo "example over_every_backend (transport):"
 timeout 300 cargo run -q -j2 -p transport --example over_every_backend
 cargo test -j2 --workspace --all-features
 cargo test -j2 -p transport --no-default-features
+# Every decoder of bytes from the wire, fuzzed for about a minute each (kept crash inputs
+# replayed first; scripts/fuzz.sh with no argument is the long run).
+bash scripts/fuzz.sh --seconds "${FUZZ_SECONDS:-50}"
 # No definite leak in a short soak of every backend under valgrind.
 LEAK_MESSAGES=5000 bash scripts/faults.sh --leak-only
 # The scheduler's examples, over both network protocols.

@@ -466,7 +466,9 @@ pub fn decode_batch<M: for<'de> Deserialize<'de> + Payloads>(
                     #[allow(unreachable_patterns)] // device frames exist with transport's `cuda`
                     Some(_) => bad = Some(DecodeError::Device),
                     None => {
+                        // Out of frames: the count is the peer's word, not a loop bound.
                         bad.get_or_insert(DecodeError::Frames { announced: 0, got });
+                        break;
                     }
                 }
             }
@@ -512,6 +514,28 @@ mod tests {
         let got = values[0].1.as_ref().unwrap().to_value().unwrap();
         assert_eq!(got.downcast_ref::<Bytes>().unwrap().len(), 100);
         assert_eq!(back[0], msgs[0]);
+    }
+
+    #[test]
+    fn announced_frame_counts_are_not_loop_bounds() {
+        // A thousand payloads announcing 4 billion frames each, with none present: an error
+        // at once (the count once drove a loop: 4 trillion steps).
+        let huge = Payload {
+            header: Vec::new(),
+            nframes: u32::MAX,
+            frames: Vec::new(),
+        };
+        let msgs = vec![DataMsg::Put {
+            values: (0..1000)
+                .map(|i| (Key::name_only(&format!("k{i}")), huge.clone()))
+                .collect(),
+        }];
+        let control = postcard::to_stdvec(&msgs).unwrap();
+        let wire = transport::Message::from(vec![control]);
+        assert!(matches!(
+            decode_batch::<DataMsg>(wire),
+            Err(DecodeError::Frames { got: 0, .. })
+        ));
     }
 
     #[test]

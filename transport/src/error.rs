@@ -28,6 +28,10 @@ pub enum TransportError {
     /// Connecting did not finish in time.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+    /// The shared-secret challenge at connect failed ([`crate::Options::secret`]); the
+    /// connection is closed.
+    #[error("authentication: {0}")]
+    Auth(#[from] crate::auth::AuthError),
     /// An operating-system error other than the peer going away.
     #[error("{0}")]
     Io(Arc<std::io::Error>),

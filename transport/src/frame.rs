@@ -159,6 +159,113 @@ pub fn iter_entries(entries: &[u8]) -> impl ExactSizeIterator<Item = FrameMeta> 
     })
 }
 
+/// What the first UCX message of a `ucx://` message says (see [`parse_first`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum First<'a> {
+    /// The close marker: the peer closed the connection.
+    Close,
+    /// The header goes on in a second UCX message of exactly `rest` bytes: call
+    /// [`parse_first`] again with it.
+    Split {
+        /// Bytes of the header's second part.
+        rest: usize,
+    },
+    /// The header; each frame follows in a UCX message of its own.
+    Framed {
+        /// The message's channel.
+        channel: u32,
+        /// Its frames.
+        frames: Vec<FrameMeta>,
+    },
+    /// The whole message: the header, then `bytes`, the frames' bytes one after the other.
+    Inline {
+        /// The message's channel.
+        channel: u32,
+        /// Its frames (their sizes add up to `bytes.len()`).
+        frames: Vec<FrameMeta>,
+        /// The frames' bytes.
+        bytes: &'a [u8],
+    },
+}
+
+/// Parses the first UCX message of a `ucx://` message (at most [`crate::UCX_FIRST_MAX`]
+/// bytes): the whole message inlined, or its header (split in two UCX messages when longer
+/// than `UCX_FIRST_MAX`: pass the second part as `rest`). Checks everything against `limits`;
+/// allocates only the frame list, which the limits bound.
+///
+/// ```
+/// use transport::frame::{encode, parse_first, First, FrameMeta, Limits};
+/// let l = Limits::default();
+/// let mut m = encode(3, &[FrameMeta { size: 2, cuda: false }]);
+/// m.extend_from_slice(b"hi");
+/// let Ok(First::Inline { channel: 3, bytes, .. }) = parse_first(&m, None, &l) else { panic!() };
+/// assert_eq!(bytes, b"hi");
+/// assert!(parse_first(&m[..m.len() - 1], None, &l).is_err());
+/// ```
+pub fn parse_first<'a>(
+    first: &'a [u8],
+    rest: Option<&[u8]>,
+    limits: &Limits,
+) -> Result<First<'a>, crate::ProtocolError> {
+    use crate::ProtocolError::{HeaderParts, Inline};
+    let got = first.len() + rest.map_or(0, <[u8]>::len);
+    let Some(fixed) = first.first_chunk::<FIXED_LEN>() else {
+        return Err(HeaderParts { frames: 0, got });
+    };
+    let (channel, n) = decode_fixed(fixed, limits)?;
+    if channel == crate::CLOSE_CHANNEL {
+        return Ok(First::Close);
+    }
+    let entries_end = header_len(n as usize);
+    if first.len() < entries_end {
+        // A long header arrives in two parts: UCX_FIRST_MAX bytes, then the rest, exactly.
+        let want = entries_end - first.len();
+        match rest {
+            _ if first.len() != crate::UCX_FIRST_MAX => Err(HeaderParts { frames: n, got }),
+            None => Ok(First::Split { rest: want }),
+            Some(r) if r.len() != want => Err(HeaderParts { frames: n, got }),
+            Some(r) => {
+                let entries = [&first[FIXED_LEN..], r].concat();
+                let total = check_entries(&entries, limits)?;
+                let frames = iter_entries(&entries).collect();
+                // Nothing follows a split header in its own message.
+                Ok(if total == 0 {
+                    First::Inline {
+                        channel,
+                        frames,
+                        bytes: &[],
+                    }
+                } else {
+                    First::Framed { channel, frames }
+                })
+            }
+        }
+    } else {
+        if rest.is_some() {
+            return Err(HeaderParts { frames: n, got });
+        }
+        let entries = &first[FIXED_LEN..entries_end];
+        let total = check_entries(entries, limits)?;
+        let frames = iter_entries(entries).collect();
+        let bytes = &first[entries_end..];
+        if bytes.is_empty() && total > 0 {
+            return Ok(First::Framed { channel, frames });
+        }
+        // An inlined message: the frames' bytes follow the entries, exactly.
+        if bytes.len() as u64 != total {
+            return Err(Inline {
+                got: bytes.len(),
+                announced: total,
+            });
+        }
+        Ok(First::Inline {
+            channel,
+            frames,
+            bytes,
+        })
+    }
+}
+
 fn entry_size(e: &[u8]) -> u64 {
     u64::from_le_bytes(
         e[..8]

@@ -42,6 +42,7 @@
 //! ```
 
 pub mod address;
+pub mod auth;
 #[cfg(feature = "ucx")]
 mod budget;
 #[cfg(feature = "cuda")]
@@ -131,6 +132,11 @@ pub struct Options {
     /// 2 × [`UCX_CHARGE_CAP`] (1 MiB). `tcp://` is bounded by its socket buffers and
     /// `inproc://` by a channel of 64 messages instead.
     pub credit_bytes: u64,
+    /// A shared secret both sides must prove before anything else ([`auth`]): a listener
+    /// with one hands out only connections that proved it (strangers are dropped and
+    /// logged), and a connect with one fails with [`TransportError::Auth`] unless the
+    /// listener knows it too. `None` (the default): no challenge.
+    pub secret: Option<auth::Secret>,
 }
 
 impl Default for Options {
@@ -139,6 +145,7 @@ impl Default for Options {
             limits: frame::Limits::default(),
             connect_timeout: CONNECT_TIMEOUT,
             credit_bytes: 8 << 20,
+            secret: None,
         }
     }
 }
@@ -199,7 +206,19 @@ pub struct Listener {
     inner: ListenerInner,
     local: Address,
     opts: Options,
+    /// Accepted connections proving the secret ([`Options::secret`]), at most
+    /// [`MAX_CHALLENGES`] at a time.
+    challenges: futures::stream::FuturesUnordered<Challenge>,
 }
+
+/// A connection proving the secret: the connection, or who failed and why.
+type Challenge = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Connection, (Address, auth::AuthError)>> + Send>,
+>;
+
+/// The most accepted connections a listener lets prove the secret at once; beyond, it
+/// accepts no more until some finish (each has [`auth::HANDSHAKE_TIMEOUT`] per step).
+pub const MAX_CHALLENGES: usize = 256;
 
 #[derive(Debug)]
 enum ListenerInner {
@@ -318,6 +337,32 @@ enum ConnInner {
     Ucx(ucx_backend::Conn),
 }
 
+/// The next connection from the backend, unchallenged.
+async fn accept_raw(
+    inner: &mut ListenerInner,
+    opts: &Options,
+    local: &Address,
+) -> Result<Connection> {
+    let state = Arc::new(CloseState::default());
+    let (inner, peer) = match inner {
+        ListenerInner::Inproc(l) => {
+            let (c, peer) = l.accept(opts).await?;
+            (ConnInner::Inproc(c), peer)
+        }
+        ListenerInner::Tcp(l) => {
+            let (c, peer) = l.accept(opts, Arc::clone(&state)).await?;
+            (ConnInner::Tcp(c), peer)
+        }
+        #[cfg(feature = "ucx")]
+        ListenerInner::Ucx(l) => {
+            let (c, peer) = l.accept(opts, Arc::clone(&state)).await?;
+            (ConnInner::Ucx(c), peer)
+        }
+    };
+    tracing::debug!(%local, %peer, "accepted");
+    Ok(Connection::new(inner, peer, state))
+}
+
 #[cfg(not(feature = "ucx"))]
 const UCX_NOT_BUILT: TransportError = TransportError::NotBuilt {
     scheme: "ucx",
@@ -354,6 +399,7 @@ pub async fn listen_with(addr: &Address, opts: &Options) -> Result<Listener> {
         inner,
         local,
         opts: opts.clone(),
+        challenges: Default::default(),
     })
 }
 
@@ -365,6 +411,7 @@ pub async fn connect(addr: &Address) -> Result<Connection> {
 /// Connects to `addr` within `opts.connect_timeout`.
 pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> {
     opts.validate()?;
+    let started = std::time::Instant::now();
     let state = Arc::new(CloseState::default());
     let attempt = async {
         Ok::<_, TransportError>(match addr {
@@ -385,30 +432,53 @@ pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> 
         .map_err(|_| TransportError::Timeout(opts.connect_timeout))?
         .inspect_err(|e| tracing::debug!(peer = %addr, error = %e, "connect failed"))?;
     tracing::debug!(peer = %addr, "connected");
-    Ok(Connection::new(inner, addr.clone(), state))
+    let conn = Connection::new(inner, addr.clone(), state);
+    if let Some(secret) = &opts.secret {
+        // The challenge counts against the same time limit as connecting.
+        let left = opts.connect_timeout.saturating_sub(started.elapsed());
+        let proved =
+            match tokio::time::timeout(left, auth::connect(&conn, secret, opts.limits)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    let _ = conn.close().await;
+                    Err(auth::AuthError::Timeout(opts.connect_timeout))
+                }
+            };
+        proved.inspect_err(|e| tracing::warn!(peer = %addr, error = %e, "the challenge failed"))?;
+    }
+    Ok(conn)
 }
 
 impl Listener {
-    /// The next connection.
+    /// The next connection. With [`Options::secret`], the next one that proved the secret:
+    /// connections are challenged concurrently (a slow or silent stranger holds up no one),
+    /// and those that fail are dropped and logged.
     pub async fn accept(&mut self) -> Result<Connection> {
-        let state = Arc::new(CloseState::default());
-        let (inner, peer) = match &mut self.inner {
-            ListenerInner::Inproc(l) => {
-                let (c, peer) = l.accept(&self.opts).await?;
-                (ConnInner::Inproc(c), peer)
-            }
-            ListenerInner::Tcp(l) => {
-                let (c, peer) = l.accept(&self.opts, Arc::clone(&state)).await?;
-                (ConnInner::Tcp(c), peer)
-            }
-            #[cfg(feature = "ucx")]
-            ListenerInner::Ucx(l) => {
-                let (c, peer) = l.accept(&self.opts, Arc::clone(&state)).await?;
-                (ConnInner::Ucx(c), peer)
-            }
+        use futures::StreamExt;
+        let Some(secret) = self.opts.secret.clone() else {
+            return accept_raw(&mut self.inner, &self.opts, &self.local).await;
         };
-        tracing::debug!(local = %self.local, %peer, "accepted");
-        Ok(Connection::new(inner, peer, state))
+        loop {
+            let room = self.challenges.len() < MAX_CHALLENGES;
+            tokio::select! {
+                Some(done) = self.challenges.next(), if !self.challenges.is_empty() => match done {
+                    Ok(conn) => return Ok(conn),
+                    Err((peer, e)) => {
+                        tracing::warn!(local = %self.local, %peer, error = %e, "dropped a peer that did not prove the secret");
+                    }
+                },
+                raw = accept_raw(&mut self.inner, &self.opts, &self.local), if room => {
+                    let conn = raw?;
+                    let (secret, limits) = (secret.clone(), self.opts.limits);
+                    self.challenges.push(Box::pin(async move {
+                        match auth::accept(&conn, &secret, limits).await {
+                            Ok(()) => Ok(conn),
+                            Err(e) => Err((conn.peer_addr().clone(), e)),
+                        }
+                    }));
+                }
+            }
+        }
     }
 
     /// The bound address (port 0 resolved).

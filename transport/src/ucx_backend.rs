@@ -604,80 +604,45 @@ impl Conn {
         Ok(())
     }
 
-    /// Reads a message's first UCX message: the channel, the frame entries (receiving the
-    /// rest of a header longer than [`FIRST_MAX`]) and, for an inlined message, its frames.
+    /// Reads a message's first UCX message (see [`frame::parse_first`]), receiving the rest
+    /// of a header longer than [`FIRST_MAX`]; an inlined message's frames are copied out.
     async fn parse_first(&self, first: &[u8]) -> Result<(u32, First)> {
-        let Some(fixed) = first.first_chunk::<{ frame::FIXED_LEN }>() else {
-            return Err(self.refuse(ProtocolError::HeaderParts {
-                frames: 0,
-                got: first.len(),
-            }));
-        };
-        let (channel, n) = match frame::decode_fixed(fixed, &self.limits.get()) {
-            Ok(v) => v,
-            Err(e) => return Err(self.refuse(e.into())),
-        };
-        if channel == CLOSE_CHANNEL {
-            return Ok((channel, First::Inline(Vec::new())));
-        }
-        let entries_end = frame::FIXED_LEN + n as usize * frame::ENTRY_LEN;
-        let mut split_rest = Vec::new();
-        if first.len() < entries_end {
-            // A long header arrives in two parts: FIRST_MAX bytes, then the rest, exactly.
-            if first.len() != FIRST_MAX {
-                return Err(self.refuse(ProtocolError::HeaderParts {
-                    frames: n,
-                    got: first.len(),
-                }));
-            }
-            let want = entries_end - FIRST_MAX;
-            let (r, rest) = Box::pin(self.ep.recv(vec![0u8; want].into_boxed_slice(), TAG)).await;
-            match r {
-                Ok(k) if k == want => split_rest = rest.into_vec(),
-                Ok(k) => {
-                    return Err(self.refuse(ProtocolError::HeaderParts {
-                        frames: n,
-                        got: FIRST_MAX + k,
-                    }))
-                }
-                Err(ucx::Error::Truncated { message, .. }) => {
-                    return Err(self.refuse(ProtocolError::HeaderParts {
-                        frames: n,
-                        got: FIRST_MAX + message,
-                    }))
-                }
+        let limits = self.limits.get();
+        let mut parsed = frame::parse_first(first, None, &limits);
+        if let Ok(frame::First::Split { rest: want }) = parsed {
+            // `want` is bounded by the limits' frame count.
+            let (r, buf) = Box::pin(self.ep.recv(vec![0u8; want].into_boxed_slice(), TAG)).await;
+            let got = match r {
+                Ok(k) => k,
+                Err(ucx::Error::Truncated { message, .. }) => message,
                 Err(e) => return Err(closed_or(e)),
+            };
+            let mut rest = buf.into_vec();
+            rest.truncate(got);
+            parsed = frame::parse_first(first, Some(&rest), &limits);
+        }
+        let (channel, metas, bytes) = match parsed {
+            Ok(frame::First::Close) => return Ok((CLOSE_CHANNEL, First::Inline(Vec::new()))),
+            Ok(frame::First::Framed { channel, frames }) => {
+                return Ok((channel, First::Framed(frames)))
             }
-        }
-        let entries: std::borrow::Cow<'_, [u8]> = if split_rest.is_empty() {
-            std::borrow::Cow::Borrowed(&first[frame::FIXED_LEN..entries_end])
-        } else {
-            let mut all = first[frame::FIXED_LEN..].to_vec();
-            all.extend_from_slice(&split_rest);
-            std::borrow::Cow::Owned(all)
-        };
-        let total = match frame::check_entries(&entries, &self.limits.get()) {
-            Ok(t) => t,
-            Err(e) => return Err(self.refuse(e.into())),
-        };
-        let after = first.len().saturating_sub(entries_end);
-        if after == 0 && total > 0 {
-            return Ok((
+            Ok(frame::First::Inline {
                 channel,
-                First::Framed(frame::iter_entries(&entries).collect()),
-            ));
-        }
-        // An inlined message: the frames' bytes follow the entries, exactly.
-        if after as u64 != total {
-            return Err(self.refuse(ProtocolError::Inline {
-                got: after,
-                announced: total,
-            }));
-        }
-        let all = Bytes::copy_from_slice(first.get(entries_end..).unwrap_or_default());
+                frames,
+                bytes,
+            }) => (channel, frames, bytes),
+            Ok(frame::First::Split { rest }) => {
+                return Err(self.refuse(ProtocolError::HeaderParts {
+                    frames: 0,
+                    got: FIRST_MAX + rest,
+                }))
+            }
+            Err(e) => return Err(self.refuse(e)),
+        };
+        let all = Bytes::copy_from_slice(bytes);
         let mut at = 0;
-        let mut frames = Vec::with_capacity(n as usize);
-        for m in frame::iter_entries(&entries) {
+        let mut frames = Vec::with_capacity(metas.len());
+        for m in metas {
             let f = all.slice(at..at + m.size as usize);
             at += m.size as usize;
             // A peer may inline a device frame too: it lands where device frames land.

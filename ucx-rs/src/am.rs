@@ -86,7 +86,13 @@ const fn header(memory_type: u32) -> [u8; HEADER_LEN] {
 /// The sender's memory type from an active-message header: UCXX's (and ours) start with a
 /// native-endian u32 `ucs_memory_type_t`; a 1-byte header (older ucx-rs) is that type's value.
 /// Anything else, or an unknown type, is host memory.
-pub(crate) fn header_memory_type(header: &[u8]) -> MemoryType {
+///
+/// ```
+/// use ucx::{am::header_memory_type, MemoryType};
+/// assert_eq!(header_memory_type(&[1, 0, 0, 0, 0]), MemoryType::Cuda);
+/// assert_eq!(header_memory_type(b"anything else"), MemoryType::Host);
+/// ```
+pub fn header_memory_type(header: &[u8]) -> MemoryType {
     let t = match header {
         [b] => u32::from(*b),
         [a, b, c, d, ..] => u32::from_ne_bytes([*a, *b, *c, *d]),

@@ -178,6 +178,11 @@ pub enum RkeyError {
     /// The region's length does not fit this machine's `usize`.
     #[error("region length {0}")]
     RegionLength(u64),
+    /// The UCX key inside does not have the layout `ucp_rkey_pack` gives (memory-domain map,
+    /// memory type, a length-prefixed key per domain, the optional device distances), so UCX
+    /// would read past it; the byte offset where it stops making sense.
+    #[error("not a UCX remote key (layout breaks at byte {0})")]
+    Layout(usize),
 }
 
 /// Everything that can go wrong in this crate.

@@ -76,6 +76,6 @@ pub use endpoint::{ConnectOptions, Endpoint, DEFAULT_MAX_MESSAGE, DEFAULT_TIMEOU
 pub use error::{Error, HandshakeError, ProtocolError, Result, RkeyError, Status};
 pub use listener::Listener;
 pub use probe::{Probed, ProbedMessage, TagInfo};
-pub use rma::{MemoryHandle, RemoteKey};
+pub use rma::{parse_packed_rkey, MemoryHandle, RemoteKey};
 pub use wire::Tag;
 pub use worker::{ProgressMode, Worker};

@@ -231,8 +231,16 @@ impl fmt::Debug for RemoteKey<'_> {
     }
 }
 
-/// Checks a packed key: returns (UCX rkey bytes, address, length).
-pub(crate) fn parse_packed(packed: &[u8]) -> Result<(&[u8], u64, usize), RkeyError> {
+/// Checks a key packed by [`MemoryHandle::pack_rkey`], as a peer sent it: returns the UCX key's
+/// bytes, the region's address and its length. Besides the envelope (magic, lengths,
+/// checksum) the UCX key's own layout is walked, because `ucp_ep_rkey_unpack` takes no length
+/// and trusts it: a forged key that would make UCX read past its end is refused here.
+///
+/// ```
+/// use ucx::{parse_packed_rkey, RkeyError};
+/// assert_eq!(parse_packed_rkey(&[0; 8]), Err(RkeyError::TooShort(8)));
+/// ```
+pub fn parse_packed_rkey(packed: &[u8]) -> Result<(&[u8], u64, usize), RkeyError> {
     if packed.len() < FIXED + CHECKSUM {
         return Err(RkeyError::TooShort(packed.len()));
     }
@@ -253,7 +261,40 @@ pub(crate) fn parse_packed(packed: &[u8]) -> Result<(&[u8], u64, usize), RkeyErr
     let addr = u64::from_le_bytes(packed[8..16].try_into().expect("8"));
     let len = u64::from_le_bytes(packed[16..24].try_into().expect("8"));
     let len = usize::try_from(len).map_err(|_| RkeyError::RegionLength(len))?;
-    Ok((&packed[FIXED..FIXED + rkey_len], addr, len))
+    let raw = &packed[FIXED..FIXED + rkey_len];
+    check_ucx_layout(raw).map_err(|at| RkeyError::Layout(FIXED + at))?;
+    Ok((raw, addr, len))
+}
+
+/// Walks a key in `ucp_rkey_pack`'s layout (UCX 1.13 to 1.20): the memory-domain map (a
+/// native-endian `u64`), the memory type (a byte), then per domain in the map a length byte and
+/// that many bytes, then optionally the system device (a byte) and 3 bytes per device distance.
+/// Returns the offset where the bytes stop fitting that layout.
+fn check_ucx_layout(raw: &[u8]) -> Result<(), usize> {
+    const MAP: usize = 8;
+    let Some(map) = raw.first_chunk::<MAP>() else {
+        return Err(raw.len());
+    };
+    match raw.get(MAP) {
+        Some(&t) if u32::from(t) < sys::UCS_MEMORY_TYPE_LAST => {}
+        _ => return Err(MAP),
+    }
+    let mut at = MAP + 1;
+    for _ in 0..u64::from_ne_bytes(*map).count_ones() {
+        let Some(&size) = raw.get(at) else {
+            return Err(at);
+        };
+        at += 1 + usize::from(size);
+        if at > raw.len() {
+            return Err(at - 1 - usize::from(size));
+        }
+    }
+    // The device part: nothing, or a device byte and up to 64 three-byte distances.
+    match raw.len() - at {
+        0 => Ok(()),
+        rest if rest % 3 == 1 && rest <= 1 + 3 * 64 => Ok(()),
+        _ => Err(at),
+    }
 }
 
 impl<'ep> RemoteKey<'ep> {
@@ -309,12 +350,12 @@ impl Endpoint {
     /// Unpacks a peer's key (from [`MemoryHandle::pack_rkey`]) for puts and gets through this
     /// endpoint. Truncated or corrupted keys are refused ([`ProtocolError::RemoteKey`]).
     pub fn unpack_rkey(&self, packed: &[u8]) -> Result<RemoteKey<'_>> {
-        let (raw, addr, len) = parse_packed(packed).map_err(ProtocolError::RemoteKey)?;
+        let (raw, addr, len) = parse_packed_rkey(packed).map_err(ProtocolError::RemoteKey)?;
         let locked = self.shared.worker.lock();
         let ep = self.shared.live(&locked)?;
         let mut rkey: sys::ucp_rkey_h = ptr::null_mut();
-        // SAFETY: ep is live under the lock; `raw` is a key blob produced by ucp_rkey_pack
-        // (magic, length and checksum verified above); rkey is an out-pointer.
+        // SAFETY: ep is live under the lock; `raw` has the layout ucp_rkey_pack gives (walked by
+        // parse_packed_rkey, so UCX reads nothing past it); rkey is an out-pointer.
         check(unsafe { sys::ucp_ep_rkey_unpack(ep, raw.as_ptr().cast(), &mut rkey) })?;
         drop(locked);
         let inner = RkeyInner {
@@ -417,16 +458,46 @@ mod tests {
 
     #[test]
     fn packed_keys_are_validated() {
-        let p = packed(&[7; 20]);
-        let (k, addr, len) = parse_packed(&p).unwrap();
-        assert_eq!((k.len(), addr, len), (20, 0x1000, 64));
-        assert!(parse_packed(&p[..p.len() - 1]).is_err(), "truncated");
+        // Two memory domains (keys of 3 and 2 bytes), host memory, then a device and one
+        // distance.
+        let mut key = 0b101u64.to_ne_bytes().to_vec();
+        key.extend_from_slice(&[0, 3, 7, 7, 7, 2, 7, 7, 1, 9, 9, 9]);
+        let p = packed(&key);
+        let (k, addr, len) = parse_packed_rkey(&p).unwrap();
+        assert_eq!((k, addr, len), (&key[..], 0x1000, 64));
+        // A forged key UCX would read past: its layout is walked, not trusted.
+        for (cut, at) in [
+            (18, FIXED + 16),
+            (15, FIXED + 13),
+            (12, FIXED + 9),
+            (8, FIXED + 8),
+        ] {
+            let p = packed(&key[..cut]);
+            assert_eq!(
+                parse_packed_rkey(&p),
+                Err(RkeyError::Layout(at)),
+                "cut at {cut}"
+            );
+        }
+        let mut more = key.clone();
+        more[0] = 0b111;
+        assert!(matches!(
+            parse_packed_rkey(&packed(&more)),
+            Err(RkeyError::Layout(_))
+        ));
+        more = key.clone();
+        more[8] = 200;
+        assert_eq!(
+            parse_packed_rkey(&packed(&more)),
+            Err(RkeyError::Layout(FIXED + 8))
+        );
+        assert!(parse_packed_rkey(&p[..p.len() - 1]).is_err(), "truncated");
         let mut bad = p.clone();
         bad[30] ^= 1;
-        assert_eq!(parse_packed(&bad).unwrap_err(), RkeyError::Checksum);
+        assert_eq!(parse_packed_rkey(&bad).unwrap_err(), RkeyError::Checksum);
         let mut bad = p.clone();
         bad[0] = b'X';
-        assert!(parse_packed(&bad).is_err());
-        assert!(parse_packed(&[]).is_err());
+        assert!(parse_packed_rkey(&bad).is_err());
+        assert!(parse_packed_rkey(&[]).is_err());
     }
 }

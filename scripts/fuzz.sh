@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Fuzzes every decoder of bytes from the wire (fuzz/fuzz_targets/, see docs/fuzzing.md) with
+# cargo-fuzz on the stable toolchain (libFuzzer, no sanitizer: the decoders are safe Rust).
+#   bash scripts/fuzz.sh                 10M executions per target (the long run)
+#   bash scripts/fuzz.sh --seconds 60    about a minute per target (CI)
+#   bash scripts/fuzz.sh --replay        only replay fuzz/regressions/ (kept crash inputs)
+# Inputs that once crashed a target live in fuzz/regressions/<target>/ and are replayed first;
+# a new crash's input is left in fuzz/artifacts/<target>/ and the script fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+mode=runs
+limit=10000000
+case "${1:-}" in
+  --seconds) mode=seconds; limit=${2:?--seconds needs a number} ;;
+  --replay) mode=replay ;;
+  "") ;;
+  *) echo "usage: $0 [--seconds N | --replay]" >&2; exit 2 ;;
+esac
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install -q --locked cargo-fuzz@0.13.2 -j2
+fi
+export CARGO_BUILD_JOBS=2
+cargo fuzz build -s none -O
+bin=fuzz/target/x86_64-unknown-linux-gnu/release
+targets=$(cargo fuzz list)
+printf '%-20s %12s %8s %10s\n' target executions seconds coverage
+for t in $targets; do
+  if [ -d "fuzz/regressions/$t" ] && [ -n "$(ls -A "fuzz/regressions/$t")" ]; then
+    "$bin/$t" -runs=1 "fuzz/regressions/$t"/* >/dev/null 2>&1 ||
+      { echo "$t: a kept regression input fails again" >&2; exit 1; }
+  fi
+  [ "$mode" = replay ] && continue
+  mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t"
+  if [ "$mode" = seconds ]; then stop="-max_total_time=$limit"; else stop="-runs=$limit"; fi
+  start=$(date +%s)
+  log=$(mktemp)
+  if ! "$bin/$t" "$stop" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+      -artifact_prefix="fuzz/artifacts/$t/" "fuzz/corpus/$t" >"$log" 2>&1; then
+    tail -30 "$log" >&2
+    echo "$t: crash; its input is in fuzz/artifacts/$t/ (fix it, then keep it in fuzz/regressions/$t/)" >&2
+    exit 1
+  fi
+  runs=$(grep -oP 'stat::number_of_executed_units:\s*\K[0-9]+' "$log" || echo '?')
+  cov=$(grep -oP 'cov: \K[0-9]+' "$log" | tail -1 || echo '?')
+  printf '%-20s %12s %8s %10s\n' "$t" "$runs" "$(($(date +%s) - start))" "$cov"
+  rm -f "$log"
+done
+echo "fuzz: no crash"
