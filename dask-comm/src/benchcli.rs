@@ -125,6 +125,12 @@ pub(crate) fn bench(words: Vec<String>) -> Result<()> {
     let scheme = match protocol {
         Protocol::Tcp => "tcp",
         Protocol::Ucx => "ucx",
+        Protocol::Tls if !separate => "tls",
+        Protocol::Tls => {
+            return Err(Error::Config(
+                "--scheduler-process runs tcp or ucx (tls needs the cluster's certificate)".into(),
+            ))
+        }
         Protocol::Inproc => return Err(Error::Config("bench runs processes: tcp or ucx".into())),
     };
     let (cluster, client) = if separate {

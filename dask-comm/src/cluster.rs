@@ -44,6 +44,9 @@ pub enum Protocol {
     Tcp,
     /// `ucx://127.0.0.1`.
     Ucx,
+    /// `tls://127.0.0.1`, with a certificate generated for the cluster (the workers read it
+    /// from a folder only this user can read, removed with the cluster).
+    Tls,
     /// `inproc://` (in-process workers only).
     Inproc,
 }
@@ -54,6 +57,7 @@ impl std::str::FromStr for Protocol {
         match s {
             "tcp" => Ok(Protocol::Tcp),
             "ucx" => Ok(Protocol::Ucx),
+            "tls" => Ok(Protocol::Tls),
             "inproc" => Ok(Protocol::Inproc),
             _ => Err(Error::Config(format!(
                 "protocol {s:?}: expected tcp, ucx or inproc"
@@ -104,6 +108,69 @@ pub struct LocalCluster {
     address: Address,
     secret: Secret,
     rt: Runtime,
+    /// The certificate folder of a `tls://` cluster (removed on drop, after the workers).
+    _tls_dir: Option<TlsDir>,
+}
+
+/// A folder holding a cluster's certificate (`cert.pem`, and `key.pem` readable by this user
+/// only), removed when dropped. This process uses the certificate too.
+struct TlsDir(std::path::PathBuf);
+
+impl TlsDir {
+    fn generate() -> Result<TlsDir> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let tls = |e: transport::tls::TlsError| Error::from(transport::TransportError::from(e));
+        // One certificate per process: its tls:// clusters share it, since the process's own
+        // connections (scheduler, clients) use one configuration.
+        static PAIR: std::sync::OnceLock<transport::tls::ClusterCertificate> =
+            std::sync::OnceLock::new();
+        let mut fresh = false;
+        let pair = match PAIR.get() {
+            Some(p) => p,
+            None => {
+                let generated = transport::tls::ClusterCertificate::generate(&[]).map_err(tls)?;
+                fresh = PAIR.set(generated).is_ok();
+                PAIR.get().expect("just set")
+            }
+        };
+        if fresh {
+            crate::net::set_tls(transport::tls::TlsConfig::cluster(pair).map_err(tls)?).map_err(
+                |_| {
+                    Error::Config(
+                        "this process set its own TLS configuration; a tls:// LocalCluster \
+                         makes its own certificate"
+                            .into(),
+                    )
+                },
+            )?;
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "dask-comm-tls-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let io = |e| Error::os("writing the cluster's certificate", e);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io)?;
+        std::fs::write(dir.join("cert.pem"), &pair.cert_pem).map_err(io)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join("key.pem"))
+            .and_then(|mut f| f.write_all(pair.key_pem.as_bytes()))
+            .map_err(io)?;
+        Ok(TlsDir(dir))
+    }
+}
+
+impl Drop for TlsDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -185,9 +252,14 @@ impl LocalCluster {
         }
         let rt = Runtime::new("dask-cluster")?;
         let secret = Secret::generate();
+        let tls_dir = match opts.protocol {
+            Protocol::Tls => Some(TlsDir::generate()?),
+            _ => None,
+        };
         let listen: Address = match opts.protocol {
             Protocol::Tcp => "tcp://127.0.0.1:0".parse(),
             Protocol::Ucx => "ucx://127.0.0.1:0".parse(),
+            Protocol::Tls => "tls://127.0.0.1:0".parse(),
             Protocol::Inproc => format!("inproc://cluster-{:016x}", rand::random::<u64>()).parse(),
         }
         .map_err(transport::TransportError::from)?;
@@ -209,6 +281,9 @@ impl LocalCluster {
                     .env(ENV_THREADS, opts.threads_per_worker.to_string())
                     .env(ENV_NAME, format!("local-{i}"))
                     .env(ENV_MEMORY, opts.memory_limit.to_string());
+                if let Some(dir) = &tls_dir {
+                    cmd.env(crate::net::ENV_TLS_DIR, &dir.0);
+                }
                 if opts.zero_work {
                     cmd.env(ENV_ZERO, "1");
                 }
@@ -236,6 +311,7 @@ impl LocalCluster {
             address,
             secret,
             rt,
+            _tls_dir: tls_dir,
         };
         cluster.wait_for_workers(opts.workers)?;
         tracing::info!(address = %cluster.address, workers = opts.workers, "local cluster ready");

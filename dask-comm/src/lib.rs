@@ -46,6 +46,7 @@ mod worker;
 pub use client::{Client, DFuture, SubmitOptions};
 pub use cluster::{run_if_worker, ClusterOptions, LocalCluster, Protocol};
 pub use error::{Error, Result};
+pub use net::{set_tls, ENV_TLS_DIR};
 pub use scheduler::SchedulerServer;
 pub use security::Secret;
 pub use worker::{run_worker, WorkerOptions};

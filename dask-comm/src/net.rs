@@ -42,10 +42,48 @@ pub(crate) fn prepare(addr: &Address) {
     });
 }
 
+/// The environment variable naming a folder with the cluster's TLS certificate for
+/// `tls://` (`cert.pem`, presented and trusted, and `key.pem`; `transport-echo tls-generate
+/// DIR` makes one), unless the program called [`set_tls`].
+pub const ENV_TLS_DIR: &str = "DASK_COMM_TLS_DIR";
+
+static TLS: std::sync::OnceLock<transport::tls::TlsConfig> = std::sync::OnceLock::new();
+
+/// Sets this process's TLS configuration for `tls://` addresses (before its first use; later
+/// calls are refused). Otherwise it comes from [`ENV_TLS_DIR`].
+pub fn set_tls(config: transport::tls::TlsConfig) -> Result<()> {
+    TLS.set(config)
+        .map_err(|_| Error::Config("the TLS configuration is already set".into()))
+}
+
+/// The options a connection of this process starts with: for `tls://`, the cluster's
+/// certificate.
+fn options(addr: &Address) -> Result<Options> {
+    let mut opts = Options::default();
+    if matches!(addr, Address::Tls { .. }) {
+        if TLS.get().is_none() {
+            let dir = std::env::var(ENV_TLS_DIR).map_err(|_| {
+                Error::Config(format!(
+                    "{addr} needs the cluster's certificate: set {ENV_TLS_DIR} to a folder with \
+                     cert.pem and key.pem"
+                ))
+            })?;
+            let dir = std::path::Path::new(&dir);
+            let cert = dir.join("cert.pem");
+            let config =
+                transport::tls::TlsConfig::from_pem_files(&cert, dir.join("key.pem"), &cert)
+                    .map_err(transport::TransportError::from)?;
+            let _ = TLS.set(config);
+        }
+        opts.tls = TLS.get().cloned();
+    }
+    Ok(opts)
+}
+
 /// Listens on `addr` (see [`prepare`]).
 pub(crate) async fn listen(addr: &Address) -> Result<transport::Listener> {
     prepare(addr);
-    Ok(transport::listen(addr).await?)
+    Ok(transport::listen_with(addr, &options(addr)?).await?)
 }
 
 /// Connects to `addr`, proves the secret, and introduces itself.
@@ -55,7 +93,7 @@ pub(crate) async fn dial(addr: &Address, secret: &Secret, hello: Hello) -> Resul
         addr,
         &Options {
             limits: HANDSHAKE_LIMITS,
-            ..Default::default()
+            ..options(addr)?
         },
     )
     .await?;

@@ -1,4 +1,4 @@
-//! Real processes: local clusters of worker processes over `tcp://` and `ucx://`, the
+//! Real processes: local clusters of worker processes over `tcp://`, `tls://` and `ucx://`, the
 //! `dask-comm` command line with a scheduler file, a worker killed mid-computation, and
 //! strangers at the door.
 //!
@@ -233,6 +233,10 @@ fn main() {
         (
             "process_cluster_ucx",
             Box::new(|| process_cluster(Protocol::Ucx)),
+        ),
+        (
+            "process_cluster_tls",
+            Box::new(|| process_cluster(Protocol::Tls)),
         ),
         (
             "killed_worker_loses_nothing",

@@ -1,4 +1,4 @@
-//! Addresses as URIs: `ucx://host:port`, `tcp://host:port`, `inproc://name`.
+//! Addresses as URIs: `ucx://host:port`, `tcp://host:port`, `tls://host:port`, `inproc://name`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,6 +16,14 @@ pub enum Address {
     /// Plain TCP with length-prefixed frames.
     Tcp {
         /// Host name or IP address (IPv6 without brackets).
+        host: String,
+        /// Port (0 when listening picks a free one).
+        port: u16,
+    },
+    /// TCP inside TLS (mutual authentication; see [`crate::tls`]).
+    Tls {
+        /// Host name or IP address (IPv6 without brackets); the server name checked unless
+        /// the configuration fixes one.
         host: String,
         /// Port (0 when listening picks a free one).
         port: u16,
@@ -59,16 +67,16 @@ impl FromStr for Address {
                 }
                 Ok(Address::Inproc(rest.to_string()))
             }
-            "tcp" | "ucx" => {
+            "tcp" | "ucx" | "tls" => {
                 let (host, port) = split_host_port(rest).map_err(|w| err(&w))?;
-                Ok(if scheme == "tcp" {
-                    Address::Tcp { host, port }
-                } else {
-                    Address::Ucx { host, port }
+                Ok(match scheme {
+                    "tcp" => Address::Tcp { host, port },
+                    "tls" => Address::Tls { host, port },
+                    _ => Address::Ucx { host, port },
                 })
             }
             other => Err(err(&format!(
-                "unknown scheme `{other}` (expected ucx, tcp or inproc)"
+                "unknown scheme `{other}` (expected ucx, tcp, tls or inproc)"
             ))),
         }
     }
@@ -111,6 +119,7 @@ impl fmt::Display for Address {
         match self {
             Address::Ucx { host, port } => hp(f, "ucx", host, *port),
             Address::Tcp { host, port } => hp(f, "tcp", host, *port),
+            Address::Tls { host, port } => hp(f, "tls", host, *port),
             Address::Inproc(name) => write!(f, "inproc://{name}"),
         }
     }
@@ -126,6 +135,7 @@ mod tests {
             "ucx://10.0.0.1:13337",
             "tcp://localhost:0",
             "tcp://[fe80::1]:9",
+            "tls://node7:8786",
             "inproc://scheduler",
         ] {
             let a: Address = s.parse().unwrap();

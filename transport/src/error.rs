@@ -32,6 +32,10 @@ pub enum TransportError {
     /// connection is closed.
     #[error("authentication: {0}")]
     Auth(#[from] crate::auth::AuthError),
+    /// TLS could not be set up, or its handshake failed.
+    #[cfg(feature = "tls")]
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// An operating-system error other than the peer going away.
     #[error("{0}")]
     Io(Arc<std::io::Error>),

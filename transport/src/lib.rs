@@ -53,6 +53,8 @@ mod inproc;
 mod message;
 mod pool;
 mod tcp;
+#[cfg(feature = "tls")]
+pub mod tls;
 #[cfg(feature = "topology")]
 pub mod topology;
 #[cfg(feature = "ucx")]
@@ -137,6 +139,10 @@ pub struct Options {
     /// logged), and a connect with one fails with [`TransportError::Auth`] unless the
     /// listener knows it too. `None` (the default): no challenge.
     pub secret: Option<auth::Secret>,
+    /// `tls://`: the certificates this side presents and trusts (required there; see
+    /// [`tls`]). Other schemes ignore it.
+    #[cfg(feature = "tls")]
+    pub tls: Option<tls::TlsConfig>,
 }
 
 impl Default for Options {
@@ -146,6 +152,8 @@ impl Default for Options {
             connect_timeout: CONNECT_TIMEOUT,
             credit_bytes: 8 << 20,
             secret: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -206,24 +214,73 @@ pub struct Listener {
     inner: ListenerInner,
     local: Address,
     opts: Options,
-    /// Accepted connections proving the secret ([`Options::secret`]), at most
-    /// [`MAX_CHALLENGES`] at a time.
-    challenges: futures::stream::FuturesUnordered<Challenge>,
+    /// Accepted connections being set up (TLS handshake, secret challenge), at most
+    /// [`MAX_PENDING_ACCEPTS`] at a time.
+    pending: futures::stream::FuturesUnordered<SetUp>,
 }
 
-/// A connection proving the secret: the connection, or who failed and why.
-type Challenge = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<Connection, (Address, auth::AuthError)>> + Send>,
+/// A connection being set up: the connection, or who failed and why.
+type SetUp = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Connection, (Address, TransportError)>> + Send>,
 >;
 
-/// The most accepted connections a listener lets prove the secret at once; beyond, it
-/// accepts no more until some finish (each has [`auth::HANDSHAKE_TIMEOUT`] per step).
-pub const MAX_CHALLENGES: usize = 256;
+/// The most accepted connections a listener sets up (TLS handshake, secret challenge) at
+/// once; beyond, it accepts no more until some finish (each within
+/// [`Options::connect_timeout`] for TLS and [`auth::HANDSHAKE_TIMEOUT`] per challenge step).
+pub const MAX_PENDING_ACCEPTS: usize = 256;
+
+/// A connection from a backend's accept.
+enum Accepted {
+    /// Ready to use (or to challenge).
+    Ready(Connection),
+    /// A socket whose TLS handshake comes next.
+    #[cfg(feature = "tls")]
+    Tls(tokio::net::TcpStream, Address, tls::TlsConfig),
+}
+
+impl ListenerInner {
+    fn is_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        if matches!(self, ListenerInner::Tls(..)) {
+            return true;
+        }
+        false
+    }
+}
+
+/// Sets an accepted connection up: the TLS handshake (within `opts.connect_timeout`), then
+/// the challenge if `opts` has a secret.
+#[cfg_attr(not(feature = "tls"), allow(clippy::infallible_destructuring_match))]
+fn set_up(accepted: Accepted, opts: Options) -> SetUp {
+    Box::pin(async move {
+        let conn = match accepted {
+            Accepted::Ready(c) => c,
+            #[cfg(feature = "tls")]
+            Accepted::Tls(socket, peer, config) => {
+                let state = Arc::new(CloseState::default());
+                let handshake = tcp::accept_tls(socket, &opts, &config, Arc::clone(&state));
+                match tokio::time::timeout(opts.connect_timeout, handshake).await {
+                    Ok(Ok(c)) => Connection::new(ConnInner::Tcp(c), peer, state),
+                    Ok(Err(e)) => return Err((peer, e)),
+                    Err(_) => return Err((peer, TransportError::Timeout(opts.connect_timeout))),
+                }
+            }
+        };
+        if let Some(secret) = &opts.secret {
+            if let Err(e) = auth::accept(&conn, secret, opts.limits).await {
+                return Err((conn.peer_addr().clone(), e.into()));
+            }
+        }
+        Ok(conn)
+    })
+}
 
 #[derive(Debug)]
 enum ListenerInner {
     Inproc(inproc::Listener),
     Tcp(tcp::Listener),
+    #[cfg(feature = "tls")]
+    Tls(tcp::Listener, tls::TlsConfig),
     #[cfg(feature = "ucx")]
     Ucx(ucx_backend::Listener),
 }
@@ -337,12 +394,12 @@ enum ConnInner {
     Ucx(ucx_backend::Conn),
 }
 
-/// The next connection from the backend, unchallenged.
+/// The next connection from the backend, not set up.
 async fn accept_raw(
     inner: &mut ListenerInner,
     opts: &Options,
     local: &Address,
-) -> Result<Connection> {
+) -> Result<Accepted> {
     let state = Arc::new(CloseState::default());
     let (inner, peer) = match inner {
         ListenerInner::Inproc(l) => {
@@ -358,9 +415,19 @@ async fn accept_raw(
             let (c, peer) = l.accept(opts, Arc::clone(&state)).await?;
             (ConnInner::Ucx(c), peer)
         }
+        #[cfg(feature = "tls")]
+        ListenerInner::Tls(l, config) => {
+            let (socket, peer) = l.accept_socket().await?;
+            let Address::Tcp { host, port } = peer else {
+                unreachable!("a TCP peer's address")
+            };
+            let peer = Address::Tls { host, port };
+            tracing::debug!(%local, %peer, "accepted");
+            return Ok(Accepted::Tls(socket, peer, config.clone()));
+        }
     };
     tracing::debug!(%local, %peer, "accepted");
-    Ok(Connection::new(inner, peer, state))
+    Ok(Accepted::Ready(Connection::new(inner, peer, state)))
 }
 
 #[cfg(not(feature = "ucx"))]
@@ -368,6 +435,20 @@ const UCX_NOT_BUILT: TransportError = TransportError::NotBuilt {
     scheme: "ucx",
     feature: "ucx",
 };
+
+#[cfg(not(feature = "tls"))]
+const TLS_NOT_BUILT: TransportError = TransportError::NotBuilt {
+    scheme: "tls",
+    feature: "tls",
+};
+
+/// `tls://` needs certificates.
+#[cfg(feature = "tls")]
+fn tls_of(opts: &Options) -> Result<&tls::TlsConfig> {
+    opts.tls.as_ref().ok_or_else(|| {
+        TransportError::Config("tls:// needs Options::tls (see transport::tls)".into())
+    })
+}
 
 /// Listens on `addr` with the default [`Options`] (port 0 picks a free port; see
 /// [`Listener::local_addr`]).
@@ -393,13 +474,24 @@ pub async fn listen_with(addr: &Address, opts: &Options) -> Result<Listener> {
         }
         #[cfg(not(feature = "ucx"))]
         Address::Ucx { .. } => return Err(UCX_NOT_BUILT),
+        #[cfg(feature = "tls")]
+        Address::Tls { host, port } => {
+            let config = tls_of(opts)?.clone();
+            let l = tcp::listen(host, *port).await?;
+            let Address::Tcp { host, port } = l.local() else {
+                unreachable!("a TCP listener's address")
+            };
+            (ListenerInner::Tls(l, config), Address::Tls { host, port })
+        }
+        #[cfg(not(feature = "tls"))]
+        Address::Tls { .. } => return Err(TLS_NOT_BUILT),
     };
     tracing::debug!(%local, "listening");
     Ok(Listener {
         inner,
         local,
         opts: opts.clone(),
-        challenges: Default::default(),
+        pending: Default::default(),
     })
 }
 
@@ -425,6 +517,12 @@ pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> 
             }
             #[cfg(not(feature = "ucx"))]
             Address::Ucx { .. } => return Err(UCX_NOT_BUILT),
+            #[cfg(feature = "tls")]
+            Address::Tls { host, port } => ConnInner::Tcp(
+                tcp::connect_tls(host, *port, opts, tls_of(opts)?, Arc::clone(&state)).await?,
+            ),
+            #[cfg(not(feature = "tls"))]
+            Address::Tls { .. } => return Err(TLS_NOT_BUILT),
         })
     };
     let inner = tokio::time::timeout(opts.connect_timeout, attempt)
@@ -450,32 +548,31 @@ pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> 
 }
 
 impl Listener {
-    /// The next connection. With [`Options::secret`], the next one that proved the secret:
-    /// connections are challenged concurrently (a slow or silent stranger holds up no one),
-    /// and those that fail are dropped and logged.
+    /// The next connection. On `tls://`, or with [`Options::secret`], the next one whose TLS
+    /// handshake and challenge succeeded: connections are set up concurrently (a slow or
+    /// silent stranger holds up no one), at most [`MAX_PENDING_ACCEPTS`] at a time, and
+    /// those that fail are dropped and logged.
     pub async fn accept(&mut self) -> Result<Connection> {
         use futures::StreamExt;
-        let Some(secret) = self.opts.secret.clone() else {
-            return accept_raw(&mut self.inner, &self.opts, &self.local).await;
-        };
+        let direct = self.opts.secret.is_none() && !self.inner.is_tls();
+        if direct {
+            return match accept_raw(&mut self.inner, &self.opts, &self.local).await? {
+                Accepted::Ready(c) => Ok(c),
+                #[cfg(feature = "tls")]
+                Accepted::Tls(..) => unreachable!("a tls:// listener sets connections up"),
+            };
+        }
         loop {
-            let room = self.challenges.len() < MAX_CHALLENGES;
+            let room = self.pending.len() < MAX_PENDING_ACCEPTS;
             tokio::select! {
-                Some(done) = self.challenges.next(), if !self.challenges.is_empty() => match done {
+                Some(done) = self.pending.next(), if !self.pending.is_empty() => match done {
                     Ok(conn) => return Ok(conn),
                     Err((peer, e)) => {
-                        tracing::warn!(local = %self.local, %peer, error = %e, "dropped a peer that did not prove the secret");
+                        tracing::warn!(local = %self.local, %peer, error = %e, "dropped a peer whose connection setup failed");
                     }
                 },
                 raw = accept_raw(&mut self.inner, &self.opts, &self.local), if room => {
-                    let conn = raw?;
-                    let (secret, limits) = (secret.clone(), self.opts.limits);
-                    self.challenges.push(Box::pin(async move {
-                        match auth::accept(&conn, &secret, limits).await {
-                            Ok(()) => Ok(conn),
-                            Err(e) => Err((conn.peer_addr().clone(), e)),
-                        }
-                    }));
+                    self.pending.push(set_up(raw?, self.opts.clone()));
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! TCP connections (tokio + socket2): `TCP_NODELAY`, keepalive, a header then the frames
-//! (device frames staged through host memory on both sides).
+//! (device frames staged through host memory on both sides). `tls://` is the same inside TLS
+//! (the connection's halves are boxed streams; see [`crate::tls`]).
 //!
 //! A garbage header closes the connection; nothing is allocated from unchecked sizes. A close
 //! writes the close marker and shuts the socket's sending side, so the peer tells it from a
@@ -11,8 +12,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use std::os::fd::{AsRawFd, RawFd};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
@@ -36,19 +38,30 @@ pub(crate) struct Listener {
     inner: TcpListener,
 }
 
-/// The sending side: the socket's write half, and a buffer small messages are gathered in.
-#[derive(Debug)]
+/// A connection's receiving half: the socket's, or TLS's over it.
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+/// A connection's sending half.
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// The sending side: the connection's write half, and a buffer small messages are gathered in.
 struct Writer {
-    half: OwnedWriteHalf,
+    half: WriteHalf,
     scratch: Vec<u8>,
 }
 
-#[derive(Debug)]
 pub(crate) struct Conn {
-    reader: Mutex<BufReader<OwnedReadHalf>>,
+    reader: Mutex<BufReader<ReadHalf>>,
     writer: Mutex<Writer>,
+    /// The socket's descriptor, open as long as the halves are (they own the socket).
+    fd: RawFd,
     pub(crate) limits: crate::SharedLimits,
     state: Arc<CloseState>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("tcp::Conn").field("fd", &self.fd).finish()
+    }
 }
 
 fn tune(s: &TcpStream) -> Result<()> {
@@ -80,7 +93,43 @@ pub(crate) async fn connect(
 ) -> Result<Conn> {
     let s = TcpStream::connect((host, port)).await?;
     tune(&s)?;
-    Ok(Conn::new(s, opts, state))
+    Ok(Conn::plain(s, opts, state))
+}
+
+/// Connects over TLS: TCP, then the handshake (both within the caller's time limit).
+#[cfg(feature = "tls")]
+pub(crate) async fn connect_tls(
+    host: &str,
+    port: u16,
+    opts: &Options,
+    tls: &crate::tls::TlsConfig,
+    state: Arc<CloseState>,
+) -> Result<Conn> {
+    let name = tls.server_name_for(host)?;
+    let s = TcpStream::connect((host, port)).await?;
+    tune(&s)?;
+    let fd = s.as_raw_fd();
+    let stream = tokio_rustls::TlsConnector::from(Arc::clone(&tls.client))
+        .connect(name, s)
+        .await
+        .map_err(crate::tls::handshake_error)?;
+    Ok(Conn::tls(stream.into(), fd, opts, state))
+}
+
+/// The server side of a TLS handshake on an accepted socket.
+#[cfg(feature = "tls")]
+pub(crate) async fn accept_tls(
+    s: TcpStream,
+    opts: &Options,
+    tls: &crate::tls::TlsConfig,
+    state: Arc<CloseState>,
+) -> Result<Conn> {
+    let fd = s.as_raw_fd();
+    let stream = tokio_rustls::TlsAcceptor::from(Arc::clone(&tls.server))
+        .accept(s)
+        .await
+        .map_err(crate::tls::handshake_error)?;
+    Ok(Conn::tls(stream.into(), fd, opts, state))
 }
 
 impl Listener {
@@ -99,9 +148,37 @@ impl Listener {
         opts: &Options,
         state: Arc<CloseState>,
     ) -> Result<(Conn, Address)> {
+        let (s, peer) = self.accept_socket().await?;
+        Ok((Conn::plain(s, opts, state), peer))
+    }
+
+    /// The next socket, tuned, unwrapped (for `tls://`, whose handshake comes next).
+    pub(crate) async fn accept_socket(&mut self) -> Result<(TcpStream, Address)> {
         let (s, peer) = self.inner.accept().await?;
         tune(&s)?;
-        Ok((Conn::new(s, opts, state), to_address(peer)))
+        Ok((s, to_address(peer)))
+    }
+}
+
+/// TLS's reading half, with an end of stream that lacks TLS's `close_notify` read as an end
+/// of stream: the framing tells a peer that vanished between messages from one cut off in the
+/// middle of one, as on `tcp://` (a close is told by the transport's own close marker).
+#[cfg(feature = "tls")]
+struct EndOfStream<R>(R);
+
+#[cfg(feature = "tls")]
+impl<R: AsyncRead + Unpin> AsyncRead for EndOfStream<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match std::task::ready!(std::pin::Pin::new(&mut self.0).poll_read(cx, buf)) {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                std::task::Poll::Ready(Ok(()))
+            }
+            r => std::task::Poll::Ready(r),
+        }
     }
 }
 
@@ -152,9 +229,8 @@ async fn read_frame(r: &mut (impl AsyncRead + Unpin), size: usize) -> Result<Vec
 
 /// Shuts the socket down unless disarmed: a send dropped part-way through a message leaves
 /// the peer's stream out of step, so the connection ends (closed by this side). Holds the
-/// socket's descriptor, which stays open while the send holds the writer (declared after it,
-/// so dropped before it).
-struct ShutdownOnDrop<'a>(Option<std::os::fd::RawFd>, &'a CloseState);
+/// socket's descriptor, which stays open while the connection holds its halves.
+struct ShutdownOnDrop<'a>(Option<RawFd>, &'a CloseState);
 
 impl Drop for ShutdownOnDrop<'_> {
     fn drop(&mut self) {
@@ -163,8 +239,8 @@ impl Drop for ShutdownOnDrop<'_> {
             tracing::warn!(
                 "a TCP send was dropped part-way through a message: closing the connection"
             );
-            // SAFETY: the descriptor belongs to the writer half this send still holds locked
-            // (see the struct's doc), so it is open for the duration of this call.
+            // SAFETY: the descriptor is the socket the connection's halves own, and the send
+            // dropping this guard borrows the connection, so it is open during this call.
             let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
             let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Both);
         }
@@ -172,14 +248,31 @@ impl Drop for ShutdownOnDrop<'_> {
 }
 
 impl Conn {
-    fn new(s: TcpStream, opts: &Options, state: Arc<CloseState>) -> Conn {
+    fn plain(s: TcpStream, opts: &Options, state: Arc<CloseState>) -> Conn {
+        let fd = s.as_raw_fd();
         let (r, w) = s.into_split();
+        Conn::new(Box::new(r), Box::new(w), fd, opts, state)
+    }
+
+    #[cfg(feature = "tls")]
+    fn tls(
+        s: tokio_rustls::TlsStream<TcpStream>,
+        fd: RawFd,
+        opts: &Options,
+        state: Arc<CloseState>,
+    ) -> Conn {
+        let (r, w) = tokio::io::split(s);
+        Conn::new(Box::new(EndOfStream(r)), Box::new(w), fd, opts, state)
+    }
+
+    fn new(r: ReadHalf, w: WriteHalf, fd: RawFd, opts: &Options, state: Arc<CloseState>) -> Conn {
         Conn {
             reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, r)),
             writer: Mutex::new(Writer {
                 half: w,
                 scratch: Vec::new(),
             }),
+            fd,
             limits: crate::SharedLimits::new(opts.limits),
             state,
         }
@@ -198,10 +291,7 @@ impl Conn {
         // One writer at a time: a message's header and frames are never interleaved.
         let mut locked = self.writer.lock().await;
         let Writer { half: w, scratch } = &mut *locked;
-        let mut guard = ShutdownOnDrop(
-            Some(std::os::fd::AsRawFd::as_raw_fd(w.as_ref())),
-            &self.state,
-        );
+        let mut guard = ShutdownOnDrop(Some(self.fd), &self.state);
         let written = async {
             let total = header.len() + msg.frames.iter().map(Frame::len).sum::<usize>();
             let host: Option<Vec<&bytes::Bytes>> = msg.frames.iter().map(Frame::as_host).collect();
@@ -214,7 +304,9 @@ impl Conn {
                 for b in host {
                     scratch.extend_from_slice(b);
                 }
-                return w.write_all(scratch).await;
+                w.write_all(scratch).await?;
+                // TLS holds records until flushed; for a socket this is nothing.
+                return w.flush().await;
             }
             w.write_all(&header).await?;
             for (i, f) in msg.frames.iter().enumerate() {
@@ -223,7 +315,7 @@ impl Conn {
                     None => w.write_all(&staged[i]).await?,
                 }
             }
-            Ok::<_, std::io::Error>(())
+            w.flush().await
         };
         let r = written.await;
         guard.0 = None;

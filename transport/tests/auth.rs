@@ -50,7 +50,7 @@ async fn echo_ok(addr: &Address, opts: &Options, n: usize) {
 
 async fn challenge(addr: &str) {
     let secret = Secret::generate();
-    let good = with(&secret);
+    let good = common::for_addr(addr, &with(&secret));
     let l = listen(addr, &good).await;
     let at = l.local_addr().clone();
     tokio::time::timeout(STEP, async {
@@ -61,7 +61,7 @@ async fn challenge(addr: &str) {
 
         // A wrong secret fails at connect, typed; the listener goes on to the next peer.
         let server = serve_one(l);
-        let e = transport::connect_with(&at, &with(&Secret::generate()))
+        let e = transport::connect_with(&at, &common::for_addr(addr, &with(&Secret::generate())))
             .await
             .unwrap_err();
         assert!(
@@ -74,7 +74,8 @@ async fn challenge(addr: &str) {
         // A peer without the secret that sends a large message instead of the challenge: it
         // is refused by the challenge's limits (nothing allocated for it) and dropped.
         let server = serve_one(l);
-        let stranger = transport::connect(&at).await.unwrap();
+        let plain = common::for_addr(addr, &Options::default());
+        let stranger = transport::connect_with(&at, &plain).await.unwrap();
         let _hello = stranger.recv().await.unwrap();
         let _ = stranger
             .send(AUTH_CHANNEL, Message::from(vec![vec![0u8; 100_000]]))
@@ -85,7 +86,7 @@ async fn challenge(addr: &str) {
             .unwrap_err();
         assert!(e.close_reason().is_some(), "{addr}: {e}");
         // A silent stranger holds up no one: good peers are served while it waits.
-        let silent = transport::connect(&at).await.unwrap();
+        let silent = transport::connect_with(&at, &plain).await.unwrap();
         echo_ok(&at, &good, 100).await;
         drop(silent);
         server.await.unwrap();
@@ -97,11 +98,11 @@ async fn challenge(addr: &str) {
 /// A connector with a secret against a listener without one: the connector waits for a
 /// challenge that never comes and fails within its time limit, typed.
 async fn listener_without_secret(addr: &str) {
-    let l = listen(addr, &Options::default()).await;
+    let l = listen(addr, &common::for_addr(addr, &Options::default())).await;
     let at = l.local_addr().clone();
     let opts = Options {
         connect_timeout: Duration::from_secs(1),
-        ..with(&Secret::generate())
+        ..common::for_addr(addr, &with(&Secret::generate()))
     };
     let server = tokio::spawn(async move {
         let mut l = l;
@@ -140,6 +141,8 @@ backends!(inproc, "inproc://auth");
 backends!(tcp, "tcp://127.0.0.1:0");
 #[cfg(feature = "ucx")]
 backends!(ucx, "ucx://127.0.0.1:0");
+#[cfg(feature = "tls")]
+backends!(tls, "tls://127.0.0.1:0");
 
 /// Raw garbage on a TCP socket (a port scanner, another protocol) is dropped before the
 /// listener hands out anything, and costs it nothing: the good client is served after.

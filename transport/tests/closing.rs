@@ -133,6 +133,8 @@ macro_rules! backends {
 
 backends!(inproc, "inproc://closing");
 backends!(tcp, "tcp://127.0.0.1:0");
+#[cfg(feature = "tls")]
+backends!(tls, "tls://127.0.0.1:0");
 #[cfg(feature = "ucx")]
 backends!(ucx, "ucx://127.0.0.1:0");
 
@@ -204,17 +206,23 @@ async fn limits_can_be_raised_on_every_backend() {
     if cfg!(feature = "ucx") {
         addrs.push("ucx://127.0.0.1:0");
     }
+    if cfg!(feature = "tls") {
+        addrs.push("tls://127.0.0.1:0");
+    }
     for addr in addrs {
         limits_can_be_raised(addr).await;
     }
 }
 
-/// Accepted tcp:// and ucx:// connections report where the peer came from (not `?:0`).
+/// Accepted tcp://, tls:// and ucx:// connections report where the peer came from (not `?:0`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepted_peers_have_addresses() {
     let mut addrs = vec!["tcp://127.0.0.1:0"];
     if cfg!(feature = "ucx") {
         addrs.push("ucx://127.0.0.1:0");
+    }
+    if cfg!(feature = "tls") {
+        addrs.push("tls://127.0.0.1:0");
     }
     for addr in addrs {
         let (server, _client) = pair(addr).await;

@@ -3,7 +3,7 @@
 //! against a `transport-echo server` process, while a good client keeps echoing. The good
 //! client is served, the server's RSS (sampled) stays under 1 GiB, and the server lives.
 //!
-//! Over `tcp://` the server grows a frame's buffer only as bytes arrive. Over `ucx://` the
+//! Over `tcp://` and `tls://` the server grows a frame's buffer only as bytes arrive. Over `ucx://` the
 //! frame's receive is posted into memory that is reserved but never touched until bytes land.
 //! (`inproc://` peers live in the same process and hand over whole messages: nothing is
 //! announced before it exists.)
@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use transport::frame::{self, FrameMeta};
-use transport::{connect, Address, Message};
+use transport::{connect_with, Address, Message, Options};
 
 mod common;
 use common::EchoProcess;
@@ -45,7 +45,10 @@ fn announcement() -> Vec<u8> {
 
 /// Echoes 64 KiB messages for a while, sampling the server's RSS; returns the largest sample.
 async fn good_client(server: &mut EchoProcess, addr: &Address) -> f64 {
-    let conn = connect(addr).await.expect("the good client connects");
+    let opts = common::for_addr(&addr.to_string(), &Options::default());
+    let conn = connect_with(addr, &opts)
+        .await
+        .expect("the good client connects");
     let pid = server.0.id();
     let payload = vec![0x5au8; 64 << 10];
     let mut peak: f64 = rss_mib(pid);
@@ -98,6 +101,39 @@ fn tcp_announcements_cost_nothing() {
         .unwrap();
     let peak = rt.block_on(good_client(&mut server, &addr));
     eprintln!("tcp: {HOSTILE} peers announcing 3 GiB each; server peak RSS {peak:.0} MiB");
+    assert!(peak < RSS_LIMIT_MIB, "server RSS {peak:.0} MiB");
+    drop(hostile);
+}
+
+/// Over `tls://` the hostile peers are insiders: they hold the cluster's certificate, finish
+/// the TLS handshake, then announce 3 GiB. The frame grows with what arrives, as on `tcp://`.
+#[test]
+fn tls_announcements_cost_nothing() {
+    let (mut server, addr) = EchoProcess::start(BIN, "tls");
+    let Address::Tls { host, port } = &addr else {
+        panic!("{addr}")
+    };
+    let config = common::test_tls().0.client_config();
+    let mut hostile = Vec::with_capacity(HOSTILE);
+    for i in 0..HOSTILE {
+        let s = TcpStream::connect((host.as_str(), *port)).expect("connect");
+        let name = rustls::pki_types::ServerName::try_from(host.clone()).expect("a name");
+        let tls = rustls::ClientConnection::new(std::sync::Arc::clone(&config), name)
+            .expect("a TLS client");
+        let mut s = rustls::StreamOwned::new(tls, s);
+        s.write_all(&announcement()).expect("handshake and header");
+        if i % 2 == 0 {
+            s.write_all(&[7u8; 100]).expect("100 bytes");
+        }
+        s.flush().expect("flush");
+        hostile.push(s);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let peak = rt.block_on(good_client(&mut server, &addr));
+    eprintln!("tls: {HOSTILE} peers announcing 3 GiB each; server peak RSS {peak:.0} MiB");
     assert!(peak < RSS_LIMIT_MIB, "server RSS {peak:.0} MiB");
     drop(hostile);
 }

@@ -1,6 +1,6 @@
 //! Peer death at scale: a `transport-echo server` process is killed with SIGKILL at a random
 //! moment of a random-size echo (1 B to 16 MiB); the survivor's pending send and receive must
-//! both end, with an error where the echo had not completed, within 2 s. Over `tcp://` and
+//! both end, with an error where the echo had not completed, within 2 s. Over `tcp://`, `tls://` and
 //! over `ucx://` in each progress mode (polling, blocking, thread; the survivor's mode, one
 //! process per mode since UCX is configured once per process). Prints the distribution of
 //! detection times (from the kill to the last pending operation's end).
@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use transport::{configure_ucx, connect, Message, UcxIntent};
+use transport::{configure_ucx, connect_with, Message, Options, UcxIntent};
 
 mod common;
 use common::EchoProcess;
@@ -28,7 +28,10 @@ const ENV_CONFIG: &str = "PEER_DEATH_CONFIG";
 /// failed).
 async fn trial(scheme: &str, rng: &mut impl Rng) -> Result<(bool, Duration), String> {
     let (mut v, addr) = EchoProcess::start(BIN, scheme);
-    let conn = connect(&addr).await.map_err(|e| format!("connect: {e}"))?;
+    let opts = common::for_addr(&addr.to_string(), &Options::default());
+    let conn = connect_with(&addr, &opts)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
     let size = 1usize << rng.gen_range(0..=24);
     // Somewhere within about twice the echo's time on loopback (1 GB/s, 50 µs at least).
     let delay = Duration::from_nanos(rng.gen_range(0..50_000 + 2 * size as u64));
@@ -121,7 +124,7 @@ fn main() {
         return;
     }
     let exe = std::env::current_exe().expect("this test");
-    for config in ["tcp", "ucx:polling", "ucx:blocking", "ucx:thread"] {
+    for config in ["tcp", "tls", "ucx:polling", "ucx:blocking", "ucx:thread"] {
         let status = Command::new(&exe)
             .env(ENV_CONFIG, config)
             .status()

@@ -143,4 +143,6 @@ macro_rules! backends {
 
 backends!(inproc, "inproc://polling");
 backends!(tcp, "tcp://127.0.0.1:0");
+#[cfg(feature = "tls")]
+backends!(tls, "tls://127.0.0.1:0");
 backends!(ucx, "ucx://127.0.0.1:0");

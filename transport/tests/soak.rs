@@ -11,7 +11,9 @@
 
 use std::time::{Duration, Instant};
 
-use transport::{connect, listen, Address, Message};
+use transport::{connect_with, listen_with, Address, Message, Options};
+
+mod common;
 
 const SAMPLES: u64 = 10;
 /// The largest message, in MiB (see [`size_of`]).
@@ -37,11 +39,12 @@ fn size_of(i: u64) -> usize {
 }
 
 async fn soak(at: &str, n: u64) -> Vec<f64> {
-    let mut listener = listen(&at.parse::<Address>().expect("address"))
+    let opts = common::for_addr(at, &Options::default());
+    let mut listener = listen_with(&at.parse::<Address>().expect("address"), &opts)
         .await
         .expect("listen");
     let addr = listener.local_addr().clone();
-    let (server, client) = tokio::join!(listener.accept(), connect(&addr));
+    let (server, client) = tokio::join!(listener.accept(), connect_with(&addr, &opts));
     let (server, client) = (server.expect("accept"), client.expect("connect"));
     let sender = tokio::spawn(async move {
         for i in 0..n {
@@ -80,6 +83,8 @@ fn mixed_sizes_on_one_connection_keep_memory_flat() {
     for at in [
         "inproc://soak",
         "tcp://127.0.0.1:0",
+        #[cfg(feature = "tls")]
+        "tls://127.0.0.1:0",
         #[cfg(feature = "ucx")]
         "ucx://127.0.0.1:0",
     ] {

@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
-use transport::{connect_with, listen, Address, Message, Options};
+use transport::{connect_with, listen_with, Address, Message, Options};
+
+mod common;
 
 const CLIENTS: usize = 1000;
 const LIMIT: Duration = Duration::from_secs(180);
@@ -29,7 +31,8 @@ fn raise_fd_limit() -> u64 {
 }
 
 async fn storm(at: &str) -> Duration {
-    let mut listener = listen(&at.parse::<Address>().expect("address"))
+    let base = common::for_addr(at, &Options::default());
+    let mut listener = listen_with(&at.parse::<Address>().expect("address"), &base)
         .await
         .expect("listen");
     let addr = listener.local_addr().clone();
@@ -52,10 +55,11 @@ async fn storm(at: &str) -> Duration {
     let mut clients = JoinSet::new();
     for i in 0..CLIENTS {
         let addr = addr.clone();
+        let base = base.clone();
         clients.spawn(async move {
             let opts = Options {
                 connect_timeout: Duration::from_secs(120),
-                ..Default::default()
+                ..base
             };
             let conn = connect_with(&addr, &opts)
                 .await
@@ -109,6 +113,8 @@ fn a_thousand_clients_at_once_per_backend() {
     for at in [
         "inproc://storm",
         "tcp://127.0.0.1:0",
+        #[cfg(feature = "tls")]
+        "tls://127.0.0.1:0",
         #[cfg(feature = "ucx")]
         "ucx://127.0.0.1:0",
     ] {

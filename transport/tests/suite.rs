@@ -163,6 +163,8 @@ macro_rules! suite {
 
 suite!(inproc_a, "inproc://suite-a");
 suite!(tcp, "tcp://127.0.0.1:0");
+#[cfg(feature = "tls")]
+suite!(tls, "tls://127.0.0.1:0");
 #[cfg(feature = "ucx")]
 suite!(ucx, "ucx://127.0.0.1:0");
 

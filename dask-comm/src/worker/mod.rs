@@ -81,6 +81,10 @@ fn default_listen(scheduler: &Address) -> Address {
             host: "127.0.0.1".into(),
             port: 0,
         },
+        Address::Tls { .. } => Address::Tls {
+            host: "127.0.0.1".into(),
+            port: 0,
+        },
     }
 }
 

@@ -4,7 +4,10 @@
 //! transport-echo server --listen ucx://0.0.0.0:0 [--once] [UCX flags]
 //! transport-echo client --connect tcp://10.0.0.1:5000 [--sizes 8,1m,64m] [--iters N] [--frames K] [UCX flags]
 //! transport-echo topology                          # GPUs, NICs and what is near each GPU
+//! transport-echo tls-generate DIR [NAME...]        # a cluster certificate: DIR/cert.pem, DIR/key.pem
 //! UCX flags: --ucx-tcp --ucx-no-shm --ucx-net-devices DEV --ucx-progress polling|blocking|thread
+//! Security flags: --tls-dir DIR (tls://: DIR/cert.pem presented and trusted, DIR/key.pem)
+//!                 --secret-file F (64 hex digits: the shared-secret challenge on any scheme)
 //! ```
 //! The server prints `LISTENING <address>` and echoes every message on its channel. The client
 //! prints one JSON line per size: median and p99 one-way latency (half a round trip) and
@@ -13,7 +16,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use transport::{configure_ucx, connect, listen, Address, Message, UcxIntent};
+use transport::{configure_ucx, connect_with, listen_with, Address, Message, Options, UcxIntent};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -25,13 +28,17 @@ struct Args {
     frames: usize,
     once: bool,
     intent: UcxIntent,
+    tls_dir: Option<String>,
+    secret_file: Option<String>,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: transport-echo server --listen URI [--once] [UCX flags]\n\
          \x20      transport-echo client --connect URI [--sizes 8,1m,64m] [--iters N] [--frames K] [UCX flags]\n\
-         UCX flags: --ucx-tcp --ucx-no-shm --ucx-net-devices DEV --ucx-progress polling|blocking|thread"
+         \x20      transport-echo tls-generate DIR [NAME...]\n\
+         UCX flags: --ucx-tcp --ucx-no-shm --ucx-net-devices DEV --ucx-progress polling|blocking|thread\n\
+         Security flags: --tls-dir DIR --secret-file FILE"
     );
     std::process::exit(2)
 }
@@ -57,6 +64,8 @@ fn parse() -> Args {
         frames: 1,
         once: false,
         intent: UcxIntent::default(),
+        tls_dir: None,
+        secret_file: None,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
@@ -75,6 +84,8 @@ fn parse() -> Args {
             "--ucx-no-shm" => a.intent.shared_memory = false,
             "--ucx-net-devices" => a.intent.net_devices = Some(val()),
             "--ucx-progress" => a.intent.progress = val().parse().unwrap_or_else(|_| usage()),
+            "--tls-dir" => a.tls_dir = Some(val()),
+            "--secret-file" => a.secret_file = Some(val()),
             _ => usage(),
         }
     }
@@ -107,7 +118,54 @@ fn topology() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The connection options the security flags ask for.
+fn options(a: &Args) -> Result<Options, BoxError> {
+    let mut opts = Options::default();
+    if let Some(f) = &a.secret_file {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
+        opts.secret = Some(transport::auth::Secret::from_hex(&text)?);
+    }
+    if let Some(dir) = &a.tls_dir {
+        let dir = std::path::Path::new(dir);
+        let cert = dir.join("cert.pem");
+        opts.tls = Some(transport::tls::TlsConfig::from_pem_files(
+            &cert,
+            dir.join("key.pem"),
+            &cert,
+        )?);
+    }
+    Ok(opts)
+}
+
+/// Writes a fresh cluster certificate into `dir` (the key readable by its owner only).
+fn tls_generate(dir: &str, names: &[String]) -> Result<(), BoxError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let pair = transport::tls::ClusterCertificate::generate(&names)?;
+    let dir = std::path::Path::new(dir);
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("cert.pem"), &pair.cert_pem)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(dir.join("key.pem"))?
+        .write_all(pair.key_pem.as_bytes())?;
+    println!("{}", dir.join("cert.pem").display());
+    Ok(())
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("tls-generate") {
+        let Some(dir) = args.get(2) else { usage() };
+        if let Err(e) = tls_generate(dir, &args[3..]) {
+            eprintln!("transport-echo tls-generate: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if std::env::args().nth(1).as_deref() == Some("topology") {
         if let Err(e) = topology() {
             eprintln!("transport-echo topology: {e}");
@@ -123,13 +181,14 @@ fn main() {
         .expect("tokio runtime");
     let r = rt.block_on(async move {
         let addr: Address = a.addr.clone().ok_or("an address is needed")?.parse()?;
+        let opts = options(&a)?;
         if matches!(addr, Address::Ucx { .. }) {
             eprintln!("UCX: {}", configure_ucx(a.intent.clone())?);
         }
         // Spawned: polling-mode UCX futures reschedule themselves cheaply as tasks.
         match a.cmd.as_str() {
-            "server" => tokio::spawn(server(addr, a.once)).await?,
-            "client" => tokio::spawn(client(addr, a.sizes, a.iters, a.frames)).await?,
+            "server" => tokio::spawn(server(addr, opts, a.once)).await?,
+            "client" => tokio::spawn(client(addr, opts, a.sizes, a.iters, a.frames)).await?,
             _ => usage(),
         }
     });
@@ -139,8 +198,8 @@ fn main() {
     }
 }
 
-async fn server(addr: Address, once: bool) -> Result<(), BoxError> {
-    let mut listener = listen(&addr).await?;
+async fn server(addr: Address, opts: Options, once: bool) -> Result<(), BoxError> {
+    let mut listener = listen_with(&addr, &opts).await?;
     println!("LISTENING {}", listener.local_addr());
     std::io::stdout().flush()?;
     loop {
@@ -162,11 +221,12 @@ async fn server(addr: Address, once: bool) -> Result<(), BoxError> {
 
 async fn client(
     addr: Address,
+    opts: Options,
     sizes: Vec<usize>,
     iters: usize,
     frames: usize,
 ) -> Result<(), BoxError> {
-    let conn = connect(&addr).await?;
+    let conn = connect_with(&addr, &opts).await?;
     for size in sizes {
         let per = size / frames.max(1);
         let msg = Message::from(

@@ -14,9 +14,41 @@ pub async fn pair(addr: &str) -> (Connection, Connection) {
     pair_with(addr, &Options::default()).await
 }
 
+/// `opts` with the test cluster's certificate for a `tls://` address that has none.
+#[allow(dead_code)] // not every test file uses every helper
+pub fn for_addr(addr: &str, opts: &Options) -> Options {
+    #[cfg(feature = "tls")]
+    if addr.starts_with("tls://") && opts.tls.is_none() {
+        return Options {
+            tls: Some(test_tls().0.clone()),
+            ..opts.clone()
+        };
+    }
+    let _ = addr;
+    opts.clone()
+}
+
+/// This test process's cluster certificate: its configuration, and a folder holding it as
+/// `cert.pem` and `key.pem` (for `transport-echo --tls-dir`).
+#[cfg(feature = "tls")]
+#[allow(dead_code)] // not every test file uses every helper
+pub fn test_tls() -> &'static (transport::tls::TlsConfig, std::path::PathBuf) {
+    static TLS: std::sync::OnceLock<(transport::tls::TlsConfig, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    TLS.get_or_init(|| {
+        let pair = transport::tls::ClusterCertificate::generate(&[]).unwrap();
+        let dir = std::env::temp_dir().join(format!("transport-test-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cert.pem"), &pair.cert_pem).unwrap();
+        std::fs::write(dir.join("key.pem"), &pair.key_pem).unwrap();
+        (transport::tls::TlsConfig::cluster(&pair).unwrap(), dir)
+    })
+}
+
 /// [`pair`] with `opts` on both sides.
 #[allow(dead_code)] // not every test file uses every helper
 pub async fn pair_with(addr: &str, opts: &Options) -> (Connection, Connection) {
+    let opts = &for_addr(addr, opts);
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let addr = if addr.starts_with("inproc://") {
         format!(
@@ -78,8 +110,13 @@ pub struct EchoProcess(pub std::process::Child);
 impl EchoProcess {
     /// Starts it and reads the address it prints.
     pub fn start(bin: &str, scheme: &str) -> (EchoProcess, Address) {
-        let mut child = std::process::Command::new(bin)
-            .args(["server", "--listen", &format!("{scheme}://127.0.0.1:0")])
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(["server", "--listen", &format!("{scheme}://127.0.0.1:0")]);
+        #[cfg(feature = "tls")]
+        if scheme == "tls" {
+            cmd.arg("--tls-dir").arg(&test_tls().1);
+        }
+        let mut child = cmd
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
