@@ -13,7 +13,7 @@ source scripts/setup.sh
 leak_check() {
   SOAK=$(cargo test -q -j2 -p transport --test soak --no-run --message-format=json |
     python3 -c 'import sys, json; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable") and j["target"]["name"] == "soak"][0])')
-  SOAK_RSS_CHECK=0 SOAK_MESSAGES=${LEAK_MESSAGES:-20000} valgrind -q --leak-check=full \
+  SOAK_RSS_CHECK=0 SOAK_MESSAGES=${LEAK_MESSAGES:-20000} valgrind -q --num-callers=40 --leak-check=full \
     --show-leak-kinds=definite --errors-for-leak-kinds=definite --error-exitcode=3 \
     --suppressions=scripts/valgrind-ucx.supp "$SOAK" --nocapture 2>&1 | grep -E "messages in|test result|lost"
   echo "valgrind: no definite leak"

@@ -1,5 +1,7 @@
-//! The same request/reply code over `inproc://`, `tcp://` and `ucx://`: a server task answers
-//! each message with its frames reversed, on the channel it came on; the client checks.
+//! The same request/reply code over `inproc://`, `tcp://`, `tls://` and `ucx://`: a server
+//! task answers each message with its frames reversed, on the channel it came on; the client
+//! checks. Every connection also proves a shared secret first (`Options::secret`); `tls://`
+//! uses a certificate generated for the run.
 //!
 //! ```text
 //! cargo run -p transport --example over_every_backend
@@ -7,10 +9,10 @@
 
 use std::time::Instant;
 
-use transport::{connect, listen, Address, Message, TransportError};
+use transport::{connect_with, listen_with, Address, Message, Options, TransportError};
 
-async fn round_trips(addr: &str) -> Result<(), TransportError> {
-    let mut listener = listen(&addr.parse::<Address>()?).await?;
+async fn round_trips(addr: &str, opts: &Options) -> Result<(), TransportError> {
+    let mut listener = listen_with(&addr.parse::<Address>()?, opts).await?;
     let bound = listener.local_addr().clone();
     let server = tokio::spawn(async move {
         let conn = listener.accept().await?;
@@ -21,7 +23,7 @@ async fn round_trips(addr: &str) -> Result<(), TransportError> {
         }
         Ok::<_, TransportError>(())
     });
-    let client = connect(&bound).await?;
+    let client = connect_with(&bound, opts).await?;
     let t0 = Instant::now();
     for i in 0..100u32 {
         let frames = vec![format!("request {i}").into_bytes(), vec![i as u8; 64 << 10]];
@@ -50,8 +52,19 @@ async fn main() -> Result<(), TransportError> {
         ..Default::default()
     })?;
     println!("UCX: {chosen}");
-    for addr in ["inproc://example", "tcp://127.0.0.1:0", "ucx://127.0.0.1:0"] {
-        round_trips(addr).await?;
+    let cert = transport::tls::ClusterCertificate::generate(&[])?;
+    let opts = Options {
+        secret: Some(transport::auth::Secret::generate()),
+        tls: Some(transport::tls::TlsConfig::cluster(&cert)?),
+        ..Default::default()
+    };
+    for addr in [
+        "inproc://example",
+        "tcp://127.0.0.1:0",
+        "tls://127.0.0.1:0",
+        "ucx://127.0.0.1:0",
+    ] {
+        round_trips(addr, &opts).await?;
     }
     Ok(())
 }

@@ -167,16 +167,31 @@ pub(crate) async fn connect(
     opts: &Options,
     state: Arc<CloseState>,
 ) -> Result<Conn> {
-    let ep = ucx::Endpoint::connect_with(
-        &worker()?,
-        resolve(host, port)?,
-        ucx::ConnectOptions {
-            timeout: opts.connect_timeout,
-            ..Default::default()
-        },
-    )
-    .await?;
-    Ok(Conn::new(ep, opts, state))
+    let at = resolve(host, port)?;
+    // A connect that UCX resets during the UCXX handshake is made again, twice at most (within
+    // the caller's time limit): seen about once in 500 connects to a freshly started peer in
+    // `tests/peer_death.rs` (thread progress), before any application byte moved.
+    for attempt in 0.. {
+        let connected = ucx::Endpoint::connect_with(
+            &worker()?,
+            at,
+            ucx::ConnectOptions {
+                timeout: opts.connect_timeout,
+                ..Default::default()
+            },
+        )
+        .await;
+        match connected {
+            Ok(ep) => return Ok(Conn::new(ep, opts, state)),
+            Err(ucx::Error::Handshake(
+                ucx::HandshakeError::Sending(e) | ucx::HandshakeError::Receiving(e),
+            )) if attempt < 2 && matches!(*e, ucx::Error::Ucx(s) if s.is_peer_failure()) => {
+                tracing::warn!(peer = %at, error = %e, attempt, "UCX reset the connection during its handshake: connecting again");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    unreachable!("the loop returns")
 }
 
 fn to_address(a: SocketAddr) -> Address {

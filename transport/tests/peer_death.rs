@@ -23,15 +23,28 @@ const DETECT_LIMIT: Duration = Duration::from_secs(2);
 const HANG: Duration = Duration::from_secs(10);
 const ENV_CONFIG: &str = "PEER_DEATH_CONFIG";
 
+/// Why a trial failed: connecting to the fresh server (before anything this test measures), or
+/// the death's detection.
+enum Failed {
+    Connect(String),
+    Detection(String),
+}
+
+impl From<String> for Failed {
+    fn from(e: String) -> Self {
+        Failed::Detection(e)
+    }
+}
+
 /// One trial: whether the kill came mid-echo, and the time from the kill until the survivor's
 /// pending operations had all ended (where the echo finished first, until a further receive
 /// failed).
-async fn trial(scheme: &str, rng: &mut impl Rng) -> Result<(bool, Duration), String> {
+async fn trial(scheme: &str, rng: &mut impl Rng) -> Result<(bool, Duration), Failed> {
     let (mut v, addr) = EchoProcess::start(BIN, scheme);
     let opts = common::for_addr(&addr.to_string(), &Options::default());
     let conn = connect_with(&addr, &opts)
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|e| Failed::Connect(e.to_string()))?;
     let size = 1usize << rng.gen_range(0..=24);
     // Somewhere within about twice the echo's time on loopback (1 GB/s, 50 µs at least).
     let delay = Duration::from_nanos(rng.gen_range(0..50_000 + 2 * size as u64));
@@ -63,14 +76,14 @@ async fn trial(scheme: &str, rng: &mut impl Rng) -> Result<(bool, Duration), Str
         // The echo beat the kill: the next receive must learn of the death.
         return match tokio::time::timeout(HANG, conn.recv()).await {
             Ok(Err(_)) if killed_at.elapsed() <= DETECT_LIMIT => Ok((false, killed_at.elapsed())),
-            Ok(Err(_)) => Err(format!("death noticed after {:?}", killed_at.elapsed())),
-            Ok(Ok(_)) => Err("a message from a dead peer".into()),
-            Err(_) => Err("a receive after the death hung".into()),
+            Ok(Err(_)) => Err(format!("death noticed after {:?}", killed_at.elapsed()).into()),
+            Ok(Ok(_)) => Err(Failed::Detection("a message from a dead peer".into())),
+            Err(_) => Err(Failed::Detection("a receive after the death hung".into())),
         };
     }
     let took = killed_at.elapsed();
     if took > DETECT_LIMIT {
-        return Err(format!("{size} B: death noticed after {took:?}"));
+        return Err(format!("{size} B: death noticed after {took:?}").into());
     }
     Ok((true, took))
 }
@@ -90,15 +103,33 @@ fn run_config(config: &str, trials: usize) {
         .expect("runtime");
     let mut rng = rand::thread_rng();
     let (mut times, mut mid) = (Vec::with_capacity(trials), 0);
+    // Connects to a freshly started server that failed, retried with another server: over
+    // ucx:// with thread progress, about one connect in 600 right after peers died is reset or
+    // hangs inside UCX (docs/transport.md); more than one in 50 fails the test.
+    let mut connects_failed = 0;
     for i in 0..trials {
-        match rt.block_on(trial(scheme, &mut rng)) {
-            Ok((during, t)) => {
-                mid += usize::from(during);
-                times.push(t);
+        for attempt in 0..3 {
+            match rt.block_on(trial(scheme, &mut rng)) {
+                Ok((during, t)) => {
+                    mid += usize::from(during);
+                    times.push(t);
+                    break;
+                }
+                Err(Failed::Connect(e)) if attempt < 2 => {
+                    connects_failed += 1;
+                    eprintln!("{config} trial {i}: connect failed ({e}); again with a new server");
+                }
+                Err(Failed::Connect(e)) => {
+                    panic!("{config} trial {i}: connect failed 3 times: {e}")
+                }
+                Err(Failed::Detection(e)) => panic!("{config} trial {i}: {e}"),
             }
-            Err(e) => panic!("{config} trial {i}: {e}"),
         }
     }
+    assert!(
+        connects_failed <= 1 + trials / 50,
+        "{config}: {connects_failed} of {trials} connects to a fresh server failed"
+    );
     times.sort();
     let pct = |p: usize| {
         times
@@ -106,7 +137,7 @@ fn run_config(config: &str, trials: usize) {
             .map_or("-".into(), |t| format!("{t:.1?}"))
     };
     println!(
-        "{config:<13} {trials} trials ({mid} killed mid-echo): detection p50 {} p90 {} p99 {} max {}",
+        "{config:<13} {trials} trials ({mid} killed mid-echo, {connects_failed} connects failed): detection p50 {} p90 {} p99 {} max {}",
         pct(50),
         pct(90),
         pct(99),
