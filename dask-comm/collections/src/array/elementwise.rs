@@ -1,0 +1,516 @@
+//! Elementwise operations: between arrays (NumPy broadcasting over blocks that line up), with
+//! scalars, and unary math; `astype` and `transpose`.
+
+use dask_graph::{Arg, Graph, Task};
+use ndarray::{ArrayD, IxDyn, Zip};
+use serde::{Deserialize, Serialize};
+
+use super::create::key;
+use super::{
+    block_indices, cast, each, fresh_name, kernels, Array, ArrayError, Chunk, ChunkElem, DType,
+    Elem,
+};
+
+/// A binary elementwise operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b` (true division: a float result).
+    Div,
+    /// `a ** b` (a float result).
+    Pow,
+    /// The larger of the two (`np.maximum`).
+    Maximum,
+    /// The smaller (`np.minimum`).
+    Minimum,
+    /// `a == b`.
+    Eq,
+    /// `a != b`.
+    Ne,
+    /// `a < b`.
+    Lt,
+    /// `a <= b`.
+    Le,
+    /// `a > b`.
+    Gt,
+    /// `a >= b`.
+    Ge,
+    /// Logical and (of the operands as booleans).
+    And,
+    /// Logical or.
+    Or,
+}
+
+impl BinaryOp {
+    /// The element type of the result for operands of `a` and `b`.
+    pub fn result(self, a: DType, b: DType) -> DType {
+        use BinaryOp::*;
+        let p = DType::promote(a, b);
+        match self {
+            Eq | Ne | Lt | Le | Gt | Ge | And | Or => DType::Bool,
+            Div | Pow => p.floating(),
+            // NumPy adds booleans as integers.
+            Add | Sub | Mul if p == DType::Bool => DType::I64,
+            _ => p,
+        }
+    }
+
+    /// The type both operands are cast to before the operation.
+    fn operands(self, a: DType, b: DType) -> DType {
+        use BinaryOp::*;
+        match self {
+            And | Or => DType::Bool,
+            Eq | Ne | Lt | Le | Gt | Ge | Maximum | Minimum => DType::promote(a, b),
+            _ => self.result(a, b),
+        }
+    }
+}
+
+/// A unary elementwise operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UnaryOp {
+    /// `-a`.
+    Neg,
+    /// `|a|`.
+    Abs,
+    /// `e^a`.
+    Exp,
+    /// Natural logarithm.
+    Log,
+    /// Square root.
+    Sqrt,
+    /// Sine.
+    Sin,
+    /// Cosine.
+    Cos,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// Round down.
+    Floor,
+    /// Round up.
+    Ceil,
+    /// Logical not.
+    Not,
+}
+
+impl UnaryOp {
+    /// The element type of the result.
+    pub fn result(self, a: DType) -> DType {
+        match self {
+            UnaryOp::Not => DType::Bool,
+            UnaryOp::Neg | UnaryOp::Abs if a == DType::Bool => DType::I64,
+            UnaryOp::Neg | UnaryOp::Abs => a,
+            UnaryOp::Floor | UnaryOp::Ceil if !a.is_float() => a,
+            _ => a.floating(),
+        }
+    }
+}
+
+fn float_op(op: BinaryOp, x: f64, y: f64) -> f64 {
+    match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Pow => x.powf(y),
+        BinaryOp::Maximum => x.max(y),
+        _ => x.min(y),
+    }
+}
+
+fn int_op(op: BinaryOp, x: i64, y: i64) -> i64 {
+    match op {
+        BinaryOp::Add => x.wrapping_add(y),
+        BinaryOp::Sub => x.wrapping_sub(y),
+        BinaryOp::Mul => x.wrapping_mul(y),
+        BinaryOp::Maximum => x.max(y),
+        _ => x.min(y),
+    }
+}
+
+fn compare<T: PartialOrd>(op: BinaryOp, x: T, y: T) -> bool {
+    match op {
+        BinaryOp::Eq => x == y,
+        BinaryOp::Ne => x != y,
+        BinaryOp::Lt => x < y,
+        BinaryOp::Le => x <= y,
+        BinaryOp::Gt => x > y,
+        _ => x >= y,
+    }
+}
+
+/// The shape `a` and `b` broadcast to (NumPy's rules).
+pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> Result<Vec<usize>, ArrayError> {
+    let n = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| (i + s.len()).checked_sub(n).map_or(1, |j| s[j]);
+    (0..n)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y => Ok(x),
+            (1, y) => Ok(y),
+            (x, 1) => Ok(x),
+            _ => Err(ArrayError::Broadcast {
+                a: a.to_vec(),
+                b: b.to_vec(),
+            }),
+        })
+        .collect()
+}
+
+fn zip_with<A: Elem, B: Elem, C: ChunkElem>(
+    a: &ArrayD<A>,
+    b: &ArrayD<B>,
+    f: impl Fn(A, B) -> C,
+) -> Result<Chunk, String> {
+    let shape = broadcast_shape(a.shape(), b.shape()).map_err(|e| e.to_string())?;
+    let (av, bv) = (
+        a.broadcast(IxDyn(&shape)).expect("broadcastable"),
+        b.broadcast(IxDyn(&shape)).expect("broadcastable"),
+    );
+    Ok(C::wrap(
+        Zip::from(&av).and(&bv).map_collect(|&x, &y| f(x, y)),
+    ))
+}
+
+/// `op` between two chunks, broadcasting (the kernel of every binary operation).
+pub(crate) fn binary_chunks(op: BinaryOp, a: &Chunk, b: &Chunk) -> Result<Chunk, String> {
+    let t = op.operands(a.dtype(), b.dtype());
+    let (a, b) = (a.astype(t), b.astype(t));
+    use BinaryOp::*;
+    match (op, &a, &b) {
+        (And, Chunk::Bool(x), Chunk::Bool(y)) => zip_with(x, y, |p, q| p && q),
+        (Or, Chunk::Bool(x), Chunk::Bool(y)) => zip_with(x, y, |p, q| p || q),
+        (Eq | Ne | Lt | Le | Gt | Ge, _, _) => match (&a, &b) {
+            (Chunk::Bool(x), Chunk::Bool(y)) => zip_with(x, y, |p, q| compare(op, p, q)),
+            (Chunk::U8(x), Chunk::U8(y)) => zip_with(x, y, |p, q| compare(op, p, q)),
+            (Chunk::I32(x), Chunk::I32(y)) => zip_with(x, y, |p, q| compare(op, p, q)),
+            (Chunk::I64(x), Chunk::I64(y)) => zip_with(x, y, |p, q| compare(op, p, q)),
+            (Chunk::F32(x), Chunk::F32(y)) => zip_with(x, y, |p, q| compare(op, p, q)),
+            (Chunk::F64(x), Chunk::F64(y)) => zip_with(x, y, |p, q| compare(op, p, q)),
+            _ => Err("operands of different types after promotion".into()),
+        },
+        (_, Chunk::F32(x), Chunk::F32(y)) => {
+            zip_with(x, y, |p, q| float_op(op, f64::from(p), f64::from(q)) as f32)
+        }
+        (_, Chunk::F64(x), Chunk::F64(y)) => zip_with(x, y, |p, q| float_op(op, p, q)),
+        (_, Chunk::I64(x), Chunk::I64(y)) => zip_with(x, y, |p, q| int_op(op, p, q)),
+        (_, Chunk::I32(x), Chunk::I32(y)) => {
+            zip_with(x, y, |p, q| int_op(op, p.into(), q.into()) as i32)
+        }
+        (_, Chunk::U8(x), Chunk::U8(y)) => {
+            zip_with(x, y, |p, q| int_op(op, p.into(), q.into()) as u8)
+        }
+        (_, Chunk::Bool(x), Chunk::Bool(y)) => {
+            zip_with(x, y, |p, q| int_op(op, p.into(), q.into()) != 0)
+        }
+        _ => Err("operands of different types after promotion".into()),
+    }
+}
+
+/// A unary operation on a chunk.
+pub(crate) fn unary_chunk(op: UnaryOp, a: &Chunk) -> Chunk {
+    let t = op.result(a.dtype());
+    match op {
+        UnaryOp::Not => {
+            each!(&a.astype(DType::Bool), x => Chunk::from(x.mapv(|v| !cast::<_, bool>(v))))
+        }
+        UnaryOp::Neg | UnaryOp::Abs if !t.is_float() => {
+            let x = a.astype(DType::I64);
+            let Chunk::I64(x) = x else { unreachable!() };
+            let y = x.mapv(|v| {
+                if op == UnaryOp::Neg {
+                    v.wrapping_neg()
+                } else {
+                    v.wrapping_abs()
+                }
+            });
+            Chunk::from(y).astype(t)
+        }
+        UnaryOp::Floor | UnaryOp::Ceil if !t.is_float() => a.clone(),
+        _ => {
+            let f = |v: f64| match op {
+                UnaryOp::Neg => -v,
+                UnaryOp::Abs => v.abs(),
+                UnaryOp::Exp => v.exp(),
+                UnaryOp::Log => v.ln(),
+                UnaryOp::Sqrt => v.sqrt(),
+                UnaryOp::Sin => v.sin(),
+                UnaryOp::Cos => v.cos(),
+                UnaryOp::Tanh => v.tanh(),
+                UnaryOp::Floor => v.floor(),
+                UnaryOp::Ceil => v.ceil(),
+                UnaryOp::Not => unreachable!("handled above"),
+            };
+            match a {
+                Chunk::F32(x) => Chunk::from(x.mapv(|v| f(f64::from(v)) as f32)),
+                other => Chunk::from(other.to_f64().mapv(f)).astype(t),
+            }
+        }
+    }
+}
+
+/// Where each operand's blocks come from for a result block: the result's block index, or 0
+/// along an axis the operand broadcasts.
+fn source_block(
+    idx: &[usize],
+    operand: &Array,
+    result_ndim: usize,
+    result: &[usize],
+) -> Vec<usize> {
+    let off = result_ndim - operand.ndim();
+    (0..operand.ndim())
+        .map(|i| {
+            if operand.shape()[i] == 1 && result[off + i] != 1 {
+                0
+            } else {
+                idx[off + i]
+            }
+        })
+        .collect()
+}
+
+impl Array {
+    /// `op` between this array and `other`, broadcasting as NumPy. Along an axis both have at
+    /// full length, their blocks must line up ([`ArrayError::Misaligned`] otherwise).
+    pub fn binary(&self, op: BinaryOp, other: &Array) -> Result<Array, ArrayError> {
+        kernels::register();
+        let shape = broadcast_shape(&self.shape, &other.shape)?;
+        let n = shape.len();
+        fn chunks_of<'a>(a: &'a Array, i: usize, shape: &[usize]) -> Option<&'a Vec<usize>> {
+            let off = shape.len() - a.ndim();
+            (i >= off && !(a.shape[i - off] == 1 && shape[i] != 1)).then(|| &a.chunks[i - off])
+        }
+        let mut chunks = Vec::with_capacity(n);
+        for axis in 0..n {
+            let c = match (
+                chunks_of(self, axis, &shape),
+                chunks_of(other, axis, &shape),
+            ) {
+                (Some(a), Some(b)) if a != b => {
+                    return Err(ArrayError::Misaligned {
+                        axis,
+                        a: a.clone(),
+                        b: b.clone(),
+                    })
+                }
+                (Some(a), _) => a.clone(),
+                (None, Some(b)) => b.clone(),
+                (None, None) => vec![shape[axis]],
+            };
+            chunks.push(c);
+        }
+        let dtype = op.result(self.dtype, other.dtype);
+        let name = fresh_name(&format!("{op:?}").to_lowercase());
+        let mut layer = Graph::new();
+        let grid: Vec<usize> = chunks.iter().map(Vec::len).collect();
+        for idx in block_indices(&grid) {
+            let a = self.block_key(&source_block(&idx, self, n, &shape));
+            let b = other.block_key(&source_block(&idx, other, n, &shape));
+            layer.insert(
+                key(&name, &idx),
+                Task::new(kernels::BINARY, [Arg::lit(op), Arg::key(a), Arg::key(b)]),
+            );
+        }
+        Ok(Array::from_layer(
+            name,
+            shape,
+            chunks,
+            dtype,
+            layer,
+            &[self, other],
+        ))
+    }
+
+    /// `op` between every element and `scalar` (`scalar op element` when `scalar_first`).
+    /// A scalar does not widen the array's type unless it must (a fractional scalar with an
+    /// integer array makes floats), as NumPy's value-based casting.
+    pub fn scalar(
+        &self,
+        op: BinaryOp,
+        scalar: f64,
+        scalar_first: bool,
+    ) -> Result<Array, ArrayError> {
+        kernels::register();
+        let sdtype = if scalar.fract() == 0.0 && !self.dtype.is_float() && scalar.is_finite() {
+            self.dtype.max(DType::I32).min(DType::I64)
+        } else if self.dtype.is_float() {
+            self.dtype
+        } else {
+            DType::F64
+        };
+        let sdtype =
+            if self.dtype == DType::U8 && sdtype != DType::F64 && (0.0..=255.0).contains(&scalar) {
+                DType::U8
+            } else {
+                sdtype
+            };
+        let dtype = op.result(self.dtype, sdtype);
+        let name = fresh_name(&format!("{op:?}-scalar").to_lowercase());
+        let mut layer = Graph::new();
+        for idx in block_indices(&self.numblocks()) {
+            layer.insert(
+                key(&name, &idx),
+                Task::new(
+                    kernels::SCALAR,
+                    [
+                        Arg::lit(op),
+                        Arg::key(self.block_key(&idx)),
+                        Arg::lit(scalar),
+                        Arg::lit(sdtype),
+                        Arg::lit(scalar_first),
+                    ],
+                ),
+            );
+        }
+        Ok(Array::from_layer(
+            name,
+            self.shape.clone(),
+            self.chunks.clone(),
+            dtype,
+            layer,
+            &[self],
+        ))
+    }
+
+    /// A unary operation on every element.
+    pub fn unary(&self, op: UnaryOp) -> Result<Array, ArrayError> {
+        kernels::register();
+        self.blockwise(
+            &format!("{op:?}").to_lowercase(),
+            op.result(self.dtype),
+            kernels::UNARY,
+            dask_graph::Value::new(op),
+        )
+    }
+
+    /// The array as `dtype` (NumPy's `astype`).
+    pub fn astype(&self, dtype: DType) -> Result<Array, ArrayError> {
+        kernels::register();
+        self.blockwise(
+            "astype",
+            dtype,
+            kernels::ASTYPE,
+            dask_graph::Value::new(dtype),
+        )
+    }
+
+    /// One task per block: `function(param, block)`, same chunks.
+    fn blockwise(
+        &self,
+        prefix: &str,
+        dtype: DType,
+        function: &str,
+        param: dask_graph::Value,
+    ) -> Result<Array, ArrayError> {
+        let name = fresh_name(prefix);
+        let mut layer = Graph::new();
+        for idx in block_indices(&self.numblocks()) {
+            layer.insert(
+                key(&name, &idx),
+                Task::new(
+                    function,
+                    [Arg::Lit(param.clone()), Arg::key(self.block_key(&idx))],
+                ),
+            );
+        }
+        Ok(Array::from_layer(
+            name,
+            self.shape.clone(),
+            self.chunks.clone(),
+            dtype,
+            layer,
+            &[self],
+        ))
+    }
+
+    /// The axes permuted: axis `i` of the result is axis `axes[i]` of this array.
+    pub fn transpose(&self, axes: &[usize]) -> Result<Array, ArrayError> {
+        kernels::register();
+        let mut seen = vec![false; self.ndim()];
+        if axes.len() != self.ndim() {
+            return Err(ArrayError::Axis {
+                axis: axes.len() as isize,
+                ndim: self.ndim(),
+            });
+        }
+        for &a in axes {
+            if a >= self.ndim() || std::mem::replace(&mut seen[a], true) {
+                return Err(ArrayError::Axis {
+                    axis: a as isize,
+                    ndim: self.ndim(),
+                });
+            }
+        }
+        let shape: Vec<usize> = axes.iter().map(|&a| self.shape[a]).collect();
+        let chunks: Vec<Vec<usize>> = axes.iter().map(|&a| self.chunks[a].clone()).collect();
+        let name = fresh_name("transpose");
+        let mut layer = Graph::new();
+        let perm: Vec<u64> = axes.iter().map(|&a| a as u64).collect();
+        for idx in block_indices(&chunks.iter().map(Vec::len).collect::<Vec<_>>()) {
+            let mut src = vec![0; self.ndim()];
+            for (i, &a) in axes.iter().enumerate() {
+                src[a] = idx[i];
+            }
+            layer.insert(
+                key(&name, &idx),
+                Task::new(
+                    kernels::TRANSPOSE,
+                    [Arg::lit(perm.clone()), Arg::key(self.block_key(&src))],
+                ),
+            );
+        }
+        Ok(Array::from_layer(
+            name,
+            shape,
+            chunks,
+            self.dtype,
+            layer,
+            &[self],
+        ))
+    }
+
+    /// The axes reversed (`x.T`).
+    pub fn t(&self) -> Result<Array, ArrayError> {
+        let axes: Vec<usize> = (0..self.ndim()).rev().collect();
+        self.transpose(&axes)
+    }
+}
+
+macro_rules! operator {
+    ($tr:ident, $m:ident, $op:ident) => {
+        impl std::ops::$tr<&Array> for &Array {
+            type Output = Result<Array, ArrayError>;
+            fn $m(self, rhs: &Array) -> Self::Output {
+                self.binary(BinaryOp::$op, rhs)
+            }
+        }
+        impl std::ops::$tr<f64> for &Array {
+            type Output = Result<Array, ArrayError>;
+            fn $m(self, rhs: f64) -> Self::Output {
+                self.scalar(BinaryOp::$op, rhs, false)
+            }
+        }
+        impl std::ops::$tr<&Array> for f64 {
+            type Output = Result<Array, ArrayError>;
+            fn $m(self, rhs: &Array) -> Self::Output {
+                rhs.scalar(BinaryOp::$op, self, true)
+            }
+        }
+    };
+}
+
+operator!(Add, add, Add);
+operator!(Sub, sub, Sub);
+operator!(Mul, mul, Mul);
+operator!(Div, div, Div);
+
+impl std::ops::Neg for &Array {
+    type Output = Result<Array, ArrayError>;
+    fn neg(self) -> Self::Output {
+        self.unary(UnaryOp::Neg)
+    }
+}

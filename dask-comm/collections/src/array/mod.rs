@@ -1,0 +1,341 @@
+//! A chunked n-d array: a grid of ndarray blocks ([`Chunk`]s) described by a task graph.
+//!
+//! Operations build graphs and compute nothing; [`Array::compute`] runs the graph on any
+//! [`Scheduler`] (`Sync`, `Threaded`, a dask-comm `Client`) and assembles the blocks. Names
+//! and behaviour follow `dask.array`.
+//!
+//! ```
+//! use dask_collections::array::{self, Array};
+//! use dask_graph::Threaded;
+//! let x = array::ones(&[6, 6], 3, array::DType::F64)?;
+//! // Dask's `(x + x.T - x.mean(axis=0)).sum()`.
+//! let y = (&(&x + &x.t()?)? - &x.mean(&[0], false)?)?.sum(&[], false)?;
+//! let v = y.compute(&Threaded::new(2))?;
+//! assert_eq!(v.to_f64().into_raw_vec_and_offset().0, vec![36.0]);
+//! # Ok::<(), dask_collections::array::ArrayError>(())
+//! ```
+
+mod chunk;
+mod chunks;
+mod create;
+mod elementwise;
+mod kernels;
+mod reduce;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use dask_graph::{ComputeError, Graph, Key, Scheduler};
+use ndarray::Axis;
+
+pub use chunk::{cast, Chunk, ChunkElem, DType, Elem};
+pub use chunks::{block_indices, normalize, regular, ChunkSpec, AUTO_BYTES};
+pub use create::{arange, from_array, full, ones, zeros};
+pub use elementwise::{BinaryOp, UnaryOp};
+pub use kernels::register;
+pub use reduce::{ReduceOp, SPLIT_EVERY};
+
+pub(crate) use chunk::each;
+
+/// Why an array operation was refused, or its computation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArrayError {
+    /// Chunks given for a different number of axes than the array has.
+    #[error("chunks for {given} axes, the array has {ndim}")]
+    ChunksRank {
+        /// The array's axes.
+        ndim: usize,
+        /// Axes the chunks describe.
+        given: usize,
+    },
+    /// Explicit chunks that do not add up to the axis's length.
+    #[error("axis {axis}: chunks add up to {sum}, the axis is {len} long")]
+    ChunksSum {
+        /// The axis.
+        axis: usize,
+        /// Its length.
+        len: usize,
+        /// What the chunks add up to.
+        sum: usize,
+    },
+    /// A block length of zero on a non-empty axis.
+    #[error("axis {axis}: a block length of 0")]
+    ZeroChunk {
+        /// The axis.
+        axis: usize,
+    },
+    /// Shapes that do not broadcast against each other.
+    #[error("shapes {a:?} and {b:?} do not broadcast")]
+    Broadcast {
+        /// One shape.
+        a: Vec<usize>,
+        /// The other.
+        b: Vec<usize>,
+    },
+    /// Operands whose blocks do not line up along an axis (rechunk one of them first).
+    #[error("axis {axis}: blocks {a:?} and {b:?} do not line up")]
+    Misaligned {
+        /// The axis (of the result).
+        axis: usize,
+        /// One operand's blocks along it.
+        a: Vec<usize>,
+        /// The other's.
+        b: Vec<usize>,
+    },
+    /// An axis out of range, or named twice.
+    #[error("axis {axis} is not an axis of a {ndim}-d array (or is named twice)")]
+    Axis {
+        /// The axis given.
+        axis: isize,
+        /// The array's axes.
+        ndim: usize,
+    },
+    /// An operation the element type does not have.
+    #[error("{op} is not defined for {dtype}")]
+    DType {
+        /// The operation.
+        op: &'static str,
+        /// The element type's name.
+        dtype: &'static str,
+    },
+    /// More axes than task keys can index.
+    #[error("{ndim} axes: at most {max} are supported")]
+    TooManyAxes {
+        /// Axes asked for.
+        ndim: usize,
+        /// The most allowed.
+        max: usize,
+    },
+    /// Computing the graph failed.
+    #[error(transparent)]
+    Compute(#[from] ComputeError),
+    /// A block's task returned a chunk of another shape than the array's chunks say.
+    #[error("block {key} has shape {got:?}, the array's chunks say {expected:?}")]
+    BlockShape {
+        /// The block's key.
+        key: Key,
+        /// Its shape.
+        got: Vec<usize>,
+        /// The shape it should have.
+        expected: Vec<usize>,
+    },
+    /// A block's task returned something other than a chunk of the array's element type.
+    #[error("block {key} is a {got}, not a {dtype} chunk")]
+    NotAChunk {
+        /// The block's key.
+        key: Key,
+        /// What it is.
+        got: String,
+        /// The array's element type.
+        dtype: &'static str,
+    },
+}
+
+/// The layers of a graph, by name: each operation adds one; arrays built from others share
+/// theirs.
+pub(crate) type Layers = Arc<BTreeMap<String, Arc<Graph>>>;
+
+/// A chunked n-d array (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Array {
+    name: String,
+    shape: Vec<usize>,
+    chunks: Vec<Vec<usize>>,
+    dtype: DType,
+    layers: Layers,
+}
+
+/// A fresh layer name: `prefix-` and 16 random hex digits.
+pub(crate) fn fresh_name(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", rand::random::<u64>())
+}
+
+impl Array {
+    /// An array whose block `idx` is the value of `Key::new(name, idx)` in `layer`, on top of
+    /// the layers of `inputs`.
+    pub(crate) fn from_layer(
+        name: String,
+        shape: Vec<usize>,
+        chunks: Vec<Vec<usize>>,
+        dtype: DType,
+        layer: Graph,
+        inputs: &[&Array],
+    ) -> Array {
+        let mut layers = BTreeMap::new();
+        for a in inputs {
+            layers.extend(a.layers.iter().map(|(k, v)| (k.clone(), Arc::clone(v))));
+        }
+        layers.insert(name.clone(), Arc::new(layer));
+        Array {
+            name,
+            shape,
+            chunks,
+            dtype,
+            layers: Arc::new(layers),
+        }
+    }
+
+    /// The layer's name: block keys are `(name, i, j, ...)`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of axes.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Block lengths per axis.
+    pub fn chunks(&self) -> &[Vec<usize>] {
+        &self.chunks
+    }
+
+    /// Blocks per axis.
+    pub fn numblocks(&self) -> Vec<usize> {
+        self.chunks.iter().map(Vec::len).collect()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Elements in all.
+    pub fn size(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The key of block `idx`.
+    pub fn block_key(&self, idx: &[usize]) -> Key {
+        let idx: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
+        Key::new(&self.name, &idx)
+    }
+
+    /// The keys of every block, in row-major block order.
+    pub fn keys(&self) -> Vec<Key> {
+        block_indices(&self.numblocks())
+            .iter()
+            .map(|i| self.block_key(i))
+            .collect()
+    }
+
+    /// The whole graph: every layer this array stands on.
+    pub fn graph(&self) -> Graph {
+        let mut g = Graph::new();
+        for layer in self.layers.values() {
+            g.extend(Graph::clone(layer));
+        }
+        g
+    }
+
+    /// Computes the array on `scheduler` and assembles its blocks into one chunk.
+    pub fn compute(&self, scheduler: &dyn Scheduler) -> Result<Chunk, ArrayError> {
+        let keys = self.keys();
+        let values = scheduler.get(self.graph(), &keys)?;
+        let shapes = block_indices(&self.numblocks())
+            .into_iter()
+            .map(|idx| self.block_shape(&idx));
+        let blocks = values
+            .iter()
+            .zip(&keys)
+            .zip(shapes)
+            .map(|((v, k), expected)| match v.downcast_ref::<Chunk>() {
+                Some(c) if c.dtype() == self.dtype && c.shape() == expected.as_slice() => {
+                    Ok(c.clone())
+                }
+                Some(c) if c.dtype() == self.dtype => Err(ArrayError::BlockShape {
+                    key: *k,
+                    got: c.shape().to_vec(),
+                    expected,
+                }),
+                other => Err(ArrayError::NotAChunk {
+                    key: *k,
+                    got: other.map_or_else(
+                        || v.type_info().name().to_string(),
+                        |c| format!("{} chunk", c.dtype().name()),
+                    ),
+                    dtype: self.dtype.name(),
+                }),
+            })
+            .collect::<Result<Vec<Chunk>, _>>()?;
+        Ok(reduce::assemble_at(blocks, &self.numblocks(), 0)
+            .expect("blocks of the array's type and shapes"))
+    }
+
+    /// The shape of block `idx`.
+    pub fn block_shape(&self, idx: &[usize]) -> Vec<usize> {
+        idx.iter().zip(&self.chunks).map(|(&i, c)| c[i]).collect()
+    }
+
+    /// Normalises an axis (negative counts from the end).
+    pub(crate) fn axis(&self, axis: isize) -> Result<usize, ArrayError> {
+        let n = self.ndim() as isize;
+        let a = if axis < 0 { axis + n } else { axis };
+        if (0..n).contains(&a) {
+            Ok(a as usize)
+        } else {
+            Err(ArrayError::Axis {
+                axis,
+                ndim: self.ndim(),
+            })
+        }
+    }
+
+    /// Normalised, sorted, distinct axes; all of them for an empty list.
+    pub(crate) fn axes(&self, axes: &[isize]) -> Result<Vec<usize>, ArrayError> {
+        if axes.is_empty() {
+            return Ok((0..self.ndim()).collect());
+        }
+        let mut out = axes
+            .iter()
+            .map(|&a| self.axis(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.sort_unstable();
+        if out.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ArrayError::Axis {
+                axis: axes[0],
+                ndim: self.ndim(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Concatenates chunks of one element type along `axis`.
+pub(crate) fn concat(parts: &[Chunk], axis: usize) -> Result<Chunk, String> {
+    macro_rules! cat {
+        ($v:ident) => {{
+            let views = parts
+                .iter()
+                .map(|p| match p {
+                    Chunk::$v(a) => Ok(a.view()),
+                    other => Err(format!(
+                        "concatenating {} with {} chunks",
+                        parts[0].dtype().name(),
+                        other.dtype().name()
+                    )),
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok(Chunk::$v(
+                ndarray::concatenate(Axis(axis), &views).map_err(|e| e.to_string())?,
+            ))
+        }};
+    }
+    let Some(first) = parts.first() else {
+        return Err("nothing to concatenate".into());
+    };
+    match first {
+        Chunk::Bool(_) => cat!(Bool),
+        Chunk::U8(_) => cat!(U8),
+        Chunk::I32(_) => cat!(I32),
+        Chunk::I64(_) => cat!(I64),
+        Chunk::F32(_) => cat!(F32),
+        Chunk::F64(_) => cat!(F64),
+    }
+}

@@ -1,0 +1,476 @@
+//! Reductions over any axes, as tree reductions (Dask's `reduction`): a partial result per
+//! block, combined `split_every` at a time along the reduced axes, then finished. Means,
+//! variances and standard deviations carry (count, mean, M2) and merge them with Chan's
+//! formula, which is stable where sums of squares are not.
+
+use dask_graph::{Arg, Graph, Task};
+use ndarray::{ArrayD, Axis, IxDyn};
+use serde::{Deserialize, Serialize};
+
+use super::create::key;
+use super::{block_indices, each, fresh_name, kernels, Array, ArrayError, Chunk, DType, Elem};
+
+/// How many partial results one combine task takes, over all reduced axes together (Dask's
+/// default `split_every`): per axis its `len(axes)`-th root, at least 2.
+pub const SPLIT_EVERY: usize = 16;
+
+/// A reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum ReduceOp {
+    /// Sum (integers and booleans as `i64`).
+    Sum,
+    /// Product (integers and booleans as `i64`).
+    Prod,
+    /// Smallest element (NaN wins, as NumPy).
+    Min,
+    /// Largest element (NaN wins).
+    Max,
+    /// Mean (a float).
+    Mean,
+    /// Variance with `ddof` degrees of freedom removed.
+    Var(f64),
+    /// Standard deviation with `ddof`.
+    Std(f64),
+    /// Whether any element is non-zero.
+    Any,
+    /// Whether every element is non-zero.
+    All,
+}
+
+impl ReduceOp {
+    /// The result's element type for elements of `t`.
+    pub fn result(self, t: DType) -> DType {
+        match self {
+            ReduceOp::Sum | ReduceOp::Prod => t.accumulated(),
+            ReduceOp::Min | ReduceOp::Max => t,
+            ReduceOp::Mean | ReduceOp::Var(_) | ReduceOp::Std(_) => t.floating(),
+            ReduceOp::Any | ReduceOp::All => DType::Bool,
+        }
+    }
+
+    /// Rows of statistics a partial result carries on a leading axis (0: none).
+    fn stats(self) -> usize {
+        match self {
+            ReduceOp::Mean => 2,
+            ReduceOp::Var(_) | ReduceOp::Std(_) => 3,
+            _ => 0,
+        }
+    }
+}
+
+/// What every task of one reduction needs to know.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Spec {
+    pub op: ReduceOp,
+    /// Reduced axes of the input, sorted.
+    pub axes: Vec<u64>,
+    pub keepdims: bool,
+    /// The input's element type.
+    pub dtype: DType,
+}
+
+dask_graph::serde_data!(Spec);
+
+impl Spec {
+    fn axes(&self) -> impl DoubleEndedIterator<Item = usize> + '_ {
+        self.axes.iter().map(|&a| a as usize)
+    }
+}
+
+/// Folds `axis` of `a` with `f`, keeping it (length 1).
+fn fold_keep<T: Clone>(
+    a: &ArrayD<T>,
+    axis: usize,
+    init: T,
+    f: impl FnMut(&T, &T) -> T,
+) -> ArrayD<T> {
+    a.fold_axis(Axis(axis), init, f).insert_axis(Axis(axis))
+}
+
+/// Whether `v` is NaN (the only value not equal to itself).
+fn is_nan<T: Elem>(v: T) -> bool {
+    v.partial_cmp(&v).is_none()
+}
+
+fn nan_min<T: Elem>(x: T, y: T) -> T {
+    match (is_nan(x), is_nan(y)) {
+        (true, _) => x,
+        (_, true) => y,
+        _ if y < x => y,
+        _ => x,
+    }
+}
+
+fn nan_max<T: Elem>(x: T, y: T) -> T {
+    match (is_nan(x), is_nan(y)) {
+        (true, _) => x,
+        (_, true) => y,
+        _ if y > x => y,
+        _ => x,
+    }
+}
+
+/// Reduces `c` (already in its accumulating form) over `axes`, keeping them.
+fn fold_simple(op: ReduceOp, c: &Chunk, axes: &[usize]) -> Result<Chunk, String> {
+    let mut c = c.clone();
+    for &ax in axes {
+        if c.shape()[ax] == 0 && matches!(op, ReduceOp::Min | ReduceOp::Max) {
+            return Err("zero-size array to a reduction with no identity (min, max)".into());
+        }
+        c = match (op, &c) {
+            (ReduceOp::Sum, Chunk::I64(a)) => {
+                Chunk::from(fold_keep(a, ax, 0, |x, y| x.wrapping_add(*y)))
+            }
+            (ReduceOp::Sum, Chunk::F64(a)) => Chunk::from(fold_keep(a, ax, 0.0, |x, y| x + y)),
+            (ReduceOp::Sum, Chunk::F32(a)) => Chunk::from(fold_keep(a, ax, 0.0, |x, y| x + y)),
+            (ReduceOp::Prod, Chunk::I64(a)) => {
+                Chunk::from(fold_keep(a, ax, 1, |x, y| x.wrapping_mul(*y)))
+            }
+            (ReduceOp::Prod, Chunk::F64(a)) => Chunk::from(fold_keep(a, ax, 1.0, |x, y| x * y)),
+            (ReduceOp::Prod, Chunk::F32(a)) => Chunk::from(fold_keep(a, ax, 1.0, |x, y| x * y)),
+            (ReduceOp::Any, Chunk::Bool(a)) => {
+                Chunk::from(fold_keep(a, ax, false, |x, y| *x || *y))
+            }
+            (ReduceOp::All, Chunk::Bool(a)) => Chunk::from(fold_keep(a, ax, true, |x, y| *x && *y)),
+            (ReduceOp::Min, _) => each!(&c, a => {
+                let first = a.index_axis(Axis(ax), 0).to_owned();
+                Chunk::from(a.axis_iter(Axis(ax)).fold(first, |acc, lane| {
+                    ndarray::Zip::from(&acc).and(&lane).map_collect(|&x, &y| nan_min(x, y))
+                }).insert_axis(Axis(ax)))
+            }),
+            (ReduceOp::Max, _) => each!(&c, a => {
+                let first = a.index_axis(Axis(ax), 0).to_owned();
+                Chunk::from(a.axis_iter(Axis(ax)).fold(first, |acc, lane| {
+                    ndarray::Zip::from(&acc).and(&lane).map_collect(|&x, &y| nan_max(x, y))
+                }).insert_axis(Axis(ax)))
+            }),
+            _ => return Err(format!("{op:?} of a {} chunk", c.dtype().name())),
+        };
+    }
+    Ok(c)
+}
+
+/// Merges (count, mean, M2) rows along `axis` (of the statistics array, whose axis 0 holds the
+/// rows) into one (Chan et al.).
+fn merge_stats(s: &ArrayD<f64>, axis: usize) -> ArrayD<f64> {
+    let mut out_shape = s.shape().to_vec();
+    out_shape[axis] = 1;
+    let mut out = ArrayD::<f64>::zeros(IxDyn(&out_shape));
+    let lanes = s.shape()[axis];
+    let (n, m, q) = (
+        s.index_axis(Axis(0), 0),
+        s.index_axis(Axis(0), 1),
+        s.index_axis(Axis(0), 2),
+    );
+    let mut acc_n = n.index_axis(Axis(axis - 1), 0).to_owned();
+    let mut acc_m = m.index_axis(Axis(axis - 1), 0).to_owned();
+    let mut acc_q = q.index_axis(Axis(axis - 1), 0).to_owned();
+    for l in 1..lanes {
+        let (bn, bm, bq) = (
+            n.index_axis(Axis(axis - 1), l),
+            m.index_axis(Axis(axis - 1), l),
+            q.index_axis(Axis(axis - 1), l),
+        );
+        ndarray::Zip::from(&mut acc_n)
+            .and(&mut acc_m)
+            .and(&mut acc_q)
+            .and(&bn)
+            .and(&bm)
+            .and(&bq)
+            .for_each(|an, am, aq, &bn, &bm, &bq| {
+                let total = *an + bn;
+                if total > 0.0 {
+                    let delta = bm - *am;
+                    *am += delta * bn / total;
+                    *aq += bq + delta * delta * *an * bn / total;
+                }
+                *an = total;
+            });
+    }
+    for (row, acc) in [acc_n, acc_m, acc_q].into_iter().enumerate() {
+        out.index_axis_mut(Axis(0), row)
+            .assign(&acc.insert_axis(Axis(axis - 1)));
+    }
+    out
+}
+
+/// A block's partial result: the reduction over `spec.axes`, kept as length-1 axes; for means
+/// and variances, statistics rows on a new leading axis.
+pub(crate) fn partial(spec: &Spec, c: &Chunk) -> Result<Chunk, String> {
+    let axes: Vec<usize> = spec.axes().collect();
+    match spec.op {
+        ReduceOp::Mean | ReduceOp::Var(_) | ReduceOp::Std(_) => {
+            let x = c.to_f64();
+            let count: usize = axes.iter().map(|&a| x.shape()[a]).product();
+            let sum = {
+                let mut s = x.clone();
+                for &a in &axes {
+                    s = fold_keep(&s, a, 0.0, |p, q| p + q);
+                }
+                s
+            };
+            let n = ArrayD::from_elem(sum.raw_dim(), count as f64);
+            let rows: Vec<ArrayD<f64>> = if spec.op == ReduceOp::Mean {
+                vec![sum, n]
+            } else {
+                let mean = &sum / count.max(1) as f64;
+                let mut m2 = (&x - &mean).mapv(|d| d * d);
+                for &a in &axes {
+                    m2 = fold_keep(&m2, a, 0.0, |p, q| p + q);
+                }
+                vec![n, mean, m2]
+            };
+            let views: Vec<_> = rows.iter().map(|r| r.view().insert_axis(Axis(0))).collect();
+            Ok(Chunk::from(
+                ndarray::concatenate(Axis(0), &views).map_err(|e| e.to_string())?,
+            ))
+        }
+        ReduceOp::Any | ReduceOp::All => fold_simple(spec.op, &c.astype(DType::Bool), &axes),
+        ReduceOp::Sum | ReduceOp::Prod => {
+            fold_simple(spec.op, &c.astype(spec.dtype.accumulated()), &axes)
+        }
+        ReduceOp::Min | ReduceOp::Max => fold_simple(spec.op, c, &axes),
+    }
+}
+
+/// Combines partial results (assembled over their sub-grid) into one.
+pub(crate) fn combine(spec: &Spec, grid: &[usize], parts: Vec<Chunk>) -> Result<Chunk, String> {
+    let off = usize::from(spec.op.stats() > 0);
+    let whole = assemble_at(parts, grid, off)?;
+    let axes: Vec<usize> = spec.axes().map(|a| a + off).collect();
+    match spec.op {
+        ReduceOp::Mean => {
+            let Chunk::F64(s) = &whole else {
+                return Err("mean statistics are f64".into());
+            };
+            let mut s = s.clone();
+            for &a in &axes {
+                s = fold_keep(&s, a, 0.0, |p, q| p + q);
+            }
+            Ok(Chunk::from(s))
+        }
+        ReduceOp::Var(_) | ReduceOp::Std(_) => {
+            let Chunk::F64(s) = &whole else {
+                return Err("variance statistics are f64".into());
+            };
+            let mut s = s.clone();
+            for &a in &axes {
+                s = merge_stats(&s, a);
+            }
+            Ok(Chunk::from(s))
+        }
+        op => fold_simple(op, &whole, &axes),
+    }
+}
+
+/// The final value from one partial result that covers the whole of the reduced axes.
+pub(crate) fn finish(spec: &Spec, part: &Chunk) -> Result<Chunk, String> {
+    let out_t = spec.op.result(spec.dtype);
+    let mut c = match spec.op {
+        ReduceOp::Mean | ReduceOp::Var(_) | ReduceOp::Std(_) => {
+            let Chunk::F64(s) = part else {
+                return Err("statistics are f64".into());
+            };
+            let v = match spec.op {
+                ReduceOp::Mean => &s.index_axis(Axis(0), 0) / &s.index_axis(Axis(0), 1),
+                ReduceOp::Var(ddof) | ReduceOp::Std(ddof) => {
+                    let n = s.index_axis(Axis(0), 0);
+                    let q = s.index_axis(Axis(0), 2);
+                    let mut v = ndarray::Zip::from(&q)
+                        .and(&n)
+                        .map_collect(|&q, &n| q / (n - ddof).max(0.0));
+                    if matches!(spec.op, ReduceOp::Std(_)) {
+                        v.mapv_inplace(f64::sqrt);
+                    }
+                    v
+                }
+                _ => unreachable!("matched above"),
+            };
+            Chunk::from(v).astype(out_t)
+        }
+        _ => part.clone(),
+    };
+    if !spec.keepdims {
+        for a in spec.axes().rev() {
+            c = each!(&c, x => Chunk::from(x.index_axis(Axis(a), 0).to_owned()));
+        }
+    }
+    Ok(c)
+}
+
+/// Concatenates `blocks` (row-major over `grid`) along axes `offset..`.
+pub(crate) fn assemble_at(
+    mut blocks: Vec<Chunk>,
+    grid: &[usize],
+    offset: usize,
+) -> Result<Chunk, String> {
+    if grid.is_empty() || blocks.len() == 1 {
+        return blocks.pop().ok_or_else(|| "no blocks".to_string());
+    }
+    let per = blocks.len() / grid[0].max(1);
+    let mut rest = blocks.into_iter();
+    let mut slabs = Vec::with_capacity(grid[0]);
+    for _ in 0..grid[0] {
+        let group: Vec<Chunk> = rest.by_ref().take(per).collect();
+        slabs.push(assemble_at(group, &grid[1..], offset + 1)?);
+    }
+    super::concat(&slabs, offset)
+}
+
+impl Array {
+    /// Reduces over `axes` (all for an empty list; negative count from the end), keeping them
+    /// as length-1 axes with `keepdims`, combining `split_every` partial results per task
+    /// ([`SPLIT_EVERY`] when `None`).
+    pub fn reduce(
+        &self,
+        op: ReduceOp,
+        axes: &[isize],
+        keepdims: bool,
+        split_every: Option<usize>,
+    ) -> Result<Array, ArrayError> {
+        kernels::register();
+        let axes = self.axes(axes)?;
+        if matches!(op, ReduceOp::Min | ReduceOp::Max) && axes.iter().any(|&a| self.shape[a] == 0) {
+            return Err(ArrayError::DType {
+                op: "min/max of a zero-size axis",
+                dtype: self.dtype.name(),
+            });
+        }
+        let spec = Spec {
+            op,
+            axes: axes.iter().map(|&a| a as u64).collect(),
+            keepdims,
+            dtype: self.dtype,
+        };
+        let total = split_every.unwrap_or(SPLIT_EVERY).max(2) as f64;
+        let per_axis = (total.powf(1.0 / axes.len().max(1) as f64).floor() as usize).max(2);
+        let reduced = |a: usize| axes.contains(&a);
+
+        // Partial results, one per block.
+        let name = fresh_name(&format!("{op:?}-partial").to_lowercase());
+        let mut layer = Graph::new();
+        let mut grid = self.numblocks();
+        for idx in block_indices(&grid) {
+            layer.insert(
+                key(&name, &idx),
+                Task::new(
+                    kernels::PARTIAL,
+                    [Arg::lit(spec.clone()), Arg::key(self.block_key(&idx))],
+                ),
+            );
+        }
+        let mut prev = name;
+        // Combine until one block is left along every reduced axis.
+        while axes.iter().any(|&a| grid[a] > 1) {
+            let next: Vec<usize> = (0..grid.len())
+                .map(|a| {
+                    if reduced(a) {
+                        grid[a].div_ceil(per_axis)
+                    } else {
+                        grid[a]
+                    }
+                })
+                .collect();
+            let name = fresh_name(&format!("{op:?}-combine").to_lowercase());
+            for idx in block_indices(&next) {
+                // The input blocks this one combines: a sub-grid along the reduced axes.
+                let ranges: Vec<(usize, usize)> = (0..grid.len())
+                    .map(|a| {
+                        if reduced(a) {
+                            let s = idx[a] * per_axis;
+                            (s, (s + per_axis).min(grid[a]))
+                        } else {
+                            (idx[a], idx[a] + 1)
+                        }
+                    })
+                    .collect();
+                let sub: Vec<usize> = ranges.iter().map(|(s, e)| e - s).collect();
+                let mut args = vec![
+                    Arg::lit(spec.clone()),
+                    Arg::lit(sub.iter().map(|&n| n as u64).collect::<Vec<u64>>()),
+                ];
+                for rel in block_indices(&sub) {
+                    let src: Vec<usize> =
+                        rel.iter().zip(&ranges).map(|(r, (s, _))| s + r).collect();
+                    args.push(Arg::key(key(&prev, &src)));
+                }
+                layer.insert(key(&name, &idx), Task::new(kernels::COMBINE, args));
+            }
+            grid = next;
+            prev = name;
+        }
+        // Finish each remaining block.
+        let out_name = fresh_name(&format!("{op:?}").to_lowercase());
+        let out_grid: Vec<usize> = (0..grid.len())
+            .filter(|&a| keepdims || !reduced(a))
+            .map(|a| grid[a])
+            .collect();
+        for idx in block_indices(&grid) {
+            let out_idx: Vec<usize> = (0..grid.len())
+                .filter(|&a| keepdims || !reduced(a))
+                .map(|a| idx[a])
+                .collect();
+            layer.insert(
+                key(&out_name, &out_idx),
+                Task::new(
+                    kernels::FINISH,
+                    [Arg::lit(spec.clone()), Arg::key(key(&prev, &idx))],
+                ),
+            );
+        }
+        debug_assert_eq!(
+            out_grid.iter().product::<usize>(),
+            grid.iter().product::<usize>()
+        );
+        let (mut shape, mut chunks) = (Vec::new(), Vec::new());
+        for a in 0..self.ndim() {
+            if reduced(a) {
+                if keepdims {
+                    shape.push(1);
+                    chunks.push(vec![1]);
+                }
+            } else {
+                shape.push(self.shape[a]);
+                chunks.push(self.chunks[a].clone());
+            }
+        }
+        Ok(Array::from_layer(
+            out_name,
+            shape,
+            chunks,
+            op.result(self.dtype),
+            layer,
+            &[self],
+        ))
+    }
+
+    /// Sum over `axes` (all when empty).
+    pub fn sum(&self, axes: &[isize], keepdims: bool) -> Result<Array, ArrayError> {
+        self.reduce(ReduceOp::Sum, axes, keepdims, None)
+    }
+
+    /// Mean over `axes` (all when empty).
+    pub fn mean(&self, axes: &[isize], keepdims: bool) -> Result<Array, ArrayError> {
+        self.reduce(ReduceOp::Mean, axes, keepdims, None)
+    }
+
+    /// Smallest element over `axes`.
+    pub fn min(&self, axes: &[isize], keepdims: bool) -> Result<Array, ArrayError> {
+        self.reduce(ReduceOp::Min, axes, keepdims, None)
+    }
+
+    /// Largest element over `axes`.
+    pub fn max(&self, axes: &[isize], keepdims: bool) -> Result<Array, ArrayError> {
+        self.reduce(ReduceOp::Max, axes, keepdims, None)
+    }
+
+    /// Variance over `axes` with `ddof`.
+    pub fn var(&self, axes: &[isize], keepdims: bool, ddof: f64) -> Result<Array, ArrayError> {
+        self.reduce(ReduceOp::Var(ddof), axes, keepdims, None)
+    }
+
+    /// Standard deviation over `axes` with `ddof`.
+    pub fn std(&self, axes: &[isize], keepdims: bool, ddof: f64) -> Result<Array, ArrayError> {
+        self.reduce(ReduceOp::Std(ddof), axes, keepdims, None)
+    }
+}

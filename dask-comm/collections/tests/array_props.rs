@@ -1,0 +1,247 @@
+//! Property tests: random shapes, chunkings and axes, each operation against the same
+//! operation on the whole ndarray, on the `Sync` and `Threaded` schedulers and on a
+//! `LocalCluster` (in-process workers over `inproc://`: the same scheduler, workers and
+//! protocol as with processes, without starting any).
+
+use std::sync::OnceLock;
+
+use dask_collections::array::{self, Array, BinaryOp, Chunk, ReduceOp, UnaryOp};
+use dask_comm::{ClusterOptions, LocalCluster, Protocol};
+use dask_graph::{Scheduler, Sync, Threaded};
+use ndarray::{ArrayD, Axis, IxDyn};
+use proptest::prelude::*;
+
+fn cluster() -> &'static dask_comm::Client {
+    static C: OnceLock<(LocalCluster, dask_comm::Client)> = OnceLock::new();
+    &C.get_or_init(|| {
+        array::register();
+        let c = LocalCluster::with(ClusterOptions {
+            workers: 2,
+            threads_per_worker: 1,
+            protocol: Protocol::Inproc,
+            processes: false,
+            ..Default::default()
+        })
+        .expect("a local cluster");
+        let client = c.client().expect("a client");
+        (c, client)
+    })
+    .1
+}
+
+fn schedulers() -> Vec<(&'static str, Box<dyn Scheduler>)> {
+    vec![
+        ("sync", Box::new(Sync)),
+        ("threaded", Box::new(Threaded::new(2))),
+    ]
+}
+
+/// Computes `a` on every scheduler (the cluster too) and checks each against `want`.
+fn check(a: &Array, want: &ArrayD<f64>, what: &str) {
+    let mut results: Vec<(&str, Chunk)> = schedulers()
+        .into_iter()
+        .map(|(n, s)| (n, a.compute(s.as_ref()).expect("computes")))
+        .collect();
+    results.push((
+        "cluster",
+        a.compute(cluster()).expect("computes on the cluster"),
+    ));
+    for (name, got) in results {
+        assert_eq!(got.dtype(), a.dtype(), "{what} on {name}");
+        assert_eq!(got.shape(), want.shape(), "{what} on {name}");
+        let got = got.to_f64();
+        for (g, w) in got.iter().zip(want.iter()) {
+            let close = (g - w).abs() <= 1e-9 * w.abs().max(1.0) || (g.is_nan() && w.is_nan());
+            assert!(
+                close,
+                "{what} on {name}: {g} vs {w}\ngot {got}\nwant {want}"
+            );
+        }
+    }
+}
+
+/// A shape of 1–3 axes of 1–9, chunk sizes per axis, and the elements.
+fn shaped() -> impl Strategy<Value = (Vec<usize>, Vec<usize>, Vec<f64>)> {
+    prop::collection::vec(1usize..9, 1..=3).prop_flat_map(|shape| {
+        let n: usize = shape.iter().product();
+        let chunks = shape.iter().map(|&l| 1..=l).collect::<Vec<_>>();
+        (
+            Just(shape),
+            chunks,
+            prop::collection::vec(-100.0f64..100.0, n..=n),
+        )
+    })
+}
+
+fn whole(shape: &[usize], data: &[f64]) -> ArrayD<f64> {
+    ArrayD::from_shape_vec(IxDyn(shape), data.to_vec()).unwrap()
+}
+
+/// The reference reduction on the whole array.
+fn reference(op: ReduceOp, x: &ArrayD<f64>, axes: &[usize], keepdims: bool) -> ArrayD<f64> {
+    let mut r = x.clone();
+    for &a in axes.iter().rev() {
+        let n = r.shape()[a] as f64;
+        r = match op {
+            ReduceOp::Sum => r.sum_axis(Axis(a)),
+            ReduceOp::Prod => r.fold_axis(Axis(a), 1.0, |p, q| p * q),
+            ReduceOp::Min => r.fold_axis(Axis(a), f64::INFINITY, |p, q| p.min(*q)),
+            ReduceOp::Max => r.fold_axis(Axis(a), f64::NEG_INFINITY, |p, q| p.max(*q)),
+            ReduceOp::Mean => r.sum_axis(Axis(a)) / n,
+            _ => unreachable!("var and std are checked over all their axes at once"),
+        };
+    }
+    if keepdims {
+        for &a in axes {
+            r = r.insert_axis(Axis(a));
+        }
+    }
+    r
+}
+
+fn reference_var(x: &ArrayD<f64>, axes: &[usize], ddof: f64, sqrt: bool) -> ArrayD<f64> {
+    // Move the reduced axes last, flatten them, and take the two-pass variance per row.
+    let kept: Vec<usize> = (0..x.ndim()).filter(|a| !axes.contains(a)).collect();
+    let order: Vec<usize> = kept.iter().chain(axes).copied().collect();
+    let moved = x
+        .view()
+        .permuted_axes(IxDyn(&order))
+        .as_standard_layout()
+        .into_owned();
+    let rows: usize = kept.iter().map(|&a| x.shape()[a]).product();
+    let per: usize = axes.iter().map(|&a| x.shape()[a]).product();
+    let flat = moved.into_shape_with_order((rows, per)).unwrap();
+    let out: Vec<f64> = flat
+        .outer_iter()
+        .map(|row| {
+            let m = row.sum() / per as f64;
+            let v = row.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (per as f64 - ddof);
+            if sqrt {
+                v.sqrt()
+            } else {
+                v
+            }
+        })
+        .collect();
+    let shape: Vec<usize> = kept.iter().map(|&a| x.shape()[a]).collect();
+    ArrayD::from_shape_vec(IxDyn(&shape), out).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn elementwise_matches_ndarray((shape, chunks, data) in shaped(), s in -3.0f64..3.0) {
+        let x = whole(&shape, &data);
+        let a = array::from_array(&x, chunks.clone()).unwrap();
+        let y = x.mapv(|v| v * 0.5 - 1.0);
+        let b = array::from_array(&y, chunks).unwrap();
+        check(&(&a + &b).unwrap(), &(&x + &y), "a + b");
+        check(&(&a * s).unwrap(), &x.mapv(|v| v * s), "a * s");
+        check(&(s - &a).unwrap(), &x.mapv(|v| s - v), "s - a");
+        check(&a.binary(BinaryOp::Maximum, &b).unwrap(), &ndarray::Zip::from(&x).and(&y).map_collect(|p, q| p.max(*q)), "maximum");
+        check(&a.unary(UnaryOp::Tanh).unwrap(), &x.mapv(f64::tanh), "tanh");
+        let gt = a.binary(BinaryOp::Gt, &b).unwrap();
+        check(&gt, &ndarray::Zip::from(&x).and(&y).map_collect(|p, q| f64::from(u8::from(p > q))), "a > b");
+        check(&a.t().unwrap(), &x.t().to_owned(), "a.T");
+        check(&a.astype(array::DType::I32).unwrap(), &x.mapv(|v| f64::from(v as i32)), "astype i32");
+    }
+
+    #[test]
+    fn reductions_match_ndarray(
+        (shape, chunks, data) in shaped(),
+        pick in prop::collection::vec(any::<bool>(), 3),
+        keepdims in any::<bool>(),
+        split_every in 2usize..6,
+    ) {
+        let x = whole(&shape, &data);
+        let a = array::from_array(&x, chunks).unwrap();
+        let axes: Vec<usize> = (0..shape.len()).filter(|&i| pick[i]).collect();
+        let all: Vec<usize> = if axes.is_empty() { (0..shape.len()).collect() } else { axes.clone() };
+        let given: Vec<isize> = axes.iter().map(|&i| i as isize).collect();
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max] {
+            let r = a.reduce(op, &given, keepdims, Some(split_every)).unwrap();
+            check(&r, &reference(op, &x, &all, keepdims), &format!("{op:?} over {all:?}"));
+        }
+        let var = a.reduce(ReduceOp::Var(0.0), &given, false, Some(split_every)).unwrap();
+        check(&var, &reference_var(&x, &all, 0.0, false), &format!("var over {all:?}"));
+        let std = a.reduce(ReduceOp::Std(1.0), &given, false, Some(split_every)).unwrap();
+        check(&std, &reference_var(&x, &all, 1.0, true), &format!("std ddof 1 over {all:?}"));
+    }
+}
+
+#[test]
+fn the_seed_expression() {
+    // (x + x.T - x.mean(axis=0)).sum() on a 12×12 in blocks of 5.
+    let x = ArrayD::from_shape_fn(IxDyn(&[12, 12]), |i| (i[0] * 12 + i[1]) as f64 / 7.0);
+    let a = array::from_array(&x, 5).unwrap();
+    let m = x.mean_axis(Axis(0)).unwrap();
+    let want = (&(&x + &x.t()) - &m).sum();
+    let got = (&(&a + &a.t().unwrap()).unwrap() - &a.mean(&[0], false).unwrap())
+        .unwrap()
+        .sum(&[], false)
+        .unwrap();
+    check(
+        &got,
+        &ArrayD::from_elem(IxDyn(&[]), want),
+        "seed expression",
+    );
+}
+
+#[test]
+fn misaligned_blocks_and_bad_axes_are_errors() {
+    let a = array::ones(&[6, 6], 3, array::DType::F64).unwrap();
+    let b = array::ones(&[6, 6], 2, array::DType::F64).unwrap();
+    assert!(matches!(
+        &a + &b,
+        Err(array::ArrayError::Misaligned { axis: 0, .. })
+    ));
+    let c = array::ones(&[5], 5, array::DType::F64).unwrap();
+    assert!(matches!(&a + &c, Err(array::ArrayError::Broadcast { .. })));
+    assert!(matches!(
+        a.sum(&[2], false),
+        Err(array::ArrayError::Axis { axis: 2, .. })
+    ));
+    assert!(matches!(
+        a.sum(&[0, -2], false),
+        Err(array::ArrayError::Axis { .. })
+    ));
+    assert!(matches!(
+        array::ones(&[4], 0, array::DType::F64),
+        Err(array::ArrayError::ZeroChunk { axis: 0 })
+    ));
+}
+
+#[test]
+fn integer_and_boolean_types_follow_numpy() {
+    let x = ArrayD::from_shape_fn(IxDyn(&[7]), |i| i[0] as i32 - 3);
+    let a = array::from_array(&x, 3).unwrap();
+    let s = a.sum(&[], false).unwrap();
+    assert_eq!(s.dtype(), array::DType::I64);
+    assert_eq!(
+        s.compute(&Sync).unwrap(),
+        Chunk::from(ArrayD::from_elem(IxDyn(&[]), 0i64))
+    );
+    let m = a.mean(&[], false).unwrap();
+    assert_eq!(m.dtype(), array::DType::F64);
+    let half = (&a / 2.0).unwrap();
+    assert_eq!(half.dtype(), array::DType::F64);
+    let plus = (&a + 2.0).unwrap();
+    assert_eq!(plus.dtype(), array::DType::I32);
+    let pos = a
+        .binary(
+            BinaryOp::Gt,
+            &array::zeros(&[7], 3, array::DType::I32).unwrap(),
+        )
+        .unwrap();
+    let any = pos.reduce(ReduceOp::Any, &[], false, None).unwrap();
+    let all = pos.reduce(ReduceOp::All, &[], false, None).unwrap();
+    assert_eq!(
+        any.compute(&Sync).unwrap(),
+        Chunk::from(ArrayD::from_elem(IxDyn(&[]), true))
+    );
+    assert_eq!(
+        all.compute(&Sync).unwrap(),
+        Chunk::from(ArrayD::from_elem(IxDyn(&[]), false))
+    );
+}
