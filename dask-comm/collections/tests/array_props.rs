@@ -245,3 +245,95 @@ fn integer_and_boolean_types_follow_numpy() {
         Chunk::from(ArrayD::from_elem(IxDyn(&[]), false))
     );
 }
+
+/// Python's `range(*slice(start, stop, step).indices(len))`, written out independently.
+fn python_indices(
+    len: usize,
+    start: Option<isize>,
+    stop: Option<isize>,
+    step: isize,
+) -> Vec<usize> {
+    let n = len as isize;
+    let fix = |v: isize, lo: isize, hi: isize| {
+        let v = if v < 0 { v + n } else { v };
+        v.clamp(lo, hi)
+    };
+    let (lo, hi) = if step > 0 { (0, n) } else { (-1, n - 1) };
+    let s = start.map_or(if step > 0 { 0 } else { n - 1 }, |v| fix(v, lo, hi));
+    let e = stop.map_or(if step > 0 { n } else { -1 }, |v| fix(v, lo, hi));
+    let mut out = vec![];
+    let mut i = s;
+    while if step > 0 { i < e } else { i > e } {
+        out.push(i as usize);
+        i += step;
+    }
+    out
+}
+
+fn index_strategy() -> impl Strategy<Value = (Option<isize>, Option<isize>, isize, u8)> {
+    (
+        prop::option::of(-12isize..12),
+        prop::option::of(-12isize..12),
+        prop_oneof![1isize..4, -4isize..-1],
+        0u8..6,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn slicing_matches_ndarray(
+        (shape, chunks, data) in shaped(),
+        picks in prop::collection::vec(index_strategy(), 3),
+    ) {
+        let x = whole(&shape, &data);
+        let a = array::from_array(&x, chunks).unwrap();
+        let mut index = Vec::new();
+        let mut want = x.clone();
+        let mut dropped = 0;
+        for (axis, &(start, stop, step, kind)) in picks.iter().enumerate().take(shape.len()) {
+            let len = shape[axis];
+            let ax = Axis(axis - dropped);
+            match kind {
+                0 => index.push(array::Index::Full),
+                1 => {
+                    let i = start.unwrap_or(0).rem_euclid(len as isize);
+                    index.push(array::Index::At(i - len as isize * isize::from(step < 0)));
+                    want = want.index_axis_move(ax, i as usize);
+                    dropped += 1;
+                }
+                _ => {
+                    index.push(array::Index::Range(start, stop, step));
+                    want = want.select(ax, &python_indices(len, start, stop, step));
+                }
+            }
+        }
+        let got = a.slice(&index).unwrap();
+        check(&got, &want, &format!("x[{index:?}]"));
+    }
+}
+
+#[test]
+fn a_slice_computes_only_the_blocks_it_touches() {
+    // The seed's `exp(ones((10000, 10000), chunks=100))[1:100, 1:100]`: 10,000 blocks, one
+    // needed. The culled graph holds the slice, the exp and the ones of that block.
+    let x = array::ones(&[10000, 10000], 100, array::DType::F64).unwrap();
+    let y = x
+        .unary(UnaryOp::Exp)
+        .unwrap()
+        .slice(&[(1..100).into(), (1..100).into()])
+        .unwrap();
+    let culled = dask_graph::optimize::cull(y.graph(), &y.keys());
+    assert_eq!(culled.len(), 3);
+    let want = ArrayD::from_elem(IxDyn(&[99, 99]), 1f64.exp());
+    check(&y, &want, "exp(ones)[1:100, 1:100]");
+    assert!(matches!(
+        x.slice(&[array::Index::At(10000)]),
+        Err(array::ArrayError::OutOfBounds {
+            axis: 0,
+            index: 10000,
+            len: 10000
+        })
+    ));
+}

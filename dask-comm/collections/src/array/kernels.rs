@@ -21,6 +21,7 @@ pub(crate) const TRANSPOSE: &str = "dask-array-transpose";
 pub(crate) const PARTIAL: &str = "dask-array-reduce-partial";
 pub(crate) const COMBINE: &str = "dask-array-reduce-combine";
 pub(crate) const FINISH: &str = "dask-array-reduce-finish";
+pub(crate) const SLICE: &str = "dask-array-slice";
 
 dask_graph::serde_data!(DType);
 dask_graph::serde_data!(BinaryOp);
@@ -90,6 +91,9 @@ pub fn register() {
                 return Err(format!("{} partial results for a grid of {grid:?}", parts.len()));
             }
             reduce::combine(spec, &grid, parts).map(Value::new)
+        });
+        r.register(SLICE, |locals: Vec<super::slice::Local>, a: std::sync::Arc<Chunk>| {
+            super::slice::slice_chunk(&a, &locals)
         });
         r.register(FINISH, |spec: Spec, a: std::sync::Arc<Chunk>| reduce::finish(&spec, &a));
     });

@@ -21,6 +21,7 @@ mod create;
 mod elementwise;
 mod kernels;
 mod reduce;
+mod slice;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,6 +35,7 @@ pub use create::{arange, from_array, full, ones, zeros};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use kernels::register;
 pub use reduce::{ReduceOp, SPLIT_EVERY};
+pub use slice::Index;
 
 pub(crate) use chunk::each;
 
@@ -98,6 +100,16 @@ pub enum ArrayError {
         op: &'static str,
         /// The element type's name.
         dtype: &'static str,
+    },
+    /// An integer index outside its axis.
+    #[error("index {index} is out of bounds for axis {axis} of length {len}")]
+    OutOfBounds {
+        /// The axis.
+        axis: usize,
+        /// The index given.
+        index: isize,
+        /// The axis's length.
+        len: usize,
     },
     /// More axes than task keys can index.
     #[error("{ndim} axes: at most {max} are supported")]
@@ -237,7 +249,9 @@ impl Array {
     /// Computes the array on `scheduler` and assembles its blocks into one chunk.
     pub fn compute(&self, scheduler: &dyn Scheduler) -> Result<Chunk, ArrayError> {
         let keys = self.keys();
-        let values = scheduler.get(self.graph(), &keys)?;
+        // Only what the blocks need: a slice of a large array computes the blocks it touches.
+        let graph = dask_graph::optimize::cull(self.graph(), &keys);
+        let values = scheduler.get(graph, &keys)?;
         let shapes = block_indices(&self.numblocks())
             .into_iter()
             .map(|idx| self.block_shape(&idx));
