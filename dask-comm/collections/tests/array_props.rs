@@ -337,3 +337,62 @@ fn a_slice_computes_only_the_blocks_it_touches() {
         })
     ));
 }
+
+#[test]
+fn random_arrays_are_reproducible_and_distributed() {
+    use array::random;
+    let a = random::random(42, &[300, 200], 70).unwrap();
+    let on_sync = a.compute(&Sync).unwrap();
+    assert_eq!(on_sync, a.compute(&Threaded::new(2)).unwrap());
+    assert_eq!(on_sync, a.compute(cluster()).unwrap());
+    assert_ne!(
+        on_sync,
+        random::random(43, &[300, 200], 70)
+            .unwrap()
+            .compute(&Sync)
+            .unwrap()
+    );
+    let x = on_sync.to_f64();
+    assert!(x.iter().all(|v| (0.0..1.0).contains(v)));
+    let mean = x.mean().unwrap();
+    assert!((mean - 0.5).abs() < 0.01, "uniform mean {mean}");
+    let n = random::normal(1, 3.0, 2.0, &[200_000], 50_000).unwrap();
+    let m = n.mean(&[], false).unwrap().compute(&Sync).unwrap().to_f64();
+    let s = n
+        .std(&[], false, 0.0)
+        .unwrap()
+        .compute(&Sync)
+        .unwrap()
+        .to_f64();
+    let (m, s) = (m.first().copied().unwrap(), s.first().copied().unwrap());
+    assert!(
+        (m - 3.0).abs() < 0.03 && (s - 2.0).abs() < 0.03,
+        "normal mean {m} sd {s}"
+    );
+    let i = random::integers(5, -3, 4, &[1000], 300)
+        .unwrap()
+        .compute(&Sync)
+        .unwrap();
+    assert_eq!(i.dtype(), array::DType::I64);
+    let i = i.to_f64();
+    assert!(i.iter().all(|v| (-3.0..4.0).contains(v)));
+    assert!(random::integers(5, 4, 4, &[3], 3).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul_matches_ndarray(
+        (m, k, n) in (1usize..9, 1usize..9, 1usize..9),
+        (cm, ck, cn) in (1usize..9, 1usize..9, 1usize..9),
+        seed in any::<u64>(),
+    ) {
+        let a = array::random::uniform(seed, -1.0, 1.0, &[m, k], [cm.min(m), ck.min(k)]).unwrap();
+        let b = array::random::uniform(seed ^ 1, -1.0, 1.0, &[k, n], [ck.min(k), cn.min(n)]).unwrap();
+        let (x, y) = (a.compute(&Sync).unwrap().to_f64(), b.compute(&Sync).unwrap().to_f64());
+        let want = x.into_dimensionality::<ndarray::Ix2>().unwrap()
+            .dot(&y.into_dimensionality::<ndarray::Ix2>().unwrap()).into_dyn();
+        check(&a.matmul(&b).unwrap(), &want, "a @ b");
+    }
+}

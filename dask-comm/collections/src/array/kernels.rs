@@ -22,6 +22,8 @@ pub(crate) const PARTIAL: &str = "dask-array-reduce-partial";
 pub(crate) const COMBINE: &str = "dask-array-reduce-combine";
 pub(crate) const FINISH: &str = "dask-array-reduce-finish";
 pub(crate) const SLICE: &str = "dask-array-slice";
+pub(crate) const RANDOM: &str = "dask-array-random";
+pub(crate) const MATMUL: &str = "dask-array-matmul";
 
 dask_graph::serde_data!(DType);
 dask_graph::serde_data!(BinaryOp);
@@ -94,6 +96,19 @@ pub fn register() {
         });
         r.register(SLICE, |locals: Vec<super::slice::Local>, a: std::sync::Arc<Chunk>| {
             super::slice::slice_chunk(&a, &locals)
+        });
+        r.register(
+            RANDOM,
+            |dist: super::random::Distribution, seed: u64, idx: Vec<u64>, shape: Vec<u64>| {
+                let shape: Vec<usize> = shape.iter().map(|&n| n as usize).collect();
+                super::random::block(dist, seed, &idx, &shape)
+            },
+        );
+        r.register_values(MATMUL, |args: &[Value]| {
+            let Some(t) = args.first().and_then(|v| v.downcast_ref::<DType>()) else {
+                return Err("matmul takes a type, then pairs of blocks".into());
+            };
+            super::linalg::sum_of_products(*t, &args[1..]).map(Value::new)
         });
         r.register(FINISH, |spec: Spec, a: std::sync::Arc<Chunk>| reduce::finish(&spec, &a));
     });

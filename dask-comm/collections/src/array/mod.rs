@@ -20,6 +20,8 @@ mod chunks;
 mod create;
 mod elementwise;
 mod kernels;
+mod linalg;
+pub mod random;
 mod reduce;
 mod slice;
 

@@ -1,0 +1,175 @@
+//! Random arrays from a seed, reproducible whatever the scheduler: block `idx`'s numbers come
+//! from a generator seeded with the seed and the block's index, so the same seed and chunks
+//! give the same array on `Sync`, `Threaded` or a cluster, in any order.
+
+use dask_graph::{Arg, Graph, Task};
+use ndarray::{ArrayD, IxDyn};
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use super::create::key;
+use super::{
+    block_indices, fresh_name, kernels, normalize, Array, ArrayError, Chunk, ChunkSpec, DType,
+};
+
+/// Which distribution.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Distribution {
+    /// Uniform on `[low, high)`.
+    Uniform(f64, f64),
+    /// Normal with a mean and a standard deviation (Box–Muller).
+    Normal(f64, f64),
+    /// Integers uniform on `[low, high)`.
+    Integers(i64, i64),
+}
+
+dask_graph::serde_data!(Distribution);
+
+/// The generator of block `idx` of an array made from `seed` (SplitMix64 over the seed and
+/// the index, then ChaCha12).
+fn block_rng(seed: u64, idx: &[u64]) -> rand::rngs::StdRng {
+    let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
+    for &i in idx {
+        h = (h ^ i).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+    }
+    rand::rngs::StdRng::seed_from_u64(h)
+}
+
+/// Block `idx` of shape `shape` (the kernel).
+pub(crate) fn block(dist: Distribution, seed: u64, idx: &[u64], shape: &[usize]) -> Chunk {
+    let mut rng = block_rng(seed, idx);
+    let dim = IxDyn(shape);
+    match dist {
+        Distribution::Uniform(lo, hi) => Chunk::from(ArrayD::from_shape_simple_fn(dim, || {
+            lo + (hi - lo) * rng.gen::<f64>()
+        })),
+        Distribution::Normal(mean, sd) => Chunk::from(ArrayD::from_shape_simple_fn(dim, || {
+            // Box–Muller; 1 - u keeps the logarithm finite.
+            let (u, v): (f64, f64) = (rng.gen(), rng.gen());
+            mean + sd * (-2.0 * (1.0 - u).ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+        })),
+        Distribution::Integers(lo, hi) => {
+            Chunk::from(ArrayD::from_shape_simple_fn(dim, || rng.gen_range(lo..hi)))
+        }
+    }
+}
+
+fn make(
+    dist: Distribution,
+    seed: u64,
+    shape: &[usize],
+    chunks: ChunkSpec,
+    dtype: DType,
+) -> Result<Array, ArrayError> {
+    kernels::register();
+    let chunks = normalize(&chunks, shape, dtype)?;
+    let name = fresh_name("random");
+    let mut layer = Graph::new();
+    for idx in block_indices(&chunks.iter().map(Vec::len).collect::<Vec<_>>()) {
+        let bshape: Vec<u64> = idx.iter().zip(&chunks).map(|(&i, c)| c[i] as u64).collect();
+        let bidx: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
+        layer.insert(
+            key(&name, &idx),
+            Task::new(
+                kernels::RANDOM,
+                [
+                    Arg::lit(dist),
+                    Arg::lit(seed),
+                    Arg::lit(bidx),
+                    Arg::lit(bshape),
+                ],
+            ),
+        );
+    }
+    Ok(Array::from_layer(
+        name,
+        shape.to_vec(),
+        chunks,
+        dtype,
+        layer,
+        &[],
+    ))
+}
+
+/// Uniform on `[0, 1)` (`da.random.random`).
+///
+/// ```
+/// use dask_collections::array::random;
+/// let a = random::random(7, &[100, 10], 30)?;
+/// let (x, y) = (a.compute(&dask_graph::Sync)?, a.compute(&dask_graph::Threaded::new(2))?);
+/// assert_eq!(x, y); // the same numbers, whatever the scheduler
+/// # Ok::<(), dask_collections::array::ArrayError>(())
+/// ```
+pub fn random(
+    seed: u64,
+    shape: &[usize],
+    chunks: impl Into<ChunkSpec>,
+) -> Result<Array, ArrayError> {
+    make(
+        Distribution::Uniform(0.0, 1.0),
+        seed,
+        shape,
+        chunks.into(),
+        DType::F64,
+    )
+}
+
+/// Uniform on `[low, high)`.
+pub fn uniform(
+    seed: u64,
+    low: f64,
+    high: f64,
+    shape: &[usize],
+    chunks: impl Into<ChunkSpec>,
+) -> Result<Array, ArrayError> {
+    make(
+        Distribution::Uniform(low, high),
+        seed,
+        shape,
+        chunks.into(),
+        DType::F64,
+    )
+}
+
+/// Normal with `mean` and standard deviation `sd`.
+pub fn normal(
+    seed: u64,
+    mean: f64,
+    sd: f64,
+    shape: &[usize],
+    chunks: impl Into<ChunkSpec>,
+) -> Result<Array, ArrayError> {
+    make(
+        Distribution::Normal(mean, sd),
+        seed,
+        shape,
+        chunks.into(),
+        DType::F64,
+    )
+}
+
+/// Integers uniform on `[low, high)` (`i64`); an empty range is refused.
+pub fn integers(
+    seed: u64,
+    low: i64,
+    high: i64,
+    shape: &[usize],
+    chunks: impl Into<ChunkSpec>,
+) -> Result<Array, ArrayError> {
+    if high <= low {
+        return Err(ArrayError::DType {
+            op: "integers on an empty range",
+            dtype: "int64",
+        });
+    }
+    make(
+        Distribution::Integers(low, high),
+        seed,
+        shape,
+        chunks.into(),
+        DType::I64,
+    )
+}
