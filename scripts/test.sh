@@ -32,6 +32,8 @@ for proto in tcp ucx; do
 done
 echo "example delayed (dask-comm):"
 timeout 300 cargo run -q -j2 -p dask-comm --example delayed
+echo "example array_tour (dask-collections, small sizes):"
+timeout 300 cargo run -q -j2 --release -p dask-collections --example array_tour -- --small
 echo "example million (dask-graph, 100,000 tasks here):"
 timeout 300 cargo run -q -j2 --release -p dask-graph --example million -- 100000
 # Whether this machine ran the device tests, and if not why (they return early without a GPU).
@@ -52,3 +54,7 @@ timeout 900 python3 scripts/compare.py --rounds 1 --sizes 8 --interop
 # one round: the command works and both give the same answers.
 python3 -m py_compile scripts/dask_compare.py
 timeout 900 python3 scripts/dask_compare.py --quick
+# The array against Dask (threaded, distributed) and NumPy, small sizes, one round: the
+# command works and every answer agrees with NumPy's.
+python3 -m py_compile scripts/array_compare.py
+timeout 900 python3 scripts/array_compare.py --small

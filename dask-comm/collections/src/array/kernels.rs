@@ -56,9 +56,12 @@ pub fn register() {
                 DType::F64 => arange_chunk::<f64>(start, step, n),
             }
         });
-        r.register(BINARY, |op: BinaryOp, a: std::sync::Arc<Chunk>, b: std::sync::Arc<Chunk>| {
-            binary_chunks(op, &a, &b)
-        });
+        r.register(
+            BINARY,
+            |op: BinaryOp, a: std::sync::Arc<Chunk>, b: std::sync::Arc<Chunk>| {
+                binary_chunks(op, &a, &b)
+            },
+        );
         r.register(
             SCALAR,
             |op: BinaryOp, a: std::sync::Arc<Chunk>, s: f64, t: DType, first: bool| {
@@ -70,13 +73,18 @@ pub fn register() {
                 }
             },
         );
-        r.register(UNARY, |op: UnaryOp, a: std::sync::Arc<Chunk>| unary_chunk(op, &a));
+        r.register(UNARY, |op: UnaryOp, a: std::sync::Arc<Chunk>| {
+            unary_chunk(op, &a)
+        });
         r.register(ASTYPE, |t: DType, a: std::sync::Arc<Chunk>| a.astype(t));
         r.register(TRANSPOSE, |perm: Vec<u64>, a: std::sync::Arc<Chunk>| {
             let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
-            each!(&*a, x => Chunk::from(x.view().permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned()))
+            // One copy; the permuted layout stays (encoding and kernels follow logical order).
+            each!(&*a, x => Chunk::from(x.clone().permuted_axes(IxDyn(&perm))))
         });
-        r.register(PARTIAL, |spec: Spec, a: std::sync::Arc<Chunk>| reduce::partial(&spec, &a));
+        r.register(PARTIAL, |spec: Spec, a: std::sync::Arc<Chunk>| {
+            reduce::partial(&spec, &a)
+        });
         r.register_values(COMBINE, |args: &[Value]| {
             let (Some(spec), Some(grid)) = (
                 args.first().and_then(|v| v.downcast_ref::<Spec>()),
@@ -86,17 +94,27 @@ pub fn register() {
             };
             let parts = args[2..]
                 .iter()
-                .map(|v| v.downcast_ref::<Chunk>().cloned().ok_or("a partial result that is not a chunk"))
+                .map(|v| {
+                    v.downcast_ref::<Chunk>()
+                        .cloned()
+                        .ok_or("a partial result that is not a chunk")
+                })
                 .collect::<Result<Vec<Chunk>, _>>()?;
             let grid: Vec<usize> = grid.iter().map(|&n| n as usize).collect();
             if grid.iter().product::<usize>() != parts.len() {
-                return Err(format!("{} partial results for a grid of {grid:?}", parts.len()));
+                return Err(format!(
+                    "{} partial results for a grid of {grid:?}",
+                    parts.len()
+                ));
             }
             reduce::combine(spec, &grid, parts).map(Value::new)
         });
-        r.register(SLICE, |locals: Vec<super::slice::Local>, a: std::sync::Arc<Chunk>| {
-            super::slice::slice_chunk(&a, &locals)
-        });
+        r.register(
+            SLICE,
+            |locals: Vec<super::slice::Local>, a: std::sync::Arc<Chunk>| {
+                super::slice::slice_chunk(&a, &locals)
+            },
+        );
         r.register(
             RANDOM,
             |dist: super::random::Distribution, seed: u64, idx: Vec<u64>, shape: Vec<u64>| {
@@ -110,6 +128,8 @@ pub fn register() {
             };
             super::linalg::sum_of_products(*t, &args[1..]).map(Value::new)
         });
-        r.register(FINISH, |spec: Spec, a: std::sync::Arc<Chunk>| reduce::finish(&spec, &a));
+        r.register(FINISH, |spec: Spec, a: std::sync::Arc<Chunk>| {
+            reduce::finish(&spec, &a)
+        });
     });
 }

@@ -4,7 +4,7 @@
 
 use dask_graph::{Arg, Graph, Task};
 use ndarray::{ArrayD, IxDyn};
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::create::key;
@@ -25,17 +25,59 @@ pub enum Distribution {
 
 dask_graph::serde_data!(Distribution);
 
-/// The generator of block `idx` of an array made from `seed` (SplitMix64 over the seed and
-/// the index, then ChaCha12).
-fn block_rng(seed: u64, idx: &[u64]) -> rand::rngs::StdRng {
-    let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
-    for &i in idx {
-        h = (h ^ i).wrapping_add(0x9e37_79b9_7f4a_7c15);
-        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        h ^= h >> 31;
+/// SplitMix64's step: a well-mixed 64-bit value from a state.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// xoshiro256++ (Blackman and Vigna): fast, and fixed here so an array's numbers never
+/// change with a dependency's version.
+struct Xoshiro([u64; 4]);
+
+impl rand::RngCore for Xoshiro {
+    fn next_u64(&mut self) -> u64 {
+        let s = &mut self.0;
+        let out = s[0].wrapping_add(s[3]).rotate_left(23).wrapping_add(s[0]);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        out
     }
-    rand::rngs::StdRng::seed_from_u64(h)
+    fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        for c in dest.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
+        self.fill_bytes(dest);
+        Ok(())
+    }
+}
+
+/// The generator of block `idx` of an array made from `seed`: SplitMix64 over the seed and
+/// the index seeds xoshiro256++.
+fn block_rng(seed: u64, idx: &[u64]) -> Xoshiro {
+    let mut h = seed;
+    for &i in idx {
+        h = splitmix(&mut h) ^ i;
+    }
+    let mut state = [0u64; 4];
+    for s in &mut state {
+        *s = splitmix(&mut h);
+    }
+    Xoshiro(state)
 }
 
 /// Block `idx` of shape `shape` (the kernel).

@@ -121,7 +121,9 @@ fn fold_simple(op: ReduceOp, c: &Chunk, axes: &[usize]) -> Result<Chunk, String>
             (ReduceOp::Sum, Chunk::I64(a)) => {
                 Chunk::from(fold_keep(a, ax, 0, |x, y| x.wrapping_add(*y)))
             }
-            (ReduceOp::Sum, Chunk::F64(a)) => Chunk::from(fold_keep(a, ax, 0.0, |x, y| x + y)),
+            (ReduceOp::Sum, Chunk::F64(a)) => {
+                Chunk::from(a.sum_axis(Axis(ax)).insert_axis(Axis(ax)))
+            }
             (ReduceOp::Sum, Chunk::F32(a)) => Chunk::from(fold_keep(a, ax, 0.0, |x, y| x + y)),
             (ReduceOp::Prod, Chunk::I64(a)) => {
                 Chunk::from(fold_keep(a, ax, 1, |x, y| x.wrapping_mul(*y)))
@@ -200,12 +202,24 @@ pub(crate) fn partial(spec: &Spec, c: &Chunk) -> Result<Chunk, String> {
     let axes: Vec<usize> = spec.axes().collect();
     match spec.op {
         ReduceOp::Mean | ReduceOp::Var(_) | ReduceOp::Std(_) => {
-            let x = c.to_f64();
+            // f64 chunks are read in place; others converted once.
+            let converted;
+            let x = match c {
+                Chunk::F64(a) => a.view(),
+                other => {
+                    converted = other.to_f64();
+                    converted.view()
+                }
+            };
             let count: usize = axes.iter().map(|&a| x.shape()[a]).product();
             let sum = {
-                let mut s = x.clone();
-                for &a in &axes {
-                    s = fold_keep(&s, a, 0.0, |p, q| p + q);
+                let mut rev = axes.iter().rev();
+                let mut s = match rev.next() {
+                    Some(&a) => x.sum_axis(Axis(a)).insert_axis(Axis(a)),
+                    None => x.to_owned(),
+                };
+                for &a in rev {
+                    s = s.sum_axis(Axis(a)).insert_axis(Axis(a));
                 }
                 s
             };

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""dask-collections' array against Dask and NumPy on the same workloads, in the same run,
+interleaved, with every answer checked against NumPy's.
+
+    python3 scripts/array_compare.py               # full sizes, 3 rounds
+    python3 scripts/array_compare.py --small       # small sizes, 1 round (CI smoke)
+
+Engines, on this machine's 2 cores: NumPy (one call per expression; its BLAS may use both
+cores), Dask threaded (2 threads), Dask distributed (LocalCluster, 2 worker processes x 1
+thread), ours on `Threaded` (2 threads) and ours on a LocalCluster (2 worker processes x 1
+thread, tcp://). Cluster start-up is not timed; building the graph is. Medians of the rounds.
+
+Workloads (issue 15's, those the array has so far):
+  xxt          (x + x.T - x.mean(axis=0)).sum(), x = ones((10000, 10000), chunks=1000)
+  exp-slice    exp(ones((10000, 10000), chunks=100))[1:100, 1:100].sum()
+  random-mean  random((20000, 20000), chunks=2000).mean()
+  matmul       (a @ a).sum(), a = ones((4000, 4000), chunks=1000)
+Dask and NumPy run from target/dask-venv (scripts/dask_compare.py installs it from PyPI).
+"""
+import argparse, json, os, statistics, subprocess, sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VPY = os.path.join(ROOT, "target", "dask-venv", "bin", "python")
+OURS = os.path.join(ROOT, "target", "release", "examples", "array_tour")
+WORKLOADS = ["xxt", "exp-slice", "random-mean", "matmul"]
+
+# Runs inside the venv: argv = engine, small (0/1), workloads...; one JSON line per workload.
+PY_SIDE = r'''
+import json, sys, time
+engine, small, names = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
+import numpy as np
+n, c = (2000, 200) if small else (10000, 1000)
+m, k = (800, 200) if small else (4000, 1000)
+if engine == "numpy":
+    def xxt():
+        x = np.ones((n, n)); return (x + x.T - x.mean(axis=0)).sum()
+    def exp_slice():
+        return np.exp(np.ones((n, n)))[1:100, 1:100].sum()
+    def random_mean():
+        return np.random.default_rng(0).random((2 * n, 2 * n)).mean()
+    def matmul():
+        a = np.ones((m, m)); return (a @ a).sum()
+    run = lambda f: f()
+else:
+    import dask, dask.array as da
+    if engine == "dask-distributed":
+        from distributed import Client, LocalCluster
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = Client(cluster)
+        run = lambda f: f().compute()
+    else:
+        run = lambda f: f().compute(scheduler="threads", num_workers=2)
+    def xxt():
+        x = da.ones((n, n), chunks=c); return (x + x.T - x.mean(axis=0)).sum()
+    def exp_slice():
+        return da.exp(da.ones((n, n), chunks=c // 10))[1:100, 1:100].sum()
+    def random_mean():
+        return da.random.random((2 * n, 2 * n), chunks=2 * c).mean()
+    def matmul():
+        a = da.ones((m, m), chunks=k); return (a @ a).sum()
+fs = {"xxt": xxt, "exp-slice": exp_slice, "random-mean": random_mean, "matmul": matmul}
+for name in names:
+    t0 = time.perf_counter()
+    v = float(run(fs[name]))
+    print(json.dumps({"workload": name, "seconds": time.perf_counter() - t0, "answer": v}), flush=True)
+'''
+
+
+def python_engine(engine, small, names):
+    out = subprocess.run([VPY, "-c", PY_SIDE, engine, "1" if small else "0", *names],
+                         check=True, capture_output=True, text=True, timeout=3600).stdout
+    return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+
+
+def our_engine(scheduler, small, names):
+    rows = []
+    for name in names:
+        cmd = [OURS, "--bench", name, "--scheduler", scheduler] + (["--small"] if small else [])
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600).stdout
+        rows += [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    return rows
+
+
+def agrees(name, got, want):
+    if name == "random-mean":  # different generators: both must be near the true mean
+        return abs(got - 0.5) < 1e-3
+    return abs(got - want) <= 1e-6 * max(abs(want), 1.0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    a = ap.parse_args()
+    rounds = a.rounds or (1 if a.small else 3)
+    names = a.workloads.split(",")
+    if not os.path.exists(VPY):
+        sys.exit("no target/dask-venv: run python3 scripts/dask_compare.py --quick once (installs Dask)")
+    subprocess.run(["cargo", "build", "-q", "-j2", "--release", "-p", "dask-collections",
+                    "--example", "array_tour"], check=True, cwd=ROOT)
+    engines = {
+        "numpy": lambda: python_engine("numpy", a.small, names),
+        "dask threaded": lambda: python_engine("dask-threads", a.small, names),
+        "dask distributed": lambda: python_engine("dask-distributed", a.small, names),
+        "ours threaded": lambda: our_engine("threaded", a.small, names),
+        "ours cluster": lambda: our_engine("cluster", a.small, names),
+    }
+    times = {(e, n): [] for e in engines for n in names}
+    answers = {}
+    for r in range(rounds):
+        for e, run in engines.items():
+            for row in run():
+                times[(e, row["workload"])].append(row["seconds"])
+                answers.setdefault(row["workload"], {})[e] = row["answer"]
+        print(f"round {r + 1} of {rounds} done", file=sys.stderr)
+    bad = [(n, e, v) for n, by in answers.items() for e, v in by.items()
+           if not agrees(n, v, by["numpy"])]
+    med = {k: statistics.median(v) for k, v in times.items() if v}
+    print(f"{'workload':<12} " + " ".join(f"{e:>16}" for e in engines)
+          + f" {'dask best/ours':>15} {'numpy/ours':>11}")
+    for n in names:
+        ours = min(med[("ours threaded", n)], med[("ours cluster", n)])
+        dask = min(med[("dask threaded", n)], med[("dask distributed", n)])
+        print(f"{n:<12} " + " ".join(f"{med[(e, n)]:>15.3f}s" for e in engines)
+              + f" {dask / ours:>14.2f}x {med[('numpy', n)] / ours:>10.2f}x")
+    if bad:
+        sys.exit(f"answers disagree with NumPy's: {bad}")
+    print("every answer agrees with NumPy's")
+
+
+if __name__ == "__main__":
+    main()
