@@ -14,15 +14,16 @@ Workloads (issue 15's, those the array has so far):
   xxt          (x + x.T - x.mean(axis=0)).sum(), x = ones((10000, 10000), chunks=1000)
   exp-slice    exp(ones((10000, 10000), chunks=100))[1:100, 1:100].sum()
   random-mean  random((20000, 20000), chunks=2000).mean()
+  rechunk      random((20000, 20000), chunks=(20000, 100)).rechunk((100, 20000)).sum()
   matmul       (a @ a).sum(), a = ones((4000, 4000), chunks=1000)
-Dask and NumPy run from target/dask-venv (scripts/dask_compare.py installs it from PyPI).
+Dask and NumPy run from target/dask-venv (installed from PyPI on first use).
 """
 import argparse, json, os, statistics, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VPY = os.path.join(ROOT, "target", "dask-venv", "bin", "python")
 OURS = os.path.join(ROOT, "target", "release", "examples", "array_tour")
-WORKLOADS = ["xxt", "exp-slice", "random-mean", "matmul"]
+WORKLOADS = ["xxt", "exp-slice", "random-mean", "rechunk", "matmul"]
 
 # Runs inside the venv: argv = engine, small (0/1), workloads...; one JSON line per workload.
 PY_SIDE = r'''
@@ -38,6 +39,8 @@ if engine == "numpy":
         return np.exp(np.ones((n, n)))[1:100, 1:100].sum()
     def random_mean():
         return np.random.default_rng(0).random((2 * n, 2 * n)).mean()
+    def rechunk():  # NumPy has no blocks: the sum of the same kind of array
+        return np.random.default_rng(0).random((2 * n, 2 * n)).sum()
     def matmul():
         a = np.ones((m, m)); return (a @ a).sum()
     run = lambda f: f()
@@ -56,9 +59,13 @@ else:
         return da.exp(da.ones((n, n), chunks=c // 10))[1:100, 1:100].sum()
     def random_mean():
         return da.random.random((2 * n, 2 * n), chunks=2 * c).mean()
+    def rechunk():
+        l, w = (4000, 20) if small else (20000, 100)
+        return da.random.random((l, l), chunks=(l, w)).rechunk((w, l)).sum()
     def matmul():
         a = da.ones((m, m), chunks=k); return (a @ a).sum()
-fs = {"xxt": xxt, "exp-slice": exp_slice, "random-mean": random_mean, "matmul": matmul}
+fs = {"xxt": xxt, "exp-slice": exp_slice, "random-mean": random_mean, "rechunk": rechunk,
+      "matmul": matmul}
 for name in names:
     t0 = time.perf_counter()
     v = float(run(fs[name]))
@@ -66,10 +73,26 @@ for name in names:
 '''
 
 
+def ensure_venv():
+    """target/dask-venv with Dask's array and distributed parts (NumPy among them)."""
+    probe = "import numpy, dask.array, distributed"
+    if os.path.exists(VPY) and subprocess.run([VPY, "-c", probe],
+                                              capture_output=True).returncode == 0:
+        return
+    print("installing dask[array,distributed] from PyPI into target/dask-venv", flush=True)
+    if not os.path.exists(VPY):
+        subprocess.run([sys.executable, "-m", "venv", os.path.dirname(os.path.dirname(VPY))],
+                       check=True)
+    subprocess.run([VPY, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    "dask[array,distributed]"], check=True, timeout=900)
+
+
 def python_engine(engine, small, names):
-    out = subprocess.run([VPY, "-c", PY_SIDE, engine, "1" if small else "0", *names],
-                         check=True, capture_output=True, text=True, timeout=3600).stdout
-    return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    r = subprocess.run([VPY, "-c", PY_SIDE, engine, "1" if small else "0", *names],
+                       capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        sys.exit(f"{engine} failed:\n{r.stderr[-3000:]}")
+    return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
 
 
 def our_engine(scheduler, small, names):
@@ -81,9 +104,12 @@ def our_engine(scheduler, small, names):
     return rows
 
 
-def agrees(name, got, want):
+def agrees(name, got, want, small):
     if name == "random-mean":  # different generators: both must be near the true mean
         return abs(got - 0.5) < 1e-3
+    if name == "rechunk":  # a sum of uniform numbers: near half their count
+        count = (4000 if small else 20000) ** 2
+        return abs(got / count - 0.5) < 1e-3
     return abs(got - want) <= 1e-6 * max(abs(want), 1.0)
 
 
@@ -95,8 +121,7 @@ def main():
     a = ap.parse_args()
     rounds = a.rounds or (1 if a.small else 3)
     names = a.workloads.split(",")
-    if not os.path.exists(VPY):
-        sys.exit("no target/dask-venv: run python3 scripts/dask_compare.py --quick once (installs Dask)")
+    ensure_venv()
     subprocess.run(["cargo", "build", "-q", "-j2", "--release", "-p", "dask-collections",
                     "--example", "array_tour"], check=True, cwd=ROOT)
     engines = {
@@ -115,7 +140,7 @@ def main():
                 answers.setdefault(row["workload"], {})[e] = row["answer"]
         print(f"round {r + 1} of {rounds} done", file=sys.stderr)
     bad = [(n, e, v) for n, by in answers.items() for e, v in by.items()
-           if not agrees(n, v, by["numpy"])]
+           if not agrees(n, v, by["numpy"], a.small)]
     med = {k: statistics.median(v) for k, v in times.items() if v}
     print(f"{'workload':<12} " + " ".join(f"{e:>16}" for e in engines)
           + f" {'dask best/ours':>15} {'numpy/ours':>11}")

@@ -29,13 +29,20 @@ fn build(name: &str, small: bool) -> Result<Array, ArrayError> {
             .sum(&[], false),
         // random((20000, 20000), chunks=2000).mean()
         "random-mean" => random::random(0, &[2 * n, 2 * n], 2 * c)?.mean(&[], false),
+        // random((20000, 20000), chunks=(20000, 100)).rechunk((100, 20000)).sum()
+        "rechunk" => {
+            let (l, w) = if small { (4000, 20) } else { (20000, 100) };
+            random::random(0, &[l, l], [l, w])?
+                .rechunk([w, l])?
+                .sum(&[], false)
+        }
         // (a @ b).sum() for ones 4000 x 4000 in chunks of 1000
         "matmul" => {
             let (m, k) = if small { (800, 200) } else { (4000, 1000) };
             let a = array::ones(&[m, m], k, DType::F64)?;
             a.matmul(&a)?.sum(&[], false)
         }
-        other => panic!("unknown workload {other} (xxt, exp-slice, random-mean, matmul)"),
+        other => panic!("unknown workload {other} (xxt, exp-slice, random-mean, rechunk, matmul)"),
     }
 }
 
@@ -86,7 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let c = cluster()?;
     let client = c.client()?;
     let threaded = Threaded::new(2);
-    for name in ["xxt", "exp-slice", "random-mean", "matmul"] {
+    for name in ["xxt", "exp-slice", "random-mean", "rechunk", "matmul"] {
         let (t1, v1) = run(name, small, &threaded)?;
         let (t2, v2) = run(name, small, &client)?;
         println!("{name:<12} threaded {t1:>8.3} s   cluster (2 processes) {t2:>8.3} s   answer {v1} / {v2}");

@@ -189,13 +189,17 @@ fn the_seed_expression() {
 }
 
 #[test]
-fn misaligned_blocks_and_bad_axes_are_errors() {
+fn misaligned_blocks_are_unified_and_bad_axes_are_errors() {
     let a = array::ones(&[6, 6], 3, array::DType::F64).unwrap();
     let b = array::ones(&[6, 6], 2, array::DType::F64).unwrap();
-    assert!(matches!(
-        &a + &b,
-        Err(array::ArrayError::Misaligned { axis: 0, .. })
-    ));
+    // Blocks that do not line up are rechunked to every boundary either has (Dask's unify).
+    let sum = (&a + &b).unwrap();
+    assert_eq!(sum.chunks(), &[vec![2, 1, 1, 2], vec![2, 1, 1, 2]]);
+    check(
+        &sum,
+        &ArrayD::from_elem(IxDyn(&[6, 6]), 2.0),
+        "misaligned a + b",
+    );
     let c = array::ones(&[5], 5, array::DType::F64).unwrap();
     assert!(matches!(&a + &c, Err(array::ArrayError::Broadcast { .. })));
     assert!(matches!(
@@ -394,5 +398,26 @@ proptest! {
         let want = x.into_dimensionality::<ndarray::Ix2>().unwrap()
             .dot(&y.into_dimensionality::<ndarray::Ix2>().unwrap()).into_dyn();
         check(&a.matmul(&b).unwrap(), &want, "a @ b");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn rechunk_keeps_every_element(
+        (shape, chunks, data) in shaped(),
+        again in prop::collection::vec(1usize..9, 3),
+    ) {
+        let x = whole(&shape, &data);
+        let a = array::from_array(&x, chunks).unwrap();
+        let new: Vec<usize> = shape.iter().zip(&again).map(|(&l, &c)| c.min(l)).collect();
+        let r = a.rechunk(new.clone()).unwrap();
+        prop_assert_eq!(r.chunks().iter().map(|c| c[0]).collect::<Vec<_>>(), new);
+        check(&r, &x, "rechunk");
+        // And operands in different blocks meet at every boundary either has.
+        let other: Vec<usize> = again.iter().zip(&shape).map(|(&c, &l)| (c % l) + 1).collect();
+        let b = array::from_array(&x, other).unwrap();
+        check(&(&a + &b).unwrap(), &(&x * 2.0), "a + b in other blocks");
     }
 }

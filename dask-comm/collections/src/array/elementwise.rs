@@ -253,6 +253,55 @@ pub(crate) fn unary_chunk(op: UnaryOp, a: &Chunk) -> Chunk {
     }
 }
 
+/// Block lengths with every boundary of `a` and of `b` (both cover the same length).
+pub(crate) fn common_chunks(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let ends = |c: &[usize]| {
+        c.iter()
+            .scan(0, |at, &l| {
+                *at += l;
+                Some(*at)
+            })
+            .collect::<Vec<usize>>()
+    };
+    let mut all = ends(a);
+    all.extend(ends(b));
+    all.sort_unstable();
+    all.dedup();
+    let mut prev = 0;
+    let out: Vec<usize> = all
+        .into_iter()
+        .map(|e| {
+            let l = e - prev;
+            prev = e;
+            l
+        })
+        .filter(|&l| l > 0)
+        .collect();
+    if out.is_empty() {
+        vec![0]
+    } else {
+        out
+    }
+}
+
+/// Rechunks `a` and `b` so that their blocks line up along every axis both have at full length
+/// in the broadcast `shape`.
+fn unify(a: &Array, b: &Array, shape: &[usize]) -> Result<(Array, Array), ArrayError> {
+    let n = shape.len();
+    let (mut ca, mut cb) = (a.chunks.clone(), b.chunks.clone());
+    let (oa, ob) = (n - a.ndim(), n - b.ndim());
+    for axis in 0..n {
+        let full =
+            |x: &Array, off: usize| axis >= off && !(x.shape[axis - off] == 1 && shape[axis] != 1);
+        if full(a, oa) && full(b, ob) && ca[axis - oa] != cb[axis - ob] {
+            let c = common_chunks(&ca[axis - oa], &cb[axis - ob]);
+            ca[axis - oa] = c.clone();
+            cb[axis - ob] = c;
+        }
+    }
+    Ok((a.rechunk(ca)?, b.rechunk(cb)?))
+}
+
 /// Where each operand's blocks come from for a result block: the result's block index, or 0
 /// along an axis the operand broadcasts.
 fn source_block(
@@ -275,10 +324,23 @@ fn source_block(
 
 impl Array {
     /// `op` between this array and `other`, broadcasting as NumPy. Along an axis both have at
-    /// full length, their blocks must line up ([`ArrayError::Misaligned`] otherwise).
+    /// full length, blocks that do not line up are rechunked to every boundary either has.
     pub fn binary(&self, op: BinaryOp, other: &Array) -> Result<Array, ArrayError> {
         kernels::register();
         let shape = broadcast_shape(&self.shape, &other.shape)?;
+        // Blocks that do not line up are made to (Dask's unify_chunks): both operands take
+        // every boundary either has along the axes they share at full length.
+        let (a, b) = unify(self, other, &shape)?;
+        let (this, other) = (&a, &b);
+        this.binary_aligned(op, other, shape)
+    }
+
+    fn binary_aligned(
+        &self,
+        op: BinaryOp,
+        other: &Array,
+        shape: Vec<usize>,
+    ) -> Result<Array, ArrayError> {
         let n = shape.len();
         fn chunks_of<'a>(a: &'a Array, i: usize, shape: &[usize]) -> Option<&'a Vec<usize>> {
             let off = shape.len() - a.ndim();

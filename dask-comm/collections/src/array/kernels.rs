@@ -24,6 +24,7 @@ pub(crate) const FINISH: &str = "dask-array-reduce-finish";
 pub(crate) const SLICE: &str = "dask-array-slice";
 pub(crate) const RANDOM: &str = "dask-array-random";
 pub(crate) const MATMUL: &str = "dask-array-matmul";
+pub(crate) const CONCAT: &str = "dask-array-concat";
 
 dask_graph::serde_data!(DType);
 dask_graph::serde_data!(BinaryOp);
@@ -127,6 +128,24 @@ pub fn register() {
                 return Err("matmul takes a type, then pairs of blocks".into());
             };
             super::linalg::sum_of_products(*t, &args[1..]).map(Value::new)
+        });
+        r.register_values(CONCAT, |args: &[Value]| {
+            let Some(grid) = args.first().and_then(|v| v.downcast_ref::<Vec<u64>>()) else {
+                return Err("concat takes a grid, then the pieces".into());
+            };
+            let pieces = args[1..]
+                .iter()
+                .map(|v| {
+                    v.downcast_ref::<Chunk>()
+                        .cloned()
+                        .ok_or("a piece that is not a chunk")
+                })
+                .collect::<Result<Vec<Chunk>, _>>()?;
+            let grid: Vec<usize> = grid.iter().map(|&n| n as usize).collect();
+            if grid.iter().product::<usize>() != pieces.len() {
+                return Err(format!("{} pieces for a grid of {grid:?}", pieces.len()));
+            }
+            reduce::assemble_at(pieces, &grid, 0).map(Value::new)
         });
         r.register(FINISH, |spec: Spec, a: std::sync::Arc<Chunk>| {
             reduce::finish(&spec, &a)

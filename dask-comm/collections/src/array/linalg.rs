@@ -57,8 +57,8 @@ pub(crate) fn sum_of_products(t: DType, args: &[Value]) -> Result<Chunk, String>
 }
 
 impl Array {
-    /// The matrix product of two 2-d arrays (`a @ b`): `self`'s column blocks must line up
-    /// with `other`'s row blocks.
+    /// The matrix product of two 2-d arrays (`a @ b`); inner blocks that do not line up are
+    /// rechunked to ones that do.
     ///
     /// ```
     /// use dask_collections::array;
@@ -83,11 +83,11 @@ impl Array {
             });
         }
         if self.chunks[1] != other.chunks[0] {
-            return Err(ArrayError::Misaligned {
-                axis: 1,
-                a: self.chunks[1].clone(),
-                b: other.chunks[0].clone(),
-            });
+            // The inner blocks must line up: both take every boundary either has.
+            let inner = super::elementwise::common_chunks(&self.chunks[1], &other.chunks[0]);
+            let a = self.rechunk(vec![self.chunks[0].clone(), inner.clone()])?;
+            let b = other.rechunk(vec![inner, other.chunks[1].clone()])?;
+            return a.matmul(&b);
         }
         let t = product_type(self.dtype, other.dtype);
         let name = fresh_name("matmul");

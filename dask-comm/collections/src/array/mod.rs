@@ -22,6 +22,7 @@ mod elementwise;
 mod kernels;
 mod linalg;
 pub mod random;
+mod rechunk;
 mod reduce;
 mod slice;
 

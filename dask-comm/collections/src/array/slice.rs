@@ -50,6 +50,18 @@ pub(crate) struct Local {
     drop: bool,
 }
 
+impl Local {
+    /// `start..end` with step 1.
+    pub(crate) fn range(start: usize, end: usize) -> Local {
+        Local {
+            start: start as u64,
+            end: end as u64,
+            step: 1,
+            drop: false,
+        }
+    }
+}
+
 /// The source indices a range selects on an axis of `len` (Python's `slice.indices`).
 fn selected(len: usize, start: Option<isize>, stop: Option<isize>, step: isize) -> Vec<usize> {
     let n = len as isize;
