@@ -421,3 +421,36 @@ proptest! {
         check(&(&a + &b).unwrap(), &(&x * 2.0), "a + b in other blocks");
     }
 }
+
+#[test]
+fn linspace_eye_and_squeeze_match_numpy() {
+    let l = array::linspace(-1.0, 2.0, 13, 5, true).unwrap();
+    let want = ArrayD::from_shape_fn(IxDyn(&[13]), |i| -1.0 + i[0] as f64 * 0.25);
+    check(&l, &want, "linspace(-1, 2, 13)");
+    let l = array::linspace(0.0, 1.0, 4, 3, false).unwrap();
+    check(
+        &l,
+        &ArrayD::from_shape_vec(IxDyn(&[4]), vec![0.0, 0.25, 0.5, 0.75]).unwrap(),
+        "linspace no endpoint",
+    );
+    for k in [-2isize, 0, 1, 5] {
+        let e = array::eye(5, 2, k, array::DType::F64).unwrap();
+        let want = ArrayD::from_shape_fn(IxDyn(&[5, 5]), |i| {
+            f64::from(u8::from(i[1] as isize - i[0] as isize == k))
+        });
+        check(&e, &want, &format!("eye(5, k={k})"));
+    }
+    let x = ArrayD::from_shape_fn(IxDyn(&[1, 4, 1]), |i| i[1] as f64);
+    let a = array::from_array(&x, [1, 3, 1]).unwrap();
+    check(
+        &a.squeeze(&[]).unwrap(),
+        &ArrayD::from_shape_fn(IxDyn(&[4]), |i| i[0] as f64),
+        "squeeze()",
+    );
+    check(
+        &a.squeeze(&[-1]).unwrap(),
+        &x.index_axis(Axis(2), 0).to_owned(),
+        "squeeze(-1)",
+    );
+    assert!(a.squeeze(&[1]).is_err());
+}

@@ -100,25 +100,7 @@ pub fn arange(
     }
     let n = ((stop - start) / step).ceil().max(0.0) as usize;
     let chunks = normalize(&chunks.into(), &[n], dtype)?;
-    let name = fresh_name("arange");
-    let mut layer = Graph::new();
-    let mut at = 0usize;
-    for (i, &len) in chunks[0].iter().enumerate() {
-        layer.insert(
-            key(&name, &[i]),
-            Task::new(
-                kernels::ARANGE,
-                [
-                    Arg::lit(start + at as f64 * step),
-                    Arg::lit(step),
-                    Arg::lit(len as u64),
-                    Arg::lit(dtype),
-                ],
-            ),
-        );
-        at += len;
-    }
-    Ok(Array::from_layer(name, vec![n], chunks, dtype, layer, &[]))
+    Ok(stepped("arange", start, step, chunks, dtype))
 }
 
 /// An array holding `a`'s elements, cut in blocks of `chunks` (each block a literal value in
@@ -143,18 +125,7 @@ pub fn from_array<T: ChunkElem>(
     let name = fresh_name("array");
     let mut layer = Graph::new();
     let grid: Vec<usize> = chunks.iter().map(Vec::len).collect();
-    let starts: Vec<Vec<usize>> = chunks
-        .iter()
-        .map(|c| {
-            c.iter()
-                .scan(0, |at, &len| {
-                    let s = *at;
-                    *at += len;
-                    Some(s)
-                })
-                .collect()
-        })
-        .collect();
+    let starts = block_starts(&chunks);
     for idx in block_indices(&grid) {
         let mut view = a.view();
         for (axis, &i) in idx.iter().enumerate() {
@@ -178,4 +149,115 @@ pub fn from_array<T: ChunkElem>(
 pub(crate) fn key(name: &str, idx: &[usize]) -> dask_graph::Key {
     let idx: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
     dask_graph::Key::new(name, &idx)
+}
+
+/// `num` evenly spaced numbers from `start` to `stop` (included when `endpoint`), as NumPy's
+/// `linspace`, in blocks of `chunks`.
+///
+/// ```
+/// use dask_collections::array::linspace;
+/// let a = linspace(0.0, 1.0, 5, 2, true)?.compute(&dask_graph::Sync)?;
+/// assert_eq!(a.to_f64().into_raw_vec_and_offset().0, vec![0.0, 0.25, 0.5, 0.75, 1.0]);
+/// # Ok::<(), dask_collections::array::ArrayError>(())
+/// ```
+pub fn linspace(
+    start: f64,
+    stop: f64,
+    num: usize,
+    chunks: impl Into<ChunkSpec>,
+    endpoint: bool,
+) -> Result<Array, ArrayError> {
+    kernels::register();
+    let div = if endpoint { num.saturating_sub(1) } else { num };
+    let step = if div == 0 {
+        0.0
+    } else {
+        (stop - start) / div as f64
+    };
+    let chunks = normalize(&chunks.into(), &[num], DType::F64)?;
+    Ok(stepped("linspace", start, step, chunks, DType::F64))
+}
+
+/// An `n`×`n` array with ones on diagonal `k` (above the main one for `k > 0`) and zeros
+/// elsewhere, as NumPy's `eye`.
+///
+/// ```
+/// use dask_collections::array::{eye, DType};
+/// let a = eye(3, 2, 1, DType::I32)?.compute(&dask_graph::Sync)?.to_f64();
+/// assert_eq!(a.into_raw_vec_and_offset().0, vec![0., 1., 0., 0., 0., 1., 0., 0., 0.]);
+/// # Ok::<(), dask_collections::array::ArrayError>(())
+/// ```
+pub fn eye(
+    n: usize,
+    chunks: impl Into<ChunkSpec>,
+    k: isize,
+    dtype: DType,
+) -> Result<Array, ArrayError> {
+    kernels::register();
+    let chunks = normalize(&chunks.into(), &[n, n], dtype)?;
+    let name = fresh_name("eye");
+    let mut layer = Graph::new();
+    let starts = block_starts(&chunks);
+    for idx in block_indices(&[chunks[0].len(), chunks[1].len()]) {
+        let (r0, c0) = (starts[0][idx[0]] as i64, starts[1][idx[1]] as i64);
+        let bshape = vec![chunks[0][idx[0]] as u64, chunks[1][idx[1]] as u64];
+        layer.insert(
+            key(&name, &idx),
+            Task::new(
+                kernels::EYE,
+                [
+                    Arg::lit(bshape),
+                    Arg::lit(c0 - r0 - k as i64),
+                    Arg::lit(dtype),
+                ],
+            ),
+        );
+    }
+    Ok(Array::from_layer(
+        name,
+        vec![n, n],
+        chunks,
+        dtype,
+        layer,
+        &[],
+    ))
+}
+
+/// Where each block starts, per axis.
+pub(crate) fn block_starts(chunks: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    chunks
+        .iter()
+        .map(|c| {
+            c.iter()
+                .scan(0, |at, &len| {
+                    let s = *at;
+                    *at += len;
+                    Some(s)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A 1-d array `start + i * step` in blocks `chunks` (one axis).
+fn stepped(prefix: &str, start: f64, step: f64, chunks: Vec<Vec<usize>>, dtype: DType) -> Array {
+    let name = fresh_name(prefix);
+    let mut layer = Graph::new();
+    let starts = block_starts(&chunks);
+    for (i, &len) in chunks[0].iter().enumerate() {
+        layer.insert(
+            key(&name, &[i]),
+            Task::new(
+                kernels::ARANGE,
+                [
+                    Arg::lit(start + starts[0][i] as f64 * step),
+                    Arg::lit(step),
+                    Arg::lit(len as u64),
+                    Arg::lit(dtype),
+                ],
+            ),
+        );
+    }
+    let n = chunks[0].iter().sum();
+    Array::from_layer(name, vec![n], chunks, dtype, layer, &[])
 }

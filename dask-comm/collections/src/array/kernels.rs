@@ -25,6 +25,7 @@ pub(crate) const SLICE: &str = "dask-array-slice";
 pub(crate) const RANDOM: &str = "dask-array-random";
 pub(crate) const MATMUL: &str = "dask-array-matmul";
 pub(crate) const CONCAT: &str = "dask-array-concat";
+pub(crate) const EYE: &str = "dask-array-eye";
 
 dask_graph::serde_data!(DType);
 dask_graph::serde_data!(BinaryOp);
@@ -146,6 +147,18 @@ pub fn register() {
                 return Err(format!("{} pieces for a grid of {grid:?}", pieces.len()));
             }
             reduce::assemble_at(pieces, &grid, 0).map(Value::new)
+        });
+        // A block of an identity-like matrix: one where local column - local row == shift's
+        // negation, i.e. global column - global row == k.
+        r.register(EYE, |shape: Vec<u64>, shift: i64, dtype: DType| {
+            let (rows, cols) = (
+                shape[0] as usize,
+                shape.get(1).copied().unwrap_or(0) as usize,
+            );
+            let a = ArrayD::from_shape_fn(IxDyn(&[rows, cols]), |i| {
+                f64::from(u8::from(i[1] as i64 + shift == i[0] as i64))
+            });
+            Chunk::from(a).astype(dtype)
         });
         r.register(FINISH, |spec: Spec, a: std::sync::Arc<Chunk>| {
             reduce::finish(&spec, &a)

@@ -34,7 +34,7 @@ use ndarray::Axis;
 
 pub use chunk::{cast, Chunk, ChunkElem, DType, Elem};
 pub use chunks::{block_indices, normalize, regular, ChunkSpec, AUTO_BYTES};
-pub use create::{arange, from_array, full, ones, zeros};
+pub use create::{arange, eye, from_array, full, linspace, ones, zeros};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use kernels::register;
 pub use reduce::{ReduceOp, SPLIT_EVERY};

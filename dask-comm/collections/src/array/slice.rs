@@ -245,6 +245,35 @@ impl Array {
     }
 }
 
+impl Array {
+    /// Removes length-1 `axes` (all length-1 axes when empty), as NumPy's `squeeze`; an axis
+    /// longer than 1 is refused.
+    pub fn squeeze(&self, axes: &[isize]) -> Result<Array, ArrayError> {
+        let axes: Vec<usize> = if axes.is_empty() {
+            (0..self.ndim()).filter(|&a| self.shape[a] == 1).collect()
+        } else {
+            self.axes(axes)?
+        };
+        if let Some(&a) = axes.iter().find(|&&a| self.shape[a] != 1) {
+            return Err(ArrayError::OutOfBounds {
+                axis: a,
+                index: 1,
+                len: self.shape[a],
+            });
+        }
+        let index: Vec<Index> = (0..self.ndim())
+            .map(|a| {
+                if axes.contains(&a) {
+                    Index::At(0)
+                } else {
+                    Index::Full
+                }
+            })
+            .collect();
+        self.slice(&index)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
