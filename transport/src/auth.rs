@@ -165,7 +165,9 @@ async fn send(conn: &Connection, bytes: Vec<u8>) -> Result<(), AuthError> {
     .map_err(|e| AuthError::Connection(Box::new(e)))
 }
 
-async fn recv(conn: &Connection, len: usize) -> Result<Bytes, AuthError> {
+/// The next message, which must be one host frame on [`AUTH_CHANNEL`] (`expected` bytes long
+/// for the error that says it is not).
+async fn recv_any(conn: &Connection, expected: usize) -> Result<Bytes, AuthError> {
     let (channel, msg) = tokio::time::timeout(HANDSHAKE_TIMEOUT, conn.recv())
         .await
         .map_err(|_| AuthError::Timeout(HANDSHAKE_TIMEOUT))?
@@ -175,14 +177,32 @@ async fn recv(conn: &Connection, len: usize) -> Result<Bytes, AuthError> {
             e => AuthError::Connection(Box::new(e)),
         })?;
     match msg.frames.as_slice() {
-        [Frame::Host(b)] if channel == AUTH_CHANNEL && b.len() == len => Ok(b.clone()),
+        [Frame::Host(b)] if channel == AUTH_CHANNEL => Ok(b.clone()),
         frames => Err(AuthError::Shape {
             channel,
             frames: frames.len(),
             bytes: msg.len(),
-            expected: len,
+            expected,
         }),
     }
+}
+
+/// The next message, which must be exactly `len` bytes (see [`recv_any`]).
+async fn recv(conn: &Connection, len: usize) -> Result<Bytes, AuthError> {
+    exactly(recv_any(conn, len).await?, len)
+}
+
+/// `b`, if it is `len` bytes long.
+fn exactly(b: Bytes, len: usize) -> Result<Bytes, AuthError> {
+    if b.len() != len {
+        return Err(AuthError::Shape {
+            channel: AUTH_CHANNEL,
+            frames: 1,
+            bytes: b.len(),
+            expected: len,
+        });
+    }
+    Ok(b)
 }
 
 /// The accepting side of the challenge, on a connection nothing else has used. On success the
@@ -236,12 +256,11 @@ async fn connect_inner(
     let c: [u8; 32] = rand::random();
     let proof = secret.mac(b"connector", a, &c).finalize().into_bytes();
     send(conn, [&c[..], &proof[..]].concat()).await?;
-    let answer = match recv(conn, 32).await {
-        Err(AuthError::Shape { bytes, .. }) if bytes == REFUSED.len() => {
-            return Err(AuthError::WrongSecret)
-        }
-        r => r?,
-    };
+    let answer = recv_any(conn, 32).await?;
+    if answer.as_ref() == REFUSED {
+        return Err(AuthError::WrongSecret);
+    }
+    let answer = exactly(answer, 32)?;
     secret
         .mac(b"acceptor", a, &c)
         .verify_slice(&answer)

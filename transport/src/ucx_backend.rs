@@ -169,7 +169,7 @@ pub(crate) async fn connect(
 ) -> Result<Conn> {
     let at = resolve(host, port)?;
     // A connect that UCX resets during the UCXX handshake is made again, twice at most (within
-    // the caller's time limit): seen about once in 500 connects to a freshly started peer in
+    // the caller's time limit): seen about once in 600 connects to a freshly started peer in
     // `tests/peer_death.rs` (thread progress), before any application byte moved.
     for attempt in 0.. {
         let connected = ucx::Endpoint::connect_with(

@@ -17,15 +17,7 @@ fn with(secret: &Secret) -> Options {
 }
 
 async fn listen(addr: &str, opts: &Options) -> transport::Listener {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let addr = if addr.starts_with("inproc://") {
-        format!(
-            "{addr}-{}",
-            N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-        )
-    } else {
-        addr.to_string()
-    };
+    let addr = common::unique(addr);
     transport::listen_with(&addr.parse::<Address>().unwrap(), opts)
         .await
         .unwrap()

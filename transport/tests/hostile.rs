@@ -80,6 +80,18 @@ async fn good_client(server: &mut EchoProcess, addr: &Address) -> f64 {
     peak.max(rss_mib(pid))
 }
 
+/// While the hostile peers hold on: the good client is served and the server's RSS peak stays
+/// under the limit.
+fn served_within_limit(scheme: &str, server: &mut EchoProcess, addr: &Address) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let peak = rt.block_on(good_client(server, addr));
+    eprintln!("{scheme}: {HOSTILE} peers announcing 3 GiB each; server peak RSS {peak:.0} MiB");
+    assert!(peak < RSS_LIMIT_MIB, "server RSS {peak:.0} MiB");
+}
+
 #[test]
 fn tcp_announcements_cost_nothing() {
     let (mut server, addr) = EchoProcess::start(BIN, "tcp");
@@ -95,13 +107,7 @@ fn tcp_announcements_cost_nothing() {
         }
         hostile.push(s);
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let peak = rt.block_on(good_client(&mut server, &addr));
-    eprintln!("tcp: {HOSTILE} peers announcing 3 GiB each; server peak RSS {peak:.0} MiB");
-    assert!(peak < RSS_LIMIT_MIB, "server RSS {peak:.0} MiB");
+    served_within_limit("tcp", &mut server, &addr);
     drop(hostile);
 }
 
@@ -128,13 +134,7 @@ fn tls_announcements_cost_nothing() {
         s.flush().expect("flush");
         hostile.push(s);
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let peak = rt.block_on(good_client(&mut server, &addr));
-    eprintln!("tls: {HOSTILE} peers announcing 3 GiB each; server peak RSS {peak:.0} MiB");
-    assert!(peak < RSS_LIMIT_MIB, "server RSS {peak:.0} MiB");
+    served_within_limit("tls", &mut server, &addr);
     drop(hostile);
 }
 

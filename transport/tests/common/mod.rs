@@ -14,6 +14,18 @@ pub async fn pair(addr: &str) -> (Connection, Connection) {
     pair_with(addr, &Options::default()).await
 }
 
+/// `addr`, with a unique suffix for `inproc://` names (process-wide; tests run in parallel).
+#[allow(dead_code)] // not every test file uses every helper
+pub fn unique(addr: &str) -> String {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    if addr.starts_with("inproc://") {
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        format!("{addr}-{n}")
+    } else {
+        addr.to_string()
+    }
+}
+
 /// `opts` with the test cluster's certificate for a `tls://` address that has none.
 #[allow(dead_code)] // not every test file uses every helper
 pub fn for_addr(addr: &str, opts: &Options) -> Options {
@@ -49,15 +61,7 @@ pub fn test_tls() -> &'static (transport::tls::TlsConfig, std::path::PathBuf) {
 #[allow(dead_code)] // not every test file uses every helper
 pub async fn pair_with(addr: &str, opts: &Options) -> (Connection, Connection) {
     let opts = &for_addr(addr, opts);
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let addr = if addr.starts_with("inproc://") {
-        format!(
-            "{addr}-{}",
-            N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-        )
-    } else {
-        addr.to_string()
-    };
+    let addr = unique(addr);
     let mut l = transport::listen_with(&addr.parse::<Address>().unwrap(), opts)
         .await
         .unwrap();

@@ -34,27 +34,30 @@ pub fn full(
     kernels::register();
     check_rank(shape.len())?;
     let chunks = normalize(&chunks.into(), shape, dtype)?;
-    let name = fresh_name("full");
+    Ok(generated("full", shape, chunks, dtype, |_, bshape| {
+        Task::new(
+            kernels::FULL,
+            [Arg::lit(bshape), Arg::lit(dtype), Arg::lit(value)],
+        )
+    }))
+}
+
+/// An array whose block `idx` of shape `bshape` is the task `make(idx, bshape)`.
+pub(crate) fn generated(
+    prefix: &str,
+    shape: &[usize],
+    chunks: Vec<Vec<usize>>,
+    dtype: DType,
+    make: impl Fn(&[usize], Vec<u64>) -> Task,
+) -> Array {
+    let name = fresh_name(prefix);
     let mut layer = Graph::new();
     let grid: Vec<usize> = chunks.iter().map(Vec::len).collect();
     for idx in block_indices(&grid) {
         let bshape: Vec<u64> = idx.iter().zip(&chunks).map(|(&i, c)| c[i] as u64).collect();
-        layer.insert(
-            key(&name, &idx),
-            Task::new(
-                kernels::FULL,
-                [Arg::lit(bshape), Arg::lit(dtype), Arg::lit(value)],
-            ),
-        );
+        layer.insert(key(&name, &idx), make(&idx, bshape));
     }
-    Ok(Array::from_layer(
-        name,
-        shape.to_vec(),
-        chunks,
-        dtype,
-        layer,
-        &[],
-    ))
+    Array::from_layer(name, shape.to_vec(), chunks, dtype, layer, &[])
 }
 
 /// Zeros (see [`full`]).
@@ -195,32 +198,18 @@ pub fn eye(
 ) -> Result<Array, ArrayError> {
     kernels::register();
     let chunks = normalize(&chunks.into(), &[n, n], dtype)?;
-    let name = fresh_name("eye");
-    let mut layer = Graph::new();
     let starts = block_starts(&chunks);
-    for idx in block_indices(&[chunks[0].len(), chunks[1].len()]) {
+    Ok(generated("eye", &[n, n], chunks, dtype, |idx, bshape| {
         let (r0, c0) = (starts[0][idx[0]] as i64, starts[1][idx[1]] as i64);
-        let bshape = vec![chunks[0][idx[0]] as u64, chunks[1][idx[1]] as u64];
-        layer.insert(
-            key(&name, &idx),
-            Task::new(
-                kernels::EYE,
-                [
-                    Arg::lit(bshape),
-                    Arg::lit(c0 - r0 - k as i64),
-                    Arg::lit(dtype),
-                ],
-            ),
-        );
-    }
-    Ok(Array::from_layer(
-        name,
-        vec![n, n],
-        chunks,
-        dtype,
-        layer,
-        &[],
-    ))
+        Task::new(
+            kernels::EYE,
+            [
+                Arg::lit(bshape),
+                Arg::lit(c0 - r0 - k as i64),
+                Arg::lit(dtype),
+            ],
+        )
+    }))
 }
 
 /// Where each block starts, per axis.

@@ -253,6 +253,21 @@ pub(crate) fn unary_chunk(op: UnaryOp, a: &Chunk) -> Chunk {
     }
 }
 
+/// The type a scalar takes beside an array of `array` (NumPy's value-based casting): the
+/// array's own float type; a float for a fractional scalar; `u8` for a small integer with a
+/// `u8` array; otherwise at least `i32`.
+fn scalar_dtype(array: DType, s: f64) -> DType {
+    if array.is_float() {
+        array
+    } else if s.fract() != 0.0 || !s.is_finite() {
+        DType::F64
+    } else if array == DType::U8 && (0.0..=255.0).contains(&s) {
+        DType::U8
+    } else {
+        array.max(DType::I32)
+    }
+}
+
 /// Block lengths with every boundary of `a` and of `b` (both cover the same length).
 pub(crate) fn common_chunks(a: &[usize], b: &[usize]) -> Vec<usize> {
     let ends = |c: &[usize]| {
@@ -397,19 +412,7 @@ impl Array {
         scalar_first: bool,
     ) -> Result<Array, ArrayError> {
         kernels::register();
-        let sdtype = if scalar.fract() == 0.0 && !self.dtype.is_float() && scalar.is_finite() {
-            self.dtype.max(DType::I32).min(DType::I64)
-        } else if self.dtype.is_float() {
-            self.dtype
-        } else {
-            DType::F64
-        };
-        let sdtype =
-            if self.dtype == DType::U8 && sdtype != DType::F64 && (0.0..=255.0).contains(&scalar) {
-                DType::U8
-            } else {
-                sdtype
-            };
+        let sdtype = scalar_dtype(self.dtype, scalar);
         let dtype = op.result(self.dtype, sdtype);
         let name = fresh_name(&format!("{op:?}-scalar").to_lowercase());
         let mut layer = Graph::new();

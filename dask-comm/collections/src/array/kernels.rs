@@ -146,7 +146,7 @@ pub fn register() {
             if grid.iter().product::<usize>() != pieces.len() {
                 return Err(format!("{} pieces for a grid of {grid:?}", pieces.len()));
             }
-            reduce::assemble_at(pieces, &grid, 0).map(Value::new)
+            super::assemble_at(pieces, &grid, 0).map(Value::new)
         });
         // A block of an identity-like matrix: one where local column - local row == shift's
         // negation, i.e. global column - global row == k.

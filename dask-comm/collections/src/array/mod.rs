@@ -281,7 +281,7 @@ impl Array {
                 }),
             })
             .collect::<Result<Vec<Chunk>, _>>()?;
-        Ok(reduce::assemble_at(blocks, &self.numblocks(), 0)
+        Ok(assemble_at(blocks, &self.numblocks(), 0)
             .expect("blocks of the array's type and shapes"))
     }
 
@@ -322,6 +322,25 @@ impl Array {
         }
         Ok(out)
     }
+}
+
+/// Concatenates `blocks` (row-major over `grid`) along axes `offset..`.
+pub(crate) fn assemble_at(
+    mut blocks: Vec<Chunk>,
+    grid: &[usize],
+    offset: usize,
+) -> Result<Chunk, String> {
+    if grid.is_empty() || blocks.len() == 1 {
+        return blocks.pop().ok_or_else(|| "no blocks".to_string());
+    }
+    let per = blocks.len() / grid[0].max(1);
+    let mut rest = blocks.into_iter();
+    let mut slabs = Vec::with_capacity(grid[0]);
+    for _ in 0..grid[0] {
+        let group: Vec<Chunk> = rest.by_ref().take(per).collect();
+        slabs.push(assemble_at(group, &grid[1..], offset + 1)?);
+    }
+    concat(&slabs, offset)
 }
 
 /// Concatenates chunks of one element type along `axis`.

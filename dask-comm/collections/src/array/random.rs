@@ -2,15 +2,13 @@
 //! from a generator seeded with the seed and the block's index, so the same seed and chunks
 //! give the same array on `Sync`, `Threaded` or a cluster, in any order.
 
-use dask_graph::{Arg, Graph, Task};
+use dask_graph::{Arg, Task};
 use ndarray::{ArrayD, IxDyn};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use super::create::key;
-use super::{
-    block_indices, fresh_name, kernels, normalize, Array, ArrayError, Chunk, ChunkSpec, DType,
-};
+use super::create::generated;
+use super::{kernels, normalize, Array, ArrayError, Chunk, ChunkSpec, DType};
 
 /// Which distribution.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -108,32 +106,18 @@ fn make(
 ) -> Result<Array, ArrayError> {
     kernels::register();
     let chunks = normalize(&chunks, shape, dtype)?;
-    let name = fresh_name("random");
-    let mut layer = Graph::new();
-    for idx in block_indices(&chunks.iter().map(Vec::len).collect::<Vec<_>>()) {
-        let bshape: Vec<u64> = idx.iter().zip(&chunks).map(|(&i, c)| c[i] as u64).collect();
+    Ok(generated("random", shape, chunks, dtype, |idx, bshape| {
         let bidx: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
-        layer.insert(
-            key(&name, &idx),
-            Task::new(
-                kernels::RANDOM,
-                [
-                    Arg::lit(dist),
-                    Arg::lit(seed),
-                    Arg::lit(bidx),
-                    Arg::lit(bshape),
-                ],
-            ),
-        );
-    }
-    Ok(Array::from_layer(
-        name,
-        shape.to_vec(),
-        chunks,
-        dtype,
-        layer,
-        &[],
-    ))
+        Task::new(
+            kernels::RANDOM,
+            [
+                Arg::lit(dist),
+                Arg::lit(seed),
+                Arg::lit(bidx),
+                Arg::lit(bshape),
+            ],
+        )
+    }))
 }
 
 /// Uniform on `[0, 1)` (`da.random.random`).

@@ -250,7 +250,7 @@ pub(crate) fn partial(spec: &Spec, c: &Chunk) -> Result<Chunk, String> {
 /// Combines partial results (assembled over their sub-grid) into one.
 pub(crate) fn combine(spec: &Spec, grid: &[usize], parts: Vec<Chunk>) -> Result<Chunk, String> {
     let off = usize::from(spec.op.stats() > 0);
-    let whole = assemble_at(parts, grid, off)?;
+    let whole = super::assemble_at(parts, grid, off)?;
     let axes: Vec<usize> = spec.axes().map(|a| a + off).collect();
     match spec.op {
         ReduceOp::Mean => {
@@ -310,25 +310,6 @@ pub(crate) fn finish(spec: &Spec, part: &Chunk) -> Result<Chunk, String> {
         }
     }
     Ok(c)
-}
-
-/// Concatenates `blocks` (row-major over `grid`) along axes `offset..`.
-pub(crate) fn assemble_at(
-    mut blocks: Vec<Chunk>,
-    grid: &[usize],
-    offset: usize,
-) -> Result<Chunk, String> {
-    if grid.is_empty() || blocks.len() == 1 {
-        return blocks.pop().ok_or_else(|| "no blocks".to_string());
-    }
-    let per = blocks.len() / grid[0].max(1);
-    let mut rest = blocks.into_iter();
-    let mut slabs = Vec::with_capacity(grid[0]);
-    for _ in 0..grid[0] {
-        let group: Vec<Chunk> = rest.by_ref().take(per).collect();
-        slabs.push(assemble_at(group, &grid[1..], offset + 1)?);
-    }
-    super::concat(&slabs, offset)
 }
 
 impl Array {
