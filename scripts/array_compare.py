@@ -16,6 +16,9 @@ Workloads (issue 15's, those the array has so far):
   random-mean  random((20000, 20000), chunks=2000).mean()
   rechunk      random((20000, 20000), chunks=(20000, 100)).rechunk((100, 20000)).sum()
   matmul       (a @ a).sum(), a = ones((4000, 4000), chunks=1000)
+  overlap      (x.map_overlap(mean3x3, depth=1, boundary="reflect") * x).sum(),
+               x = sin(0.37 i + 0.11 j) on 8000 x 8000 in chunks of 1000 (NumPy: a symmetric pad)
+Then a .npy stack round trip: ours writes one NumPy loads, NumPy writes one ours reads.
 Dask and NumPy run from target/dask-venv (installed from PyPI on first use).
 """
 import argparse, json, os, statistics, subprocess, sys
@@ -23,7 +26,7 @@ import argparse, json, os, statistics, subprocess, sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VPY = os.path.join(ROOT, "target", "dask-venv", "bin", "python")
 OURS = os.path.join(ROOT, "target", "release", "examples", "array_tour")
-WORKLOADS = ["xxt", "exp-slice", "random-mean", "rechunk", "matmul"]
+WORKLOADS = ["xxt", "exp-slice", "random-mean", "rechunk", "matmul", "overlap"]
 
 # Runs inside the venv: argv = engine, small (0/1), workloads...; one JSON line per workload.
 PY_SIDE = r'''
@@ -32,6 +35,14 @@ engine, small, names = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
 import numpy as np
 n, c = (2000, 200) if small else (10000, 1000)
 m, k = (800, 200) if small else (4000, 1000)
+o, oc = (1600, 200) if small else (8000, 1000)
+def mean3x3(b):
+    out = b.copy()
+    r, c = b.shape
+    if r >= 3 and c >= 3:
+        acc = sum(b[i:r - 2 + i, j:c - 2 + j] for i in range(3) for j in range(3))
+        out[1:-1, 1:-1] = acc / 9.0
+    return out
 if engine == "numpy":
     def xxt():
         x = np.ones((n, n)); return (x + x.T - x.mean(axis=0)).sum()
@@ -43,6 +54,9 @@ if engine == "numpy":
         return np.random.default_rng(0).random((2 * n, 2 * n)).sum()
     def matmul():
         a = np.ones((m, m)); return (a @ a).sum()
+    def overlap():
+        x = np.sin(np.arange(o)[:, None] * 0.37 + np.arange(o)[None, :] * 0.11)
+        return (mean3x3(np.pad(x, 1, mode="symmetric"))[1:-1, 1:-1] * x).sum()
     run = lambda f: f()
 else:
     import dask, dask.array as da
@@ -64,8 +78,12 @@ else:
         return da.random.random((l, l), chunks=(l, w)).rechunk((w, l)).sum()
     def matmul():
         a = da.ones((m, m), chunks=k); return (a @ a).sum()
+    def overlap():
+        i = da.arange(o, chunks=oc)
+        x = da.sin(i[:, None] * 0.37 + i[None, :] * 0.11)
+        return (x.map_overlap(mean3x3, depth=1, boundary="reflect") * x).sum()
 fs = {"xxt": xxt, "exp-slice": exp_slice, "random-mean": random_mean, "rechunk": rechunk,
-      "matmul": matmul}
+      "matmul": matmul, "overlap": overlap}
 for name in names:
     t0 = time.perf_counter()
     v = float(run(fs[name]))
@@ -152,6 +170,43 @@ def main():
     if bad:
         sys.exit(f"answers disagree with NumPy's: {bad}")
     print("every answer agrees with NumPy's")
+    npy_round_trip()
+
+
+NPY_CHECK = r'''
+import json, os, sys
+import numpy as np
+d, mode = sys.argv[1], sys.argv[2]
+if mode == "check":
+    info = json.load(open(os.path.join(d, "info.json")))
+    parts = [np.load(os.path.join(d, f"{i}.npy")) for i in range(len(info["chunks"]))]
+    x = np.concatenate(parts, axis=info["axis"])
+    assert x.dtype == np.int64 and x.shape == (6, 10), (x.dtype, x.shape)
+    assert (x == np.arange(60).reshape(6, 10)).all()
+    assert [p.shape[0] for p in parts] == info["chunks"] == [2, 3, 1]
+else:
+    x = np.asfortranarray(np.arange(24, dtype=np.float32).reshape(4, 6))
+    np.save(os.path.join(d, "0.npy"), x[:3])
+    np.save(os.path.join(d, "1.npy"), np.asfortranarray(x[3:]))
+    json.dump({"axis": 0, "chunks": [3, 1], "shape": [4, 6], "dtype": "<f4"},
+              open(os.path.join(d, "info.json"), "w"))
+'''
+
+
+def npy_round_trip():
+    """Our .npy stack read by NumPy, and NumPy's (C and Fortran order) read by us."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([OURS, "--npy-write", d], check=True, timeout=300)
+        subprocess.run([VPY, "-c", NPY_CHECK, d, "check"], check=True, timeout=300)
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([VPY, "-c", NPY_CHECK, d, "write"], check=True, timeout=300)
+        out = subprocess.run([OURS, "--npy-read", d], check=True, capture_output=True,
+                             text=True, timeout=300).stdout
+        row = json.loads(out.strip().splitlines()[-1])
+        if row != {"shape": [4, 6], "sum": 276.0}:
+            sys.exit(f"our reading of NumPy's .npy stack: {row}")
+    print(".npy stacks: ours loads in NumPy, NumPy's read by ours")
 
 
 if __name__ == "__main__":

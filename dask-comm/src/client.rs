@@ -757,4 +757,11 @@ impl dask_graph::Scheduler for Client {
         self.compute_blocking(graph, keys)
             .map_err(ComputeError::from)
     }
+
+    /// Submits the graph and returns at once: the values stay on the workers while the guard
+    /// (the futures) lives, and later graphs of this client may name their keys.
+    fn persist(&self, graph: Graph, keys: &[Key]) -> Result<dask_graph::Persisted, ComputeError> {
+        let futures = self.persist_blocking(graph, keys)?;
+        Ok(dask_graph::Persisted::Held(std::sync::Arc::new(futures)))
+    }
 }

@@ -7,11 +7,46 @@
 //! cargo run --release -p dask-collections --example array_tour -- --small
 //! ```
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use dask_collections::array::{self, random, Array, ArrayError, DType, Index, UnaryOp};
+use dask_collections::array::{
+    self, random, Array, ArrayError, Boundary, Chunk, DType, Index, UnaryOp,
+};
 use dask_comm::{ClusterOptions, LocalCluster};
 use dask_graph::{Scheduler, Threaded};
+
+/// The mean of each element's 3×3 neighbourhood, inside a 2-d block (its edge elements,
+/// which `map_overlap` trims, are left as they are).
+fn mean3x3(block: Arc<Chunk>) -> Result<Chunk, String> {
+    let Chunk::F64(b) = &*block else {
+        return Err("mean3x3 takes f64 blocks".into());
+    };
+    let b = b
+        .view()
+        .into_dimensionality::<ndarray::Ix2>()
+        .map_err(|e| e.to_string())?;
+    let (r, c) = b.dim();
+    let mut out = b.to_owned();
+    if r >= 3 && c >= 3 {
+        let mut acc = ndarray::Array2::<f64>::zeros((r - 2, c - 2));
+        for i in 0..3 {
+            for j in 0..3 {
+                acc += &b.slice(ndarray::s![i..r - 2 + i, j..c - 2 + j]);
+            }
+        }
+        out.slice_mut(ndarray::s![1..r - 1, 1..c - 1])
+            .assign(&(acc / 9.0));
+    }
+    Ok(Chunk::from(out.into_dyn()))
+}
+
+/// sin(0.37 i + 0.11 j) on an n × n grid in blocks of c × c.
+fn waves(n: usize, c: usize) -> Result<Array, ArrayError> {
+    let i = array::arange(0.0, n as f64, 1.0, c, DType::F64)?.reshape(&[n, 1])?;
+    let j = array::arange(0.0, n as f64, 1.0, c, DType::F64)?.reshape(&[1, n])?;
+    (&(&i * 0.37)? + &(&j * 0.11)?)?.unary(UnaryOp::Sin)
+}
 
 /// A workload: the expression, and how to read its answer as one number.
 fn build(name: &str, small: bool) -> Result<Array, ArrayError> {
@@ -42,7 +77,16 @@ fn build(name: &str, small: bool) -> Result<Array, ArrayError> {
             let a = array::ones(&[m, m], k, DType::F64)?;
             a.matmul(&a)?.sum(&[], false)
         }
-        other => panic!("unknown workload {other} (xxt, exp-slice, random-mean, rechunk, matmul)"),
+        // x.map_overlap(mean3x3, depth=1, boundary="reflect") * x, summed; x = waves 8000 x 8000
+        "overlap" => {
+            let (n, c) = if small { (1600, 200) } else { (8000, 1000) };
+            let x = waves(n, c)?;
+            let m = x.map_overlap("tour-mean3x3", &[1], &[Boundary::Reflect], DType::F64)?;
+            (&m * &x)?.sum(&[], false)
+        }
+        other => panic!(
+            "unknown workload {other} (xxt, exp-slice, random-mean, rechunk, matmul, overlap)"
+        ),
     }
 }
 
@@ -58,6 +102,7 @@ fn run(name: &str, small: bool, s: &dyn Scheduler) -> Result<(f64, f64), ArrayEr
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     array::register();
+    dask_graph::registry().register("tour-mean3x3", mean3x3);
     dask_comm::run_if_worker();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |f: &str| {
@@ -74,6 +119,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         })
     };
+    // A .npy stack for NumPy to check (`--npy-write DIR`), or one NumPy wrote to read back
+    // (`--npy-read DIR`, prints the sum).
+    if let Some(dir) = flag("--npy-write") {
+        let x = array::arange(0.0, 60.0, 1.0, 60, DType::I64)?.reshape(&[6, 10])?;
+        x.rechunk(vec![vec![2, 3, 1], vec![10]])?
+            .to_npy_stack(&dir, 0, &Threaded::new(2))?;
+        return Ok(());
+    }
+    if let Some(dir) = flag("--npy-read") {
+        let x = array::from_npy_stack(&dir)?;
+        let v = x
+            .astype(DType::F64)?
+            .sum(&[], false)?
+            .compute(&Threaded::new(2))?;
+        println!(
+            "{{\"shape\":{:?},\"sum\":{}}}",
+            x.shape(),
+            v.to_f64().iter().next().copied().unwrap_or(f64::NAN)
+        );
+        return Ok(());
+    }
     if let Some(name) = flag("--bench") {
         let rounds: usize = flag("--rounds").map_or(Ok(1), |r| r.parse())?;
         let sched = flag("--scheduler").unwrap_or_else(|| "threaded".into());
@@ -93,7 +159,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let c = cluster()?;
     let client = c.client()?;
     let threaded = Threaded::new(2);
-    for name in ["xxt", "exp-slice", "random-mean", "rechunk", "matmul"] {
+    for name in [
+        "xxt",
+        "exp-slice",
+        "random-mean",
+        "rechunk",
+        "matmul",
+        "overlap",
+    ] {
         let (t1, v1) = run(name, small, &threaded)?;
         let (t2, v2) = run(name, small, &client)?;
         println!("{name:<12} threaded {t1:>8.3} s   cluster (2 processes) {t2:>8.3} s   answer {v1} / {v2}");

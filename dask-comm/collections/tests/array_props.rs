@@ -3,79 +3,13 @@
 //! `LocalCluster` (in-process workers over `inproc://`: the same scheduler, workers and
 //! protocol as with processes, without starting any).
 
-use std::sync::OnceLock;
+mod common;
 
-use dask_collections::array::{self, Array, BinaryOp, Chunk, ReduceOp, UnaryOp};
-use dask_comm::{ClusterOptions, LocalCluster, Protocol};
-use dask_graph::{Scheduler, Sync, Threaded};
+use common::{check, cluster, shaped, whole};
+use dask_collections::array::{self, BinaryOp, Chunk, ReduceOp, UnaryOp};
+use dask_graph::{Sync, Threaded};
 use ndarray::{ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
-
-fn cluster() -> &'static dask_comm::Client {
-    static C: OnceLock<(LocalCluster, dask_comm::Client)> = OnceLock::new();
-    &C.get_or_init(|| {
-        array::register();
-        let c = LocalCluster::with(ClusterOptions {
-            workers: 2,
-            threads_per_worker: 1,
-            protocol: Protocol::Inproc,
-            processes: false,
-            ..Default::default()
-        })
-        .expect("a local cluster");
-        let client = c.client().expect("a client");
-        (c, client)
-    })
-    .1
-}
-
-fn schedulers() -> Vec<(&'static str, Box<dyn Scheduler>)> {
-    vec![
-        ("sync", Box::new(Sync)),
-        ("threaded", Box::new(Threaded::new(2))),
-    ]
-}
-
-/// Computes `a` on every scheduler (the cluster too) and checks each against `want`.
-fn check(a: &Array, want: &ArrayD<f64>, what: &str) {
-    let mut results: Vec<(&str, Chunk)> = schedulers()
-        .into_iter()
-        .map(|(n, s)| (n, a.compute(s.as_ref()).expect("computes")))
-        .collect();
-    results.push((
-        "cluster",
-        a.compute(cluster()).expect("computes on the cluster"),
-    ));
-    for (name, got) in results {
-        assert_eq!(got.dtype(), a.dtype(), "{what} on {name}");
-        assert_eq!(got.shape(), want.shape(), "{what} on {name}");
-        let got = got.to_f64();
-        for (g, w) in got.iter().zip(want.iter()) {
-            let close = (g - w).abs() <= 1e-9 * w.abs().max(1.0) || (g.is_nan() && w.is_nan());
-            assert!(
-                close,
-                "{what} on {name}: {g} vs {w}\ngot {got}\nwant {want}"
-            );
-        }
-    }
-}
-
-/// A shape of 1–3 axes of 1–9, chunk sizes per axis, and the elements.
-fn shaped() -> impl Strategy<Value = (Vec<usize>, Vec<usize>, Vec<f64>)> {
-    prop::collection::vec(1usize..9, 1..=3).prop_flat_map(|shape| {
-        let n: usize = shape.iter().product();
-        let chunks = shape.iter().map(|&l| 1..=l).collect::<Vec<_>>();
-        (
-            Just(shape),
-            chunks,
-            prop::collection::vec(-100.0f64..100.0, n..=n),
-        )
-    })
-}
-
-fn whole(shape: &[usize], data: &[f64]) -> ArrayD<f64> {
-    ArrayD::from_shape_vec(IxDyn(shape), data.to_vec()).unwrap()
-}
 
 /// The reference reduction on the whole array.
 fn reference(op: ReduceOp, x: &ArrayD<f64>, axes: &[usize], keepdims: bool) -> ArrayD<f64> {
@@ -453,4 +387,116 @@ fn linspace_eye_and_squeeze_match_numpy() {
         "squeeze(-1)",
     );
     assert!(a.squeeze(&[1]).is_err());
+}
+
+/// NumPy's argmin/argmax along `axis` (flattened for `None`): first on ties.
+fn reference_arg(x: &ArrayD<f64>, axis: Option<usize>, max: bool) -> ArrayD<f64> {
+    let better = |v: f64, w: f64| if max { v > w } else { v < w };
+    let first = |lane: ndarray::ArrayViewD<f64>| -> f64 {
+        let mut best = 0;
+        for (i, &v) in lane.iter().enumerate() {
+            if better(v, lane.iter().nth(best).copied().unwrap()) {
+                best = i;
+            }
+        }
+        best as f64
+    };
+    match axis {
+        None => ArrayD::from_elem(
+            IxDyn(&[]),
+            first(x.view().into_shape_with_order(IxDyn(&[x.len()])).unwrap()),
+        ),
+        Some(a) => x.map_axis(Axis(a), |lane| first(lane.into_dyn())),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn argmin_and_argmax_match_numpy(
+        (shape, chunks, data) in shaped(),
+        axis in prop::option::of(0usize..3),
+        rounded in any::<bool>(),
+    ) {
+        // Rounded to a few integers, ties are common: the first must win.
+        let data: Vec<f64> = if rounded { data.iter().map(|v| (v / 40.0).round()).collect() } else { data };
+        let x = whole(&shape, &data);
+        let a = array::from_array(&x, chunks).unwrap();
+        let a = if rounded { a.astype(array::DType::I32).unwrap() } else { a };
+        let axis = axis.map(|v| v % shape.len());
+        for max in [false, true] {
+            let r = if max {
+                a.argmax(axis.map(|v| v as isize), false)
+            } else {
+                a.argmin(axis.map(|v| v as isize), false)
+            }
+            .unwrap();
+            prop_assert_eq!(r.dtype(), array::DType::I64);
+            check(&r, &reference_arg(&x, axis, max), &format!("arg max={max} axis={axis:?}"));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn take_and_compress_match_numpy(
+        (shape, chunks, data) in shaped(),
+        axis in 0usize..3,
+        raw in prop::collection::vec(-20isize..20, 0..12),
+        mask_bits in any::<u16>(),
+    ) {
+        let x = whole(&shape, &data);
+        let a = array::from_array(&x, chunks).unwrap();
+        let ax = axis % shape.len();
+        let len = shape[ax] as isize;
+        // In range (negative ones too), repeats and any order.
+        let indices: Vec<isize> = raw.iter().map(|&i| i.rem_euclid(2 * len) - len).collect();
+        let positive: Vec<usize> = indices.iter().map(|&i| i.rem_euclid(len) as usize).collect();
+        check(&a.take(&indices, ax as isize).unwrap(), &x.select(Axis(ax), &positive), "take");
+        let mask: Vec<bool> = (0..shape[ax]).map(|i| mask_bits >> i & 1 == 1).collect();
+        let kept: Vec<usize> = (0..shape[ax]).filter(|&i| mask[i]).collect();
+        check(&a.compress(&mask, ax as isize).unwrap(), &x.select(Axis(ax), &kept), "compress");
+        let refused = matches!(
+            a.take(&[len], ax as isize),
+            Err(array::ArrayError::OutOfBounds { .. })
+        );
+        prop_assert!(refused, "an index past the end is refused");
+    }
+}
+
+#[test]
+fn persisted_arrays_compute_from_kept_blocks() {
+    let x = array::random::normal(11, 1.0, 2.0, &[40, 30], 7).unwrap();
+    let want = x.compute(&Sync).unwrap().to_f64();
+    // Locally the blocks become values in the graph: no random task is left.
+    let local = x.persist(&Threaded::new(2)).unwrap();
+    assert!(local
+        .graph()
+        .iter()
+        .all(|(_, n)| matches!(n, dask_graph::Node::Value(_))));
+    check(
+        &(&local * 2.0).unwrap(),
+        &want.mapv(|v| v * 2.0),
+        "persisted locally, doubled",
+    );
+    // On a cluster they stay on the workers; graphs built on them name their keys.
+    let kept = x.persist(cluster()).unwrap();
+    assert!(
+        kept.graph().is_empty(),
+        "{:?}",
+        kept.graph().iter().take(2).collect::<Vec<_>>()
+    );
+    for _ in 0..2 {
+        let got = (&kept + 1.0).unwrap().compute(cluster()).unwrap().to_f64();
+        assert_eq!(got, want.mapv(|v| v + 1.0));
+    }
+    assert_eq!(kept.compute(cluster()).unwrap().to_f64(), want);
+    // Elsewhere those keys mean nothing: a clear error, not a hang.
+    assert!(matches!(
+        kept.compute(&Sync),
+        Err(array::ArrayError::Compute(_))
+    ));
 }

@@ -37,7 +37,7 @@ pub mod value;
 pub use exec::{run, ComputeError, FailureKind, TaskFailure};
 pub use graph::{Graph, GraphError, Structure};
 pub use key::{Key, Name, MAX_INDICES};
-pub use local::{Plan, Scheduler, Sync, Threaded};
+pub use local::{Persisted, Plan, Scheduler, Sync, Threaded};
 pub use registry::{
     registry, CallError, FromValue, Function, IntoValue, Params, Registry, TypedFn,
 };

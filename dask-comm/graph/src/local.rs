@@ -18,6 +18,34 @@ use crate::value::Value;
 pub trait Scheduler {
     /// Computes `keys` of `graph`; returns their values in the order of `keys`.
     fn get(&self, graph: Graph, keys: &[Key]) -> Result<Vec<Value>, ComputeError>;
+
+    /// Computes `keys` of `graph` to be kept for later graphs (Dask's `persist`). Local
+    /// schedulers return the values, for the caller to put in its next graphs; a cluster's
+    /// client keeps them on its workers and returns a guard that holds them there while it
+    /// lives (graphs then name the keys without defining them).
+    fn persist(&self, graph: Graph, keys: &[Key]) -> Result<Persisted, ComputeError> {
+        let values = self.get(graph, keys)?;
+        Ok(Persisted::Values(
+            keys.iter().copied().zip(values).collect(),
+        ))
+    }
+}
+
+/// What [`Scheduler::persist`] kept.
+pub enum Persisted {
+    /// The values, by key.
+    Values(Vec<(Key, Value)>),
+    /// Kept where they were computed while this guard lives.
+    Held(Arc<dyn std::any::Any + Send + std::marker::Sync>),
+}
+
+impl std::fmt::Debug for Persisted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Persisted::Values(v) => write!(f, "Persisted::Values({} values)", v.len()),
+            Persisted::Held(_) => write!(f, "Persisted::Held"),
+        }
+    }
 }
 
 /// Most tasks fused into one (deeper nesting would run recursively).

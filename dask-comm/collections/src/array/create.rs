@@ -7,7 +7,7 @@ use super::{
     block_indices, fresh_name, kernels, normalize, Array, ArrayError, ChunkElem, ChunkSpec, DType,
 };
 
-fn check_rank(ndim: usize) -> Result<(), ArrayError> {
+pub(crate) fn check_rank(ndim: usize) -> Result<(), ArrayError> {
     if ndim > dask_graph::MAX_INDICES {
         return Err(ArrayError::TooManyAxes {
             ndim,

@@ -302,24 +302,52 @@ pub(crate) fn common_chunks(a: &[usize], b: &[usize]) -> Vec<usize> {
 /// Rechunks `a` and `b` so that their blocks line up along every axis both have at full length
 /// in the broadcast `shape`.
 fn unify(a: &Array, b: &Array, shape: &[usize]) -> Result<(Array, Array), ArrayError> {
+    let mut both = unify_all(&[a, b], shape)?.into_iter();
+    match (both.next(), both.next()) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => unreachable!("two operands in, two out"),
+    }
+}
+
+/// Rechunks `operands` so that their blocks line up along every axis they have at full length
+/// in the broadcast `shape` (each takes every boundary any of them has there).
+pub(crate) fn unify_all(operands: &[&Array], shape: &[usize]) -> Result<Vec<Array>, ArrayError> {
     let n = shape.len();
-    let (mut ca, mut cb) = (a.chunks.clone(), b.chunks.clone());
-    let (oa, ob) = (n - a.ndim(), n - b.ndim());
+    let mut chunks: Vec<Vec<Vec<usize>>> = operands.iter().map(|a| a.chunks.clone()).collect();
     for axis in 0..n {
-        let full =
-            |x: &Array, off: usize| axis >= off && !(x.shape[axis - off] == 1 && shape[axis] != 1);
-        if full(a, oa) && full(b, ob) && ca[axis - oa] != cb[axis - ob] {
-            let c = common_chunks(&ca[axis - oa], &cb[axis - ob]);
-            ca[axis - oa] = c.clone();
-            cb[axis - ob] = c;
+        // The operands with this axis at full length, by their own axis number.
+        let full: Vec<(usize, usize)> = operands
+            .iter()
+            .enumerate()
+            .filter_map(|(k, x)| {
+                let off = n - x.ndim();
+                (axis >= off && !(x.shape[axis - off] == 1 && shape[axis] != 1))
+                    .then(|| (k, axis - off))
+            })
+            .collect();
+        let Some(&(k0, a0)) = full.first() else {
+            continue;
+        };
+        if full.iter().all(|&(k, a)| chunks[k][a] == chunks[k0][a0]) {
+            continue;
+        }
+        let common = full.iter().fold(chunks[k0][a0].clone(), |acc, &(k, a)| {
+            common_chunks(&acc, &chunks[k][a])
+        });
+        for &(k, a) in &full {
+            chunks[k][a] = common.clone();
         }
     }
-    Ok((a.rechunk(ca)?, b.rechunk(cb)?))
+    operands
+        .iter()
+        .zip(chunks)
+        .map(|(x, c)| x.rechunk(c))
+        .collect()
 }
 
 /// Where each operand's blocks come from for a result block: the result's block index, or 0
 /// along an axis the operand broadcasts.
-fn source_block(
+pub(crate) fn source_block(
     idx: &[usize],
     operand: &Array,
     result_ndim: usize,

@@ -7,6 +7,7 @@ use std::sync::Once;
 use dask_graph::{registry, Value};
 use ndarray::{ArrayD, IxDyn};
 
+use super::arg;
 use super::elementwise::{binary_chunks, unary_chunk};
 use super::reduce::{self, Spec};
 use super::{each, BinaryOp, Chunk, ChunkElem, DType, UnaryOp};
@@ -26,6 +27,14 @@ pub(crate) const RANDOM: &str = "dask-array-random";
 pub(crate) const MATMUL: &str = "dask-array-matmul";
 pub(crate) const CONCAT: &str = "dask-array-concat";
 pub(crate) const EYE: &str = "dask-array-eye";
+pub(crate) const PICK: &str = "dask-array-pick";
+pub(crate) const WHERE: &str = "dask-array-where";
+pub(crate) const RESHAPE: &str = "dask-array-reshape";
+pub(crate) const NPY_WRITE: &str = "dask-array-npy-write";
+pub(crate) const NPY_READ: &str = "dask-array-npy-read";
+pub(crate) const ARG_PARTIAL: &str = "dask-array-arg-partial";
+pub(crate) const ARG_COMBINE: &str = "dask-array-arg-combine";
+pub(crate) const ARG_FINISH: &str = "dask-array-arg-finish";
 
 dask_graph::serde_data!(DType);
 dask_graph::serde_data!(BinaryOp);
@@ -35,6 +44,26 @@ fn arange_chunk<T: ChunkElem>(start: f64, step: f64, n: usize) -> Chunk {
     T::wrap(ArrayD::from_shape_fn(IxDyn(&[n]), |i| {
         T::from_f64(start + i[0] as f64 * step)
     }))
+}
+
+/// A grid (`Vec<u64>`) and then as many chunks as it has cells.
+fn grid_and_chunks(args: &[Value]) -> Result<(Vec<usize>, Vec<Chunk>), String> {
+    let Some(grid) = args.first().and_then(|v| v.downcast_ref::<Vec<u64>>()) else {
+        return Err("a grid, then the chunks, expected".into());
+    };
+    let chunks = args[1..]
+        .iter()
+        .map(|v| {
+            v.downcast_ref::<Chunk>()
+                .cloned()
+                .ok_or("an argument that is not a chunk")
+        })
+        .collect::<Result<Vec<Chunk>, _>>()?;
+    let grid: Vec<usize> = grid.iter().map(|&n| n as usize).collect();
+    if grid.iter().product::<usize>() != chunks.len() {
+        return Err(format!("{} chunks for a grid of {grid:?}", chunks.len()));
+    }
+    Ok((grid, chunks))
 }
 
 /// Registers the array functions and the chunk type (once per process).
@@ -88,29 +117,29 @@ pub fn register() {
             reduce::partial(&spec, &a)
         });
         r.register_values(COMBINE, |args: &[Value]| {
-            let (Some(spec), Some(grid)) = (
-                args.first().and_then(|v| v.downcast_ref::<Spec>()),
-                args.get(1).and_then(|v| v.downcast_ref::<Vec<u64>>()),
-            ) else {
+            let Some(spec) = args.first().and_then(|v| v.downcast_ref::<Spec>()) else {
                 return Err("combine takes a spec, a grid, then partial results".into());
             };
-            let parts = args[2..]
-                .iter()
-                .map(|v| {
-                    v.downcast_ref::<Chunk>()
-                        .cloned()
-                        .ok_or("a partial result that is not a chunk")
-                })
-                .collect::<Result<Vec<Chunk>, _>>()?;
-            let grid: Vec<usize> = grid.iter().map(|&n| n as usize).collect();
-            if grid.iter().product::<usize>() != parts.len() {
-                return Err(format!(
-                    "{} partial results for a grid of {grid:?}",
-                    parts.len()
-                ));
-            }
+            let (grid, parts) = grid_and_chunks(&args[1..])?;
             reduce::combine(spec, &grid, parts).map(Value::new)
         });
+        r.register_values(ARG_COMBINE, |args: &[Value]| {
+            let Some(spec) = args.first().and_then(|v| v.downcast_ref::<arg::ArgSpec>()) else {
+                return Err("arg-combine takes a spec, a grid, then partial results".into());
+            };
+            let (grid, parts) = grid_and_chunks(&args[1..])?;
+            arg::combine(spec, &grid, parts).map(Value::new)
+        });
+        r.register(
+            ARG_PARTIAL,
+            |spec: arg::ArgSpec, offsets: Vec<u64>, a: std::sync::Arc<Chunk>| {
+                arg::partial(&spec, &offsets, &a)
+            },
+        );
+        r.register(
+            ARG_FINISH,
+            |spec: arg::ArgSpec, a: std::sync::Arc<Chunk>| arg::finish(&spec, &a),
+        );
         r.register(
             SLICE,
             |locals: Vec<super::slice::Local>, a: std::sync::Arc<Chunk>| {
@@ -131,21 +160,7 @@ pub fn register() {
             super::linalg::sum_of_products(*t, &args[1..]).map(Value::new)
         });
         r.register_values(CONCAT, |args: &[Value]| {
-            let Some(grid) = args.first().and_then(|v| v.downcast_ref::<Vec<u64>>()) else {
-                return Err("concat takes a grid, then the pieces".into());
-            };
-            let pieces = args[1..]
-                .iter()
-                .map(|v| {
-                    v.downcast_ref::<Chunk>()
-                        .cloned()
-                        .ok_or("a piece that is not a chunk")
-                })
-                .collect::<Result<Vec<Chunk>, _>>()?;
-            let grid: Vec<usize> = grid.iter().map(|&n| n as usize).collect();
-            if grid.iter().product::<usize>() != pieces.len() {
-                return Err(format!("{} pieces for a grid of {grid:?}", pieces.len()));
-            }
+            let (grid, pieces) = grid_and_chunks(args)?;
             super::assemble_at(pieces, &grid, 0).map(Value::new)
         });
         // A block of an identity-like matrix: one where local column - local row == shift's
@@ -159,6 +174,29 @@ pub fn register() {
                 f64::from(u8::from(i[1] as i64 + shift == i[0] as i64))
             });
             Chunk::from(a).astype(dtype)
+        });
+        r.register(
+            PICK,
+            |picks: Vec<super::overlap::Pick>, a: std::sync::Arc<Chunk>| {
+                super::overlap::pick_chunk(&a, &picks)
+            },
+        );
+        r.register(
+            WHERE,
+            |t: DType,
+             c: std::sync::Arc<Chunk>,
+             x: std::sync::Arc<Chunk>,
+             y: std::sync::Arc<Chunk>| { super::map::select_chunks(t, &c, &x, &y) },
+        );
+        r.register(RESHAPE, |shape: Vec<u64>, a: std::sync::Arc<Chunk>| {
+            let shape: Vec<usize> = shape.iter().map(|&n| n as usize).collect();
+            super::shape::reshape_chunk(&a, &shape)
+        });
+        r.register(NPY_WRITE, |path: String, a: std::sync::Arc<Chunk>| {
+            super::npy::write_block(&path, &a)
+        });
+        r.register(NPY_READ, |path: String, dtype: DType, shape: Vec<u64>| {
+            super::npy::read_block(&path, dtype, &shape)
         });
         r.register(FINISH, |spec: Spec, a: std::sync::Arc<Chunk>| {
             reduce::finish(&spec, &a)

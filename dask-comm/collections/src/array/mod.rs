@@ -15,16 +15,22 @@
 //! # Ok::<(), dask_collections::array::ArrayError>(())
 //! ```
 
+mod arg;
 mod chunk;
 mod chunks;
 mod create;
 mod elementwise;
 mod kernels;
 mod linalg;
+mod map;
+pub mod npy;
+mod overlap;
 pub mod random;
 mod rechunk;
 mod reduce;
+mod shape;
 mod slice;
+mod take;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -37,7 +43,11 @@ pub use chunks::{block_indices, normalize, regular, ChunkSpec, AUTO_BYTES};
 pub use create::{arange, eye, from_array, full, linspace, ones, zeros};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use kernels::register;
+pub use map::where_;
+pub use npy::from_npy_stack;
+pub use overlap::Boundary;
 pub use reduce::{ReduceOp, SPLIT_EVERY};
+pub use shape::{concatenate, stack};
 pub use slice::Index;
 
 pub(crate) use chunk::each;
@@ -122,6 +132,55 @@ pub enum ArrayError {
         /// The most allowed.
         max: usize,
     },
+    /// An overlap deeper than a block along its axis (rechunk to larger blocks first), or a
+    /// trim that would cut a block to less than nothing.
+    #[error("axis {axis}: a depth of {depth} does not fit a block of {smallest}")]
+    Depth {
+        /// The axis.
+        axis: usize,
+        /// The depth asked for.
+        depth: usize,
+        /// The smallest block along the axis.
+        smallest: usize,
+    },
+    /// Per-axis parameters (depths, boundaries) neither one for all axes nor one per axis.
+    #[error("{given} {what} for a {ndim}-d array: give one, or one per axis")]
+    Parameters {
+        /// What they are.
+        what: &'static str,
+        /// How many were given.
+        given: usize,
+        /// The array's axes.
+        ndim: usize,
+    },
+    /// A function name no function is registered under (in this process).
+    #[error("no function is registered as {name:?}")]
+    UnknownFunction {
+        /// The name.
+        name: Arc<str>,
+    },
+    /// Output blocks per axis that do not match the input's blocks.
+    #[error("{given:?} blocks per axis given, the array has {blocks:?}")]
+    Blocks {
+        /// Blocks per axis given.
+        given: Vec<usize>,
+        /// The array's.
+        blocks: Vec<usize>,
+    },
+    /// A reshape to a shape of another size.
+    #[error("an array of {from:?} cannot be reshaped to {to:?}")]
+    Reshape {
+        /// The array's shape.
+        from: Vec<usize>,
+        /// The shape asked for.
+        to: Vec<usize>,
+    },
+    /// An operation on a list of arrays given none.
+    #[error("no arrays given")]
+    Nothing,
+    /// A `.npy` file or stack could not be read or written.
+    #[error(transparent)]
+    Npy(#[from] npy::NpyError),
     /// Computing the graph failed.
     #[error(transparent)]
     Compute(#[from] ComputeError),
@@ -151,6 +210,27 @@ pub enum ArrayError {
 /// theirs.
 pub(crate) type Layers = Arc<BTreeMap<String, Arc<Graph>>>;
 
+/// Results a cluster keeps for an array (see [`Array::persist`]): guards, held by every array
+/// built on it.
+#[derive(Clone, Default)]
+pub(crate) struct Held(Vec<Arc<dyn std::any::Any + Send + Sync>>);
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} held result sets", self.0.len())
+    }
+}
+
+impl Held {
+    fn extend(&mut self, other: &Held) {
+        for g in &other.0 {
+            if !self.0.iter().any(|h| Arc::ptr_eq(h, g)) {
+                self.0.push(Arc::clone(g));
+            }
+        }
+    }
+}
+
 /// A chunked n-d array (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Array {
@@ -159,6 +239,7 @@ pub struct Array {
     chunks: Vec<Vec<usize>>,
     dtype: DType,
     layers: Layers,
+    held: Held,
 }
 
 /// A fresh layer name: `prefix-` and 16 random hex digits.
@@ -178,8 +259,10 @@ impl Array {
         inputs: &[&Array],
     ) -> Array {
         let mut layers = BTreeMap::new();
+        let mut held = Held::default();
         for a in inputs {
             layers.extend(a.layers.iter().map(|(k, v)| (k.clone(), Arc::clone(v))));
+            held.extend(&a.held);
         }
         layers.insert(name.clone(), Arc::new(layer));
         Array {
@@ -188,7 +271,49 @@ impl Array {
             chunks,
             dtype,
             layers: Arc::new(layers),
+            held,
         }
+    }
+
+    /// Computes the blocks and keeps them (Dask's `persist`): the array returned has the same
+    /// blocks under the same keys, computed. On a local scheduler they are values in its
+    /// graph; on a cluster's client they stay on the workers (while this array, or any built
+    /// on it, lives) and later graphs name them — those graphs then compute on that client only.
+    ///
+    /// ```
+    /// use dask_collections::array;
+    /// let x = array::random::random(7, &[100], 10)?.persist(&dask_graph::Sync)?;
+    /// // Computed once: both uses read the same blocks.
+    /// let a = x.sum(&[], false)?.compute(&dask_graph::Sync)?;
+    /// let b = x.sum(&[], false)?.compute(&dask_graph::Threaded::new(2))?;
+    /// assert_eq!(a, b);
+    /// # Ok::<(), array::ArrayError>(())
+    /// ```
+    pub fn persist(&self, scheduler: &dyn Scheduler) -> Result<Array, ArrayError> {
+        let keys = self.keys();
+        let graph = dask_graph::optimize::cull(self.graph(), &keys);
+        let (layer, held) = match scheduler.persist(graph, &keys)? {
+            dask_graph::Persisted::Values(values) => {
+                let mut g = Graph::new();
+                for (k, v) in values {
+                    g.insert(k, v);
+                }
+                (Some(g), Held::default())
+            }
+            dask_graph::Persisted::Held(guard) => (None, Held(vec![guard])),
+        };
+        let mut layers = BTreeMap::new();
+        if let Some(g) = layer {
+            layers.insert(self.name.clone(), Arc::new(g));
+        }
+        Ok(Array {
+            name: self.name.clone(),
+            shape: self.shape.clone(),
+            chunks: self.chunks.clone(),
+            dtype: self.dtype,
+            layers: Arc::new(layers),
+            held,
+        })
     }
 
     /// The layer's name: block keys are `(name, i, j, ...)`.

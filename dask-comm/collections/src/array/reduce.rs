@@ -337,22 +337,53 @@ impl Array {
             keepdims,
             dtype: self.dtype,
         };
+        Ok(self.tree(
+            &axes,
+            keepdims,
+            split_every,
+            &format!("{op:?}").to_lowercase(),
+            op.result(self.dtype),
+            |idx| {
+                Task::new(
+                    kernels::PARTIAL,
+                    [Arg::lit(spec.clone()), Arg::key(self.block_key(idx))],
+                )
+            },
+            |parts| {
+                let mut args = vec![Arg::lit(spec.clone())];
+                args.extend(parts);
+                Task::new(kernels::COMBINE, args)
+            },
+            |part| Task::new(kernels::FINISH, [Arg::lit(spec.clone()), Arg::key(part)]),
+        ))
+    }
+
+    /// A tree reduction over `axes` (normalised): `partial(block index)` per block, then
+    /// `combine([sub-grid, partial results...])` over `split_every` of them at a time along the
+    /// reduced axes until one is left along each, then `finish(that one)`; the result has
+    /// element type `dtype`, and the reduced axes as length-1 axes with `keepdims`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn tree(
+        &self,
+        axes: &[usize],
+        keepdims: bool,
+        split_every: Option<usize>,
+        prefix: &str,
+        dtype: DType,
+        partial: impl Fn(&[usize]) -> Task,
+        combine: impl Fn(Vec<Arg>) -> Task,
+        finish: impl Fn(dask_graph::Key) -> Task,
+    ) -> Array {
         let total = split_every.unwrap_or(SPLIT_EVERY).max(2) as f64;
         let per_axis = (total.powf(1.0 / axes.len().max(1) as f64).floor() as usize).max(2);
         let reduced = |a: usize| axes.contains(&a);
 
         // Partial results, one per block.
-        let name = fresh_name(&format!("{op:?}-partial").to_lowercase());
+        let name = fresh_name(&format!("{prefix}-partial"));
         let mut layer = Graph::new();
         let mut grid = self.numblocks();
         for idx in block_indices(&grid) {
-            layer.insert(
-                key(&name, &idx),
-                Task::new(
-                    kernels::PARTIAL,
-                    [Arg::lit(spec.clone()), Arg::key(self.block_key(&idx))],
-                ),
-            );
+            layer.insert(key(&name, &idx), partial(&idx));
         }
         let mut prev = name;
         // Combine until one block is left along every reduced axis.
@@ -366,7 +397,7 @@ impl Array {
                     }
                 })
                 .collect();
-            let name = fresh_name(&format!("{op:?}-combine").to_lowercase());
+            let name = fresh_name(&format!("{prefix}-combine"));
             for idx in block_indices(&next) {
                 // The input blocks this one combines: a sub-grid along the reduced axes.
                 let ranges: Vec<(usize, usize)> = (0..grid.len())
@@ -380,43 +411,28 @@ impl Array {
                     })
                     .collect();
                 let sub: Vec<usize> = ranges.iter().map(|(s, e)| e - s).collect();
-                let mut args = vec![
-                    Arg::lit(spec.clone()),
-                    Arg::lit(sub.iter().map(|&n| n as u64).collect::<Vec<u64>>()),
-                ];
+                let mut args = vec![Arg::lit(
+                    sub.iter().map(|&n| n as u64).collect::<Vec<u64>>(),
+                )];
                 for rel in block_indices(&sub) {
                     let src: Vec<usize> =
                         rel.iter().zip(&ranges).map(|(r, (s, _))| s + r).collect();
                     args.push(Arg::key(key(&prev, &src)));
                 }
-                layer.insert(key(&name, &idx), Task::new(kernels::COMBINE, args));
+                layer.insert(key(&name, &idx), combine(args));
             }
             grid = next;
             prev = name;
         }
         // Finish each remaining block.
-        let out_name = fresh_name(&format!("{op:?}").to_lowercase());
-        let out_grid: Vec<usize> = (0..grid.len())
-            .filter(|&a| keepdims || !reduced(a))
-            .map(|a| grid[a])
-            .collect();
+        let out_name = fresh_name(prefix);
         for idx in block_indices(&grid) {
             let out_idx: Vec<usize> = (0..grid.len())
                 .filter(|&a| keepdims || !reduced(a))
                 .map(|a| idx[a])
                 .collect();
-            layer.insert(
-                key(&out_name, &out_idx),
-                Task::new(
-                    kernels::FINISH,
-                    [Arg::lit(spec.clone()), Arg::key(key(&prev, &idx))],
-                ),
-            );
+            layer.insert(key(&out_name, &out_idx), finish(key(&prev, &idx)));
         }
-        debug_assert_eq!(
-            out_grid.iter().product::<usize>(),
-            grid.iter().product::<usize>()
-        );
         let (mut shape, mut chunks) = (Vec::new(), Vec::new());
         for a in 0..self.ndim() {
             if reduced(a) {
@@ -429,14 +445,7 @@ impl Array {
                 chunks.push(self.chunks[a].clone());
             }
         }
-        Ok(Array::from_layer(
-            out_name,
-            shape,
-            chunks,
-            op.result(self.dtype),
-            layer,
-            &[self],
-        ))
+        Array::from_layer(out_name, shape, chunks, dtype, layer, &[self])
     }
 
     /// Sum over `axes` (all when empty).
