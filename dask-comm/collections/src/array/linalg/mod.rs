@@ -1,11 +1,44 @@
-//! Linear algebra on blocks: `matmul` (the blocked product: result block (i, j) sums
-//! A(i, k) · B(k, j) over k).
+//! Linear algebra on blocked arrays, as `dask.array.linalg`.
+//!
+//! - [`Array::matmul`], [`Array::dot`], [`Array::tensordot`]: blocked products.
+//! - [`cholesky`]: the blocked right-looking algorithm over square blocks.
+//! - [`qr`], [`svd`]: TSQR for tall-and-skinny arrays (one block column).
+//! - [`solve_triangular`]: blocked forward or back substitution; [`solve`], [`inv`] and
+//!   [`lstsq`] through TSQR.
+//! - [`norm`]: vector and matrix norms from elementwise operations and reductions.
+//!
+//! Block-level factorizations and solves run in `f64` with `faer`; every result here is
+//! `f64`, whatever the input's type (`f32` included). A matrix that is not positive definite
+//! or is singular fails its task; [`Array::compute`] reports that as
+//! [`ArrayError::NotPositiveDefinite`] or [`ArrayError::Singular`], naming the block.
+//!
+//! ```
+//! use dask_collections::array::{self, linalg};
+//! let a = array::from_array(&ndarray::arr2(&[[4.0, 2.0], [2.0, 3.0]]).into_dyn(), 1)?;
+//! let l = linalg::cholesky(&a, true)?.compute(&dask_graph::Sync)?.to_f64();
+//! assert_eq!(l[[0, 0]], 2.0);
+//! assert_eq!(l[[0, 1]], 0.0);
+//! # Ok::<(), array::ArrayError>(())
+//! ```
 
-use dask_graph::{Arg, Graph, Task, Value};
+mod cholesky;
+mod kernels;
+mod norm;
+mod solve;
+mod tensordot;
+mod tsqr;
+
+use dask_graph::{Arg, ComputeError, FailureKind, Graph, Task, Value};
 use ndarray::{Array2, Ix2};
 
 use super::create::key;
-use super::{block_indices, fresh_name, kernels, Array, ArrayError, Chunk, DType};
+use super::{block_indices, fresh_name, kernels as array_kernels, Array, ArrayError, Chunk, DType};
+
+pub use cholesky::cholesky;
+pub(crate) use kernels::register_kernels;
+pub use norm::{norm, NormOrd};
+pub use solve::{inv, lstsq, solve, solve_triangular, Lstsq};
+pub use tsqr::{qr, svd};
 
 /// The type a product of `a` and `b` elements is computed in (booleans as integers).
 fn product_type(a: DType, b: DType) -> DType {
@@ -69,7 +102,7 @@ impl Array {
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn matmul(&self, other: &Array) -> Result<Array, ArrayError> {
-        kernels::register();
+        array_kernels::register();
         if self.ndim() != 2 || other.ndim() != 2 {
             return Err(ArrayError::DType {
                 op: "matmul of arrays that are not 2-d",
@@ -100,7 +133,7 @@ impl Array {
                 args.push(Arg::key(self.block_key(&[idx[0], k])));
                 args.push(Arg::key(other.block_key(&[k, idx[1]])));
             }
-            layer.insert(key(&name, &idx), Task::new(kernels::MATMUL, args));
+            layer.insert(key(&name, &idx), Task::new(array_kernels::MATMUL, args));
         }
         Ok(Array::from_layer(
             name,
@@ -111,4 +144,69 @@ impl Array {
             &[self, other],
         ))
     }
+}
+
+/// The error a failed computation stands for: a linear algebra task's refusal of a matrix
+/// that is not positive definite or is singular becomes its own variant.
+pub(crate) fn typed_failure(e: ComputeError) -> ArrayError {
+    if let Some(c) = e.cause() {
+        if c.kind == FailureKind::Error && c.function.starts_with("dask-array-linalg-") {
+            if c.message.starts_with(kernels::NOT_SPD) {
+                return ArrayError::NotPositiveDefinite { key: c.key };
+            }
+            if c.message.starts_with(kernels::SINGULAR) {
+                return ArrayError::Singular { key: c.key };
+            }
+        }
+    }
+    ArrayError::Compute(e)
+}
+
+/// Refuses anything but a square 2-d array.
+fn square(a: &Array, op: &'static str) -> Result<usize, ArrayError> {
+    if a.ndim() != 2 {
+        return Err(ArrayError::Rank {
+            op,
+            expected: "a 2-d array",
+            ndim: a.ndim(),
+        });
+    }
+    if a.shape[0] != a.shape[1] {
+        return Err(ArrayError::NotSquare {
+            shape: a.shape.clone(),
+        });
+    }
+    Ok(a.shape[0])
+}
+
+/// A one-block array of `shape` whose block is `task`, in a layer that may hold other
+/// tasks (`layer`), on top of `inputs`.
+fn one_block(
+    name: String,
+    shape: Vec<usize>,
+    mut layer: Graph,
+    task: Task,
+    inputs: &[&Array],
+) -> Array {
+    let chunks = shape.iter().map(|&n| vec![n]).collect();
+    layer.insert(key(&name, &vec![0; shape.len()]), task);
+    Array::from_layer(name, shape, chunks, DType::F64, layer, inputs)
+}
+
+/// Item `i` of the list of factors at `factors` (a key of a layer `inputs` stand on), as a
+/// one-block `f64` array of `shape`.
+fn factor(
+    prefix: &str,
+    factors: dask_graph::Key,
+    i: u64,
+    shape: Vec<usize>,
+    inputs: &[&Array],
+) -> Array {
+    one_block(
+        fresh_name(prefix),
+        shape,
+        Graph::new(),
+        Task::new(kernels::ITEM, [Arg::lit(i), Arg::key(factors)]),
+        inputs,
+    )
 }
