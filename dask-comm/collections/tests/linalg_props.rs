@@ -186,6 +186,30 @@ proptest! {
     }
 
     #[test]
+    fn svd_compressed_recovers_a_low_rank_matrix(
+        (m, c0, _) in sized(40),
+        (n, c1, _) in sized(12),
+        rank in 1usize..=3,
+        power in 0usize..=2,
+        seed in any::<u64>(),
+    ) {
+        // A matrix of rank at most `rank`: the compression loses nothing, so S and U·S·Vᵀ
+        // are exact (to rounding) whatever Ω is.
+        let a = random(seed, m, rank).dot(&random(seed ^ 7, rank, n));
+        let x = array::from_array(&a.clone().into_dyn(), [c0, c1]).unwrap();
+        let (u, s, vt) = linalg::svd_compressed(&x, rank, power, seed ^ 11).unwrap();
+        let k = rank.min(m).min(n);
+        prop_assert_eq!((u.shape(), s.shape(), vt.shape()), (&[m, k][..], &[k][..], &[k, n][..]));
+        let want_s = singular_values(&a);
+        let (us, ss, vts) = (on_all(&u), on_all(&s), on_all(&vt));
+        for (((name, u), (_, s)), (_, vt)) in us.iter().zip(&ss).zip(&vts) {
+            close(s, &ArrayD::from_shape_vec(IxDyn(&[k]), want_s[..k].to_vec()).unwrap(), &format!("S on {name}"));
+            let us_ = &m2(u) * &s.clone().into_dimensionality::<ndarray::Ix1>().unwrap();
+            close(&us_.dot(&m2(vt)).into_dyn(), &a.clone().into_dyn(), &format!("U·S·Vᵀ on {name}"));
+        }
+    }
+
+    #[test]
     fn solve_triangular_matches_substitution_on_the_whole(
         (n, c0, c1) in sized(24),
         k in 0usize..=3,

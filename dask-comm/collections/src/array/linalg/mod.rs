@@ -2,7 +2,8 @@
 //!
 //! - [`Array::matmul`], [`Array::dot`], [`Array::tensordot`]: blocked products.
 //! - [`cholesky`]: the blocked right-looking algorithm over square blocks.
-//! - [`qr`], [`svd`]: TSQR for tall-and-skinny arrays (one block column).
+//! - [`qr`], [`svd`]: TSQR for tall-and-skinny arrays (one block column);
+//!   [`svd_compressed`]: a randomized truncated SVD of any 2-d array.
 //! - [`solve_triangular`]: blocked forward or back substitution; [`solve`], [`inv`] and
 //!   [`lstsq`] through TSQR.
 //! - [`norm`]: vector and matrix norms from elementwise operations and reductions.
@@ -38,7 +39,7 @@ pub use cholesky::cholesky;
 pub(crate) use kernels::register_kernels;
 pub use norm::{norm, NormOrd};
 pub use solve::{inv, lstsq, solve, solve_triangular, Lstsq};
-pub use tsqr::{qr, svd};
+pub use tsqr::{qr, svd, svd_compressed};
 
 /// The type a product of `a` and `b` elements is computed in (booleans as integers).
 fn product_type(a: DType, b: DType) -> DType {

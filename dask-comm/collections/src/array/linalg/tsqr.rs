@@ -1,11 +1,14 @@
 //! TSQR (Dask's `tsqr`) for tall-and-skinny arrays of one block column: a QR per block, a
 //! QR of the stacked Rs (one task: one level of the tree), and Q's block i = Q_i · the rows
-//! of the second Q that belong to block i. `svd` adds an SVD of the small R.
+//! of the second Q that belong to block i. `svd` adds an SVD of the small R;
+//! `svd_compressed` the randomized SVD of any 2-d array, through TSQR of its sketch.
 
 use dask_graph::{Arg, Graph, Task};
 
 use super::super::create::key;
-use super::super::{fresh_name, kernels as array_kernels, Array, ArrayError, DType};
+use super::super::{
+    fresh_name, kernels as array_kernels, random, Array, ArrayError, ChunkSpec, DType, Index,
+};
 use super::{factor, kernels};
 
 fn tall_skinny(a: &Array, op: &'static str) -> Result<(), ArrayError> {
@@ -125,4 +128,66 @@ pub fn svd(a: &Array) -> Result<(Array, Array, Array), ArrayError> {
     let s = factor("svd-s", factors, 1, vec![k], &[&ur]);
     let vt = factor("svd-vt", factors, 2, vec![k, n], &[&ur]);
     Ok((u, s, vt))
+}
+
+/// Columns of the random test matrix beyond `k` (Dask's `n_oversamples` default).
+const OVERSAMPLES: usize = 10;
+
+/// The leading `k` singular triplets of any 2-d array by randomized compression (Halko,
+/// Martinsson and Tropp; Dask's `svd_compressed`): `l = min(k + 10, m, n)` columns of
+/// `a·Ω` for a normal Ω drawn from `seed`, `n_power_iter` power iterations
+/// (`a·(aᵀ·Q)`, re-orthonormalised by TSQR), then the SVD of the small `Qᵀ·a`. U is
+/// `m`×`k`, S `k`, Vᵀ `k`×`n`; `k` above `min(m, n)` is taken as `min(m, n)`. Exact for a
+/// matrix of rank at most `k`; otherwise an approximation that power iterations sharpen.
+///
+/// ```
+/// use dask_collections::array::{self, linalg};
+/// let x = array::random::uniform(1, -1.0, 1.0, &[40, 2], [10, 2])?;
+/// let y = array::random::uniform(2, -1.0, 1.0, &[2, 30], [2, 10])?;
+/// let a = x.matmul(&y)?; // rank 2
+/// let (_, s, _) = linalg::svd_compressed(&a, 2, 1, 42)?;
+/// let (_, exact, _) = linalg::svd(&a.rechunk(vec![vec![10; 4], vec![30]])?)?;
+/// let (s, exact) = (s.compute(&dask_graph::Sync)?.to_f64(), exact.compute(&dask_graph::Sync)?.to_f64());
+/// assert!((s[0] - exact[0]).abs() < 1e-9 && (s[1] - exact[1]).abs() < 1e-9);
+/// # Ok::<(), array::ArrayError>(())
+/// ```
+pub fn svd_compressed(
+    a: &Array,
+    k: usize,
+    n_power_iter: usize,
+    seed: u64,
+) -> Result<(Array, Array, Array), ArrayError> {
+    array_kernels::register();
+    if a.ndim() != 2 {
+        return Err(ArrayError::Rank {
+            op: "svd_compressed",
+            expected: "a 2-d array",
+            ndim: a.ndim(),
+        });
+    }
+    let (m, n) = (a.shape[0], a.shape[1]);
+    let k = k.min(m).min(n);
+    let l = (k + OVERSAMPLES).min(m).min(n);
+    let omega = random::normal(
+        seed,
+        0.0,
+        1.0,
+        &[n, l],
+        ChunkSpec::Explicit(vec![a.chunks[1].clone(), vec![l]]),
+    )?;
+    let mut y = a.matmul(&omega)?;
+    for _ in 0..n_power_iter {
+        let (q, _) = qr(&y)?;
+        y = a.matmul(&a.t()?.matmul(&q)?)?;
+    }
+    let (q, _) = qr(&y)?;
+    // Qᵀ·a is l×n in one block row: its SVD goes through TSQR of its transpose.
+    let (ub, s, vt) = svd(&q.t()?.matmul(a)?)?;
+    let u = q.matmul(&ub)?;
+    let first = Index::Range(Some(0), Some(k as isize), 1);
+    Ok((
+        u.slice(&[Index::Full, first])?,
+        s.slice(&[first])?,
+        vt.slice(&[first, Index::Full])?,
+    ))
 }
