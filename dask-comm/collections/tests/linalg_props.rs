@@ -240,7 +240,7 @@ proptest! {
     }
 
     #[test]
-    fn solve_and_inv_leave_small_residuals(
+    fn solve_solve_spd_and_inv_leave_small_residuals(
         (n, c0, c1) in sized(24),
         k in 0usize..=3,
         seed in any::<u64>(),
@@ -258,6 +258,18 @@ proptest! {
                 a.dot(&m2(&got)).into_dyn()
             };
             close(&back, &b, &format!("a·solve(a, b) on {name}"));
+        }
+        // Symmetric positive definite: through Cholesky, in the same blocks.
+        let p = spd(seed ^ 13, n);
+        let px = array::from_array(&p.clone().into_dyn(), [c0, c1]).unwrap();
+        let x = linalg::solve_spd(&px, &bx).unwrap();
+        for (name, got) in on_all(&x) {
+            let back = if k == 0 {
+                p.dot(&got.into_dimensionality::<ndarray::Ix1>().unwrap()).into_dyn()
+            } else {
+                p.dot(&m2(&got)).into_dyn()
+            };
+            close(&back, &b, &format!("p·solve_spd(p, b) on {name}"));
         }
         let inv = linalg::inv(&ax).unwrap();
         for (name, got) in on_all(&inv) {

@@ -4,14 +4,17 @@
 //! - [`cholesky`]: the blocked right-looking algorithm over square blocks.
 //! - [`qr`], [`svd`]: TSQR for tall-and-skinny arrays (one block column);
 //!   [`svd_compressed`]: a randomized truncated SVD of any 2-d array.
-//! - [`solve_triangular`]: blocked forward or back substitution; [`solve`], [`inv`] and
-//!   [`lstsq`] through TSQR.
+//! - [`solve_triangular`]: blocked forward or back substitution; [`solve_spd`] through
+//!   Cholesky; [`solve`], [`inv`] and [`lstsq`] through TSQR.
 //! - [`norm`]: vector and matrix norms from elementwise operations and reductions.
 //!
-//! Block-level factorizations and solves run in `f64` with `faer`; every result here is
-//! `f64`, whatever the input's type (`f32` included). A matrix that is not positive definite
-//! or is singular fails its task; [`Array::compute`] reports that as
-//! [`ArrayError::NotPositiveDefinite`] or [`ArrayError::Singular`], naming the block.
+//! Block-level factorizations and solves run in `f64` with `faer` (input blocks are cast):
+//! the results of `cholesky`, `qr`, `svd`, the solves, `inv` and `lstsq` are `f64` whatever
+//! the input's type, `f32` included (NumPy would keep `f32`). Products keep NumPy's type
+//! (integers as `i64`); `norm` is `f32` for `f32` and `f64` otherwise. A matrix that is not
+//! positive definite or is singular fails its task; [`Array::compute`] reports that as
+//! [`ArrayError::NotPositiveDefinite`] or [`ArrayError::Singular`], naming the task that found
+//! it (an error of a computation built on top of it reports the same).
 //!
 //! ```
 //! use dask_collections::array::{self, linalg};
@@ -38,7 +41,7 @@ use super::{block_indices, fresh_name, kernels as array_kernels, Array, ArrayErr
 pub use cholesky::cholesky;
 pub(crate) use kernels::register_kernels;
 pub use norm::{norm, NormOrd};
-pub use solve::{inv, lstsq, solve, solve_triangular, Lstsq};
+pub use solve::{inv, lstsq, solve, solve_spd, solve_triangular, Lstsq};
 pub use tsqr::{qr, svd, svd_compressed};
 
 /// The type a product of `a` and `b` elements is computed in (booleans as integers).

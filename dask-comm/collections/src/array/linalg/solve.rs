@@ -1,6 +1,7 @@
-//! Solves: `solve_triangular` by blocked forward or back substitution; `solve`, `inv` and
-//! `lstsq` through TSQR (`a = Q·R`, `x = R⁻¹·(Qᵀ·b)`), which is backward stable without
-//! pivoting across blocks: `a` is rechunked to one block column, and R is one block.
+//! Solves: `solve_triangular` by blocked forward or back substitution, `solve_spd` through
+//! Cholesky; `solve`, `inv` and `lstsq` through TSQR (`a = Q·R`, `x = R⁻¹·(Qᵀ·b)`), which
+//! is backward stable without pivoting across blocks: `a` is rechunked to one block column,
+//! and R is one block.
 
 use dask_graph::{Arg, Graph, Task};
 
@@ -120,6 +121,28 @@ pub fn solve(a: &Array, b: &Array) -> Result<Array, ArrayError> {
     rhs(a, b, "solve")?;
     let (r, y) = qr_and_project(a, b)?;
     substitute(&r, &y, false, n as f64 * f64::EPSILON)
+}
+
+/// `x` with `a·x = b` for a symmetric positive definite `a` (Dask's `solve` with
+/// `assume_a="pos"`): `a = L·Lᵀ` by the blocked [`cholesky`](super::cholesky), then two
+/// blocked triangular solves, so no task holds more than a few blocks. A matrix that is not
+/// positive definite fails when computed, as [`ArrayError::NotPositiveDefinite`].
+///
+/// ```
+/// use dask_collections::array::{self, linalg};
+/// let a = array::from_array(&ndarray::arr2(&[[4.0, 2.0], [2.0, 3.0]]).into_dyn(), 1)?;
+/// let b = array::from_array(&ndarray::arr1(&[8.0, 7.0]).into_dyn(), 1)?;
+/// let x = linalg::solve_spd(&a, &b)?.compute(&dask_graph::Sync)?.to_f64();
+/// assert!((x[0] - 1.25).abs() < 1e-12 && (x[1] - 1.5).abs() < 1e-12);
+/// # Ok::<(), array::ArrayError>(())
+/// ```
+pub fn solve_spd(a: &Array, b: &Array) -> Result<Array, ArrayError> {
+    array_kernels::register();
+    square(a, "solve_spd")?;
+    rhs(a, b, "solve_spd")?;
+    let l = super::cholesky(a, true)?;
+    let y = substitute(&l, b, true, 0.0)?;
+    substitute(&l.t()?, &y, false, 0.0)
 }
 
 /// The inverse of a square `a`: [`solve`] with the identity (in `a`'s row blocks).
