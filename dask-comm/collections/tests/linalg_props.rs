@@ -483,4 +483,12 @@ fn integer_and_f32_inputs_are_factored_in_f64() {
     assert_eq!((q.dtype(), r.dtype()), (DType::F64, DType::F64));
     let n = linalg::norm(&f, None, &[], false).unwrap();
     assert_eq!(n.dtype(), DType::F32);
+    // Products keep NumPy's types: integers multiply as i64.
+    let i = array::from_array(&ndarray::arr1(&[1i32, 2, 3]).into_dyn(), 2).unwrap();
+    let d = i.dot(&i).unwrap();
+    assert_eq!(d.dtype(), DType::I64);
+    assert_eq!(
+        d.compute(cluster()).unwrap(),
+        array::Chunk::from(ndarray::ArrayD::from_elem(IxDyn(&[]), 14i64))
+    );
 }
