@@ -20,6 +20,7 @@ pub(crate) const TRSM: &str = "dask-array-linalg-solve-triangular";
 pub(crate) const QR_BLOCK: &str = "dask-array-linalg-qr-block";
 pub(crate) const QR_STACK: &str = "dask-array-linalg-qr-stack";
 pub(crate) const QR_Q: &str = "dask-array-linalg-qr-q";
+pub(crate) const QR_APPLY: &str = "dask-array-linalg-qr-apply";
 pub(crate) const SVD_SMALL: &str = "dask-array-linalg-svd";
 pub(crate) const RANK: &str = "dask-array-linalg-rank";
 pub(crate) const ITEM: &str = "dask-array-linalg-item";
@@ -290,6 +291,15 @@ pub(crate) fn register_kernels(r: &Registry) {
             return Err("factors that do not line up".into());
         }
         Ok(Value::new(chunk((&q * &q2).as_ref(), false)))
+    });
+    // Q_i = Q_block · W_i: the block's factors, then W_i (its rows of the upper levels' Q).
+    r.register_values(QR_APPLY, |args: &[Value]| {
+        let q = mat(item_of(list_at(args, 0)?, 0)?)?;
+        let w = mat(chunk_at(args, 1)?)?;
+        if q.ncols() != w.nrows() {
+            return Err("factors that do not line up".into());
+        }
+        Ok(Value::new(chunk((&q * &w).as_ref(), false)))
     });
     r.register_values(SVD_SMALL, |args: &[Value]| svd_small(chunk_at(args, 0)?));
     r.register(RANK, |dims: u64, s: Arc<Chunk>| rank(&s, dims as usize));

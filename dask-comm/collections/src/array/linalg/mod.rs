@@ -214,3 +214,56 @@ fn factor(
         inputs,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::array::{eye, ones};
+
+    #[test]
+    fn shapes_and_blockings_that_do_not_fit_are_refused() {
+        let wide = ones(&[3, 5], 2, DType::F64).unwrap();
+        assert!(matches!(
+            cholesky(&wide, true),
+            Err(ArrayError::NotSquare { .. })
+        ));
+        let v = ones(&[4], 2, DType::F64).unwrap();
+        assert!(matches!(
+            cholesky(&v, true),
+            Err(ArrayError::Rank { ndim: 1, .. })
+        ));
+        assert!(matches!(inv(&wide), Err(ArrayError::NotSquare { .. })));
+        // Two block columns: not tall and skinny (and, for svd, not one block row either).
+        let grid = ones(&[6, 4], 2, DType::F64).unwrap();
+        assert!(matches!(
+            qr(&grid),
+            Err(ArrayError::NotTallSkinny { ref numblocks, .. }) if numblocks == &vec![3, 2]
+        ));
+        assert!(matches!(svd(&grid), Err(ArrayError::NotTallSkinny { .. })));
+        assert!(matches!(
+            lstsq(&wide, &ones(&[3], 3, DType::F64).unwrap()),
+            Err(ArrayError::NotTallSkinny { .. })
+        ));
+        let sq = eye(4, 2, 0, DType::F64).unwrap();
+        assert!(matches!(
+            solve(&sq, &ones(&[5], 5, DType::F64).unwrap()),
+            Err(ArrayError::Broadcast { .. })
+        ));
+        assert!(matches!(
+            norm(&v, Some(NormOrd::Fro), &[], false),
+            Err(ArrayError::NormOrder { axes: 1, .. })
+        ));
+        assert!(matches!(
+            norm(&sq, Some(NormOrd::P(3.0)), &[], false),
+            Err(ArrayError::NormOrder { axes: 2, .. })
+        ));
+        assert!(matches!(
+            v.tensordot(&sq, &[0], &[0, 1]),
+            Err(ArrayError::Broadcast { .. })
+        ));
+        assert!(matches!(
+            sq.tensordot(&sq, &[0, 0], &[0, 1]),
+            Err(ArrayError::Axis { .. })
+        ));
+    }
+}

@@ -1,7 +1,8 @@
 //! TSQR (Dask's `tsqr`) for tall-and-skinny arrays of one block column: a QR per block, a
-//! QR of the stacked Rs (one task: one level of the tree), and Q's block i = Q_i · the rows
-//! of the second Q that belong to block i. `svd` adds an SVD of the small R;
-//! `svd_compressed` the randomized SVD of any 2-d array, through TSQR of its sketch.
+//! QR of the stacked Rs (one task for up to 16 blocks; beyond, a TSQR of the Rs stacked 16
+//! to a block, recursively), and Q's block i = Q_i · the rows of the second Q that belong to
+//! block i. `svd` adds an SVD of the small R; `svd_compressed` is the randomized SVD of any
+//! 2-d array, through TSQR of its sketch.
 
 use dask_graph::{Arg, Graph, Task};
 
@@ -48,6 +49,9 @@ pub fn qr(a: &Array) -> Result<(Array, Array), ArrayError> {
     tall_skinny(a, "qr")?;
     let n = a.shape[1];
     let rows = &a.chunks[0];
+    if rows.len() > SPLIT && n > 0 {
+        return tree(a);
+    }
     let stacked: usize = rows.iter().map(|&m| m.min(n)).sum();
     let k = stacked.min(n);
     let factors = fresh_name("qr-factors");
@@ -85,6 +89,69 @@ pub fn qr(a: &Array) -> Result<(Array, Array), ArrayError> {
         &[a],
     );
     let r = factor("qr-r", stack, rows.len() as u64, vec![k, n], &[&q]);
+    Ok((q, r))
+}
+
+/// Most blocks whose Rs one task stacks; more make a tree (Dask's TSQR recursion).
+const SPLIT: usize = 16;
+
+/// TSQR of more than [`SPLIT`] blocks: the blocks' Rs, stacked [`SPLIT`] to a block, are
+/// themselves factored by TSQR (recursively), and Q's block i is Q_i · (the rows of that
+/// factorization's Q that belong to block i).
+fn tree(a: &Array) -> Result<(Array, Array), ArrayError> {
+    let n = a.shape[1];
+    let rows = &a.chunks[0];
+    let ks: Vec<usize> = rows.iter().map(|&m| m.min(n)).collect();
+    let factors = fresh_name("qr-factors");
+    let rs_name = fresh_name("qr-rs");
+    let mut layer = Graph::new();
+    for i in 0..rows.len() {
+        layer.insert(
+            key(&factors, &[i]),
+            Task::new(kernels::QR_BLOCK, [Arg::key(a.block_key(&[i, 0]))]),
+        );
+        layer.insert(
+            key(&rs_name, &[i, 0]),
+            Task::new(
+                kernels::ITEM,
+                [Arg::lit(1u64), Arg::key(key(&factors, &[i]))],
+            ),
+        );
+    }
+    let rs = Array::from_layer(
+        rs_name,
+        vec![ks.iter().sum(), n],
+        vec![ks.clone(), vec![n]],
+        DType::F64,
+        layer,
+        &[a],
+    );
+    let groups: Vec<usize> = ks.chunks(SPLIT).map(|g| g.iter().sum()).collect();
+    let (q2, r) = qr(&rs.rechunk(vec![groups, vec![n]])?)?;
+    let k = q2.shape[1];
+    let q2 = q2.rechunk(vec![ks, vec![k]])?;
+    let name = fresh_name("qr-q");
+    let mut layer = Graph::new();
+    for i in 0..rows.len() {
+        layer.insert(
+            key(&name, &[i, 0]),
+            Task::new(
+                kernels::QR_APPLY,
+                [
+                    Arg::key(key(&factors, &[i])),
+                    Arg::key(q2.block_key(&[i, 0])),
+                ],
+            ),
+        );
+    }
+    let q = Array::from_layer(
+        name,
+        vec![a.shape[0], k],
+        vec![rows.clone(), vec![k]],
+        DType::F64,
+        layer,
+        &[&rs, &q2],
+    );
     Ok((q, r))
 }
 
