@@ -201,5 +201,6 @@ pub fn register() {
         r.register(FINISH, |spec: Spec, a: std::sync::Arc<Chunk>| {
             reduce::finish(&spec, &a)
         });
+        super::linalg::register_kernels(r);
     });
 }

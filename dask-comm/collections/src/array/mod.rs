@@ -21,7 +21,7 @@ mod chunks;
 mod create;
 mod elementwise;
 mod kernels;
-mod linalg;
+pub mod linalg;
 mod map;
 pub mod npy;
 mod overlap;
@@ -204,6 +204,52 @@ pub enum ArrayError {
         /// The array's element type.
         dtype: &'static str,
     },
+    /// An operation for arrays of some rank given one of another.
+    #[error("{op} takes {expected}, not a {ndim}-d array")]
+    Rank {
+        /// The operation.
+        op: &'static str,
+        /// What it takes.
+        expected: &'static str,
+        /// The given array's axes.
+        ndim: usize,
+    },
+    /// A square matrix was needed.
+    #[error("a square matrix is needed, not one of shape {shape:?}")]
+    NotSquare {
+        /// The shape given.
+        shape: Vec<usize>,
+    },
+    /// TSQR (`qr`, `svd`, `lstsq`) needs a 2-d array with one block column (or, for `svd`,
+    /// one block row), and `lstsq` at least as many rows as columns.
+    #[error("shape {shape:?} in {numblocks:?} blocks is not tall and skinny (one block column)")]
+    NotTallSkinny {
+        /// The array's shape.
+        shape: Vec<usize>,
+        /// Its blocks per axis.
+        numblocks: Vec<usize>,
+    },
+    /// A Cholesky factorization met a matrix that is not (numerically) positive definite.
+    #[error("the matrix is not positive definite (found computing {key})")]
+    NotPositiveDefinite {
+        /// The task that found it.
+        key: Key,
+    },
+    /// A solve met a (numerically) singular matrix.
+    #[error("the matrix is singular (found computing {key})")]
+    Singular {
+        /// The task that found it.
+        key: Key,
+    },
+    /// A norm order that is not defined over that many axes (or, for the orders computed from
+    /// singular values, with `keepdims`).
+    #[error("norm order {ord:?} is not defined over {axes} axes here")]
+    NormOrder {
+        /// The order.
+        ord: linalg::NormOrd,
+        /// The axes the norm is over.
+        axes: usize,
+    },
 }
 
 /// The layers of a graph, by name: each operation adds one; arrays built from others share
@@ -379,7 +425,7 @@ impl Array {
         let keys = self.keys();
         // Only what the blocks need: a slice of a large array computes the blocks it touches.
         let graph = dask_graph::optimize::cull(self.graph(), &keys);
-        let values = scheduler.get(graph, &keys)?;
+        let values = scheduler.get(graph, &keys).map_err(linalg::typed_failure)?;
         let shapes = block_indices(&self.numblocks())
             .into_iter()
             .map(|idx| self.block_shape(&idx));
