@@ -18,6 +18,9 @@ Workloads (issue 15's, those the array has so far):
   matmul       (a @ a).sum(), a = ones((4000, 4000), chunks=1000)
   overlap      (x.map_overlap(mean3x3, depth=1, boundary="reflect") * x).sum(),
                x = sin(0.37 i + 0.11 j) on 8000 x 8000 in chunks of 1000 (NumPy: a symmetric pad)
+  cholesky     cholesky(ones((4000, 4000)) + 4000 * eye(4000)).sum(), chunks 1000
+  cholesky-250 the same in chunks of 250
+  svd          svd(x)[1].sum(), x = sin(0.00037 i (j + 1)), 2,000,000 x 20 in 100,000-row blocks
 Then a .npy stack round trip: ours writes one NumPy loads, NumPy writes one ours reads.
 Dask and NumPy run from target/dask-venv (installed from PyPI on first use).
 """
@@ -25,8 +28,10 @@ import argparse, json, os, statistics, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VPY = os.path.join(ROOT, "target", "dask-venv", "bin", "python")
-OURS = os.path.join(ROOT, "target", "release", "examples", "array_tour")
-WORKLOADS = ["xxt", "exp-slice", "random-mean", "rechunk", "matmul", "overlap"]
+OURS = os.path.join(os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
+                    "release", "examples", "array_tour")
+WORKLOADS = ["xxt", "exp-slice", "random-mean", "rechunk", "matmul", "overlap", "cholesky",
+             "cholesky-250", "svd"]
 
 # Runs inside the venv: argv = engine, small (0/1), workloads...; one JSON line per workload.
 PY_SIDE = r'''
@@ -36,6 +41,9 @@ import numpy as np
 n, c = (2000, 200) if small else (10000, 1000)
 m, k = (800, 200) if small else (4000, 1000)
 o, oc = (1600, 200) if small else (8000, 1000)
+ch = 800 if small else 4000
+chunks_of = {"cholesky": 200 if small else 1000, "cholesky-250": 50 if small else 250}
+tn, tc = (200_000, 10_000) if small else (2_000_000, 100_000)
 def mean3x3(b):
     out = b.copy()
     r, c = b.shape
@@ -57,6 +65,11 @@ if engine == "numpy":
     def overlap():
         x = np.sin(np.arange(o)[:, None] * 0.37 + np.arange(o)[None, :] * 0.11)
         return (mean3x3(np.pad(x, 1, mode="symmetric"))[1:-1, 1:-1] * x).sum()
+    def cholesky(c):
+        return np.linalg.cholesky(np.ones((ch, ch)) + ch * np.eye(ch)).sum()
+    def svd():
+        x = np.sin(np.arange(tn)[:, None] * np.arange(1, 21)[None, :] * 0.00037)
+        return np.linalg.svd(x, full_matrices=False)[1].sum()
     run = lambda f: f()
 else:
     import dask, dask.array as da
@@ -82,8 +95,17 @@ else:
         i = da.arange(o, chunks=oc)
         x = da.sin(i[:, None] * 0.37 + i[None, :] * 0.11)
         return (x.map_overlap(mean3x3, depth=1, boundary="reflect") * x).sum()
+    def cholesky(c):
+        a = da.ones((ch, ch), chunks=c) + ch * da.eye(ch, chunks=c)
+        return da.linalg.cholesky(a, lower=True).sum()
+    def svd():
+        i = da.arange(tn, chunks=tc)
+        x = da.sin(i[:, None] * da.arange(1, 21, chunks=20)[None, :] * 0.00037)
+        return da.linalg.svd(x)[1].sum()
 fs = {"xxt": xxt, "exp-slice": exp_slice, "random-mean": random_mean, "rechunk": rechunk,
-      "matmul": matmul, "overlap": overlap}
+      "matmul": matmul, "overlap": overlap, "svd": svd,
+      "cholesky": lambda: cholesky(chunks_of["cholesky"]),
+      "cholesky-250": lambda: cholesky(chunks_of["cholesky-250"])}
 for name in names:
     t0 = time.perf_counter()
     v = float(run(fs[name]))
@@ -92,17 +114,19 @@ for name in names:
 
 
 def ensure_venv():
-    """target/dask-venv with Dask's array and distributed parts (NumPy among them)."""
-    probe = "import numpy, dask.array, distributed"
+    """target/dask-venv with Dask's array and distributed parts (NumPy among them) and SciPy
+    (Dask's cholesky calls it)."""
+    probe = "import numpy, scipy, dask.array, distributed"
     if os.path.exists(VPY) and subprocess.run([VPY, "-c", probe],
                                               capture_output=True).returncode == 0:
         return
-    print("installing dask[array,distributed] from PyPI into target/dask-venv", flush=True)
+    print("installing dask[array,distributed] and scipy from PyPI into target/dask-venv",
+          flush=True)
     if not os.path.exists(VPY):
         subprocess.run([sys.executable, "-m", "venv", os.path.dirname(os.path.dirname(VPY))],
                        check=True)
     subprocess.run([VPY, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    "dask[array,distributed]"], check=True, timeout=900)
+                    "dask[array,distributed]", "scipy"], check=True, timeout=900)
 
 
 def python_engine(engine, small, names):

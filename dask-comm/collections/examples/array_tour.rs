@@ -84,8 +84,34 @@ fn build(name: &str, small: bool) -> Result<Array, ArrayError> {
             let m = x.map_overlap("tour-mean3x3", &[1], &[Boundary::Reflect], DType::F64)?;
             (&m * &x)?.sum(&[], false)
         }
+        // cholesky(ones((n, n)) + n * eye(n)).sum(), n = 4000, chunks 1000 or 250
+        "cholesky" | "cholesky-250" => {
+            let n = if small { 800 } else { 4000 };
+            let c = match (name, small) {
+                ("cholesky", false) => 1000,
+                ("cholesky", true) => 200,
+                (_, false) => 250,
+                (_, true) => 50,
+            };
+            let a = (&array::ones(&[n, n], c, DType::F64)?
+                + &(&array::eye(n, c, 0, DType::F64)? * n as f64)?)?;
+            array::linalg::cholesky(&a, true)?.sum(&[], false)
+        }
+        // svd(x)[1].sum(), x = sin(0.00037 i (j + 1)) of 2,000,000 x 20 in 100,000-row blocks
+        "svd" => {
+            let (n, c) = if small {
+                (200_000, 10_000)
+            } else {
+                (2_000_000, 100_000)
+            };
+            let i = array::arange(0.0, n as f64, 1.0, c, DType::F64)?.reshape(&[n, 1])?;
+            let j = array::arange(1.0, 21.0, 1.0, 20, DType::F64)?.reshape(&[1, 20])?;
+            let x = (&(&i * &j)? * 0.00037)?.unary(UnaryOp::Sin)?;
+            array::linalg::svd(&x)?.1.sum(&[], false)
+        }
         other => panic!(
-            "unknown workload {other} (xxt, exp-slice, random-mean, rechunk, matmul, overlap)"
+            "unknown workload {other} (xxt, exp-slice, random-mean, rechunk, matmul, overlap, \
+             cholesky, cholesky-250, svd)"
         ),
     }
 }

@@ -2,42 +2,17 @@
 //! by reconstruction and against `faer` or ndarray on the whole matrix, on the `Sync` and
 //! `Threaded` schedulers and on an in-process `LocalCluster`.
 
-use std::sync::OnceLock;
+mod common;
 
+use common::{cluster, schedulers};
 use dask_collections::array::linalg::{self, NormOrd};
 use dask_collections::array::{self, Array, ArrayError, DType};
-use dask_comm::{ClusterOptions, LocalCluster, Protocol};
-use dask_graph::{Scheduler, Sync, Threaded};
+use dask_graph::{Sync, Threaded};
 use ndarray::{Array2, ArrayD, Ix2, IxDyn};
 use proptest::prelude::*;
 
 /// Relative tolerance of every check (the matrices are well conditioned).
 const TOL: f64 = 1e-9;
-
-fn cluster() -> &'static dask_comm::Client {
-    static C: OnceLock<(LocalCluster, dask_comm::Client)> = OnceLock::new();
-    &C.get_or_init(|| {
-        array::register();
-        let c = LocalCluster::with(ClusterOptions {
-            workers: 2,
-            threads_per_worker: 1,
-            protocol: Protocol::Inproc,
-            processes: false,
-            ..Default::default()
-        })
-        .expect("a local cluster");
-        let client = c.client().expect("a client");
-        (c, client)
-    })
-    .1
-}
-
-fn schedulers() -> Vec<(&'static str, Box<dyn Scheduler>)> {
-    vec![
-        ("sync", Box::new(Sync)),
-        ("threaded", Box::new(Threaded::new(2))),
-    ]
-}
 
 /// `a` computed on every scheduler (the cluster too), as `f64`s, each checked to be `f64`.
 fn on_all(a: &Array) -> Vec<(&'static str, ArrayD<f64>)> {

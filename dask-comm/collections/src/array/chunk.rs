@@ -210,6 +210,8 @@ pub(crate) use each;
 pub trait ChunkElem: Elem {
     /// The chunk holding `a`.
     fn wrap(a: ArrayD<Self>) -> Chunk;
+    /// The elements of a chunk of this type (`None` for another type).
+    fn view(c: &Chunk) -> Option<&ArrayD<Self>>;
 }
 
 macro_rules! chunk_elem {
@@ -217,6 +219,12 @@ macro_rules! chunk_elem {
         impl ChunkElem for $t {
             fn wrap(a: ArrayD<Self>) -> Chunk {
                 Chunk::$v(a)
+            }
+            fn view(c: &Chunk) -> Option<&ArrayD<Self>> {
+                match c {
+                    Chunk::$v(a) => Some(a),
+                    _ => None,
+                }
             }
         }
     };
@@ -269,20 +277,25 @@ impl Chunk {
 
     /// The chunk as `dtype` (a clone when it already is).
     pub fn astype(&self, dtype: DType) -> Chunk {
+        self.as_type(dtype).into_owned()
+    }
+
+    /// This chunk as `dtype`: itself, borrowed, when it has that type already; else a cast.
+    pub fn as_type(&self, dtype: DType) -> std::borrow::Cow<'_, Chunk> {
         if self.dtype() == dtype {
-            return self.clone();
+            return std::borrow::Cow::Borrowed(self);
         }
         fn to<T: ChunkElem>(c: &Chunk) -> Chunk {
             each!(c, a => T::wrap(a.mapv(cast)))
         }
-        match dtype {
+        std::borrow::Cow::Owned(match dtype {
             DType::Bool => to::<bool>(self),
             DType::U8 => to::<u8>(self),
             DType::I32 => to::<i32>(self),
             DType::I64 => to::<i64>(self),
             DType::F32 => to::<f32>(self),
             DType::F64 => to::<f64>(self),
-        }
+        })
     }
 
     /// The elements as `f64`s (a copy).

@@ -34,7 +34,7 @@ pub fn full(
     kernels::register();
     check_rank(shape.len())?;
     let chunks = normalize(&chunks.into(), shape, dtype)?;
-    Ok(generated("full", shape, chunks, dtype, |_, bshape| {
+    Ok(generated("full", shape, chunks, dtype, move |_, bshape| {
         Task::new(
             kernels::FULL,
             [Arg::lit(bshape), Arg::lit(dtype), Arg::lit(value)],
@@ -48,16 +48,15 @@ pub(crate) fn generated(
     shape: &[usize],
     chunks: Vec<Vec<usize>>,
     dtype: DType,
-    make: impl Fn(&[usize], Vec<u64>) -> Task,
+    make: impl Fn(&[usize], Vec<u64>) -> Task + Send + Sync + 'static,
 ) -> Array {
     let name = fresh_name(prefix);
-    let mut layer = Graph::new();
-    let grid: Vec<usize> = chunks.iter().map(Vec::len).collect();
-    for idx in block_indices(&grid) {
-        let bshape: Vec<u64> = idx.iter().zip(&chunks).map(|(&i, c)| c[i] as u64).collect();
-        layer.insert(key(&name, &idx), make(&idx, bshape));
-    }
-    Array::from_layer(name, shape.to_vec(), chunks, dtype, layer, &[])
+    let blocks = chunks.clone();
+    let task = move |idx: &[usize]| {
+        let bshape: Vec<u64> = idx.iter().zip(&blocks).map(|(&i, c)| c[i] as u64).collect();
+        make(idx, bshape)
+    };
+    Array::from_blocks(name, shape.to_vec(), chunks, dtype, task, &[])
 }
 
 /// Zeros (see [`full`]).
@@ -199,17 +198,23 @@ pub fn eye(
     kernels::register();
     let chunks = normalize(&chunks.into(), &[n, n], dtype)?;
     let starts = block_starts(&chunks);
-    Ok(generated("eye", &[n, n], chunks, dtype, |idx, bshape| {
-        let (r0, c0) = (starts[0][idx[0]] as i64, starts[1][idx[1]] as i64);
-        Task::new(
-            kernels::EYE,
-            [
-                Arg::lit(bshape),
-                Arg::lit(c0 - r0 - k as i64),
-                Arg::lit(dtype),
-            ],
-        )
-    }))
+    Ok(generated(
+        "eye",
+        &[n, n],
+        chunks,
+        dtype,
+        move |idx, bshape| {
+            let (r0, c0) = (starts[0][idx[0]] as i64, starts[1][idx[1]] as i64);
+            Task::new(
+                kernels::EYE,
+                [
+                    Arg::lit(bshape),
+                    Arg::lit(c0 - r0 - k as i64),
+                    Arg::lit(dtype),
+                ],
+            )
+        },
+    ))
 }
 
 /// Where each block starts, per axis.

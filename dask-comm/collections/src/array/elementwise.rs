@@ -179,12 +179,12 @@ fn zip_with<A: Elem, B: Elem, C: ChunkElem>(
 /// `op` between two chunks, broadcasting (the kernel of every binary operation).
 pub(crate) fn binary_chunks(op: BinaryOp, a: &Chunk, b: &Chunk) -> Result<Chunk, String> {
     let t = op.operands(a.dtype(), b.dtype());
-    let (a, b) = (a.astype(t), b.astype(t));
+    let (a, b) = (a.as_type(t), b.as_type(t));
     use BinaryOp::*;
-    match (op, &a, &b) {
+    match (op, &*a, &*b) {
         (And, Chunk::Bool(x), Chunk::Bool(y)) => zip_with(x, y, |p, q| p && q),
         (Or, Chunk::Bool(x), Chunk::Bool(y)) => zip_with(x, y, |p, q| p || q),
-        (Eq | Ne | Lt | Le | Gt | Ge, _, _) => match (&a, &b) {
+        (Eq | Ne | Lt | Le | Gt | Ge, _, _) => match (&*a, &*b) {
             (Chunk::Bool(x), Chunk::Bool(y)) => zip_with(x, y, |p, q| compare(op, p, q)),
             (Chunk::U8(x), Chunk::U8(y)) => zip_with(x, y, |p, q| compare(op, p, q)),
             (Chunk::I32(x), Chunk::I32(y)) => zip_with(x, y, |p, q| compare(op, p, q)),
@@ -216,7 +216,7 @@ pub(crate) fn unary_chunk(op: UnaryOp, a: &Chunk) -> Chunk {
     let t = op.result(a.dtype());
     match op {
         UnaryOp::Not => {
-            each!(&a.astype(DType::Bool), x => Chunk::from(x.mapv(|v| !cast::<_, bool>(v))))
+            each!(&*a.as_type(DType::Bool), x => Chunk::from(x.mapv(|v| !cast::<_, bool>(v))))
         }
         UnaryOp::Neg | UnaryOp::Abs if !t.is_float() => {
             let x = a.astype(DType::I64);
@@ -345,24 +345,31 @@ pub(crate) fn unify_all(operands: &[&Array], shape: &[usize]) -> Result<Vec<Arra
         .collect()
 }
 
-/// Where each operand's blocks come from for a result block: the result's block index, or 0
-/// along an axis the operand broadcasts.
-pub(crate) fn source_block(
-    idx: &[usize],
-    operand: &Array,
-    result_ndim: usize,
-    result: &[usize],
-) -> Vec<usize> {
-    let off = result_ndim - operand.ndim();
-    (0..operand.ndim())
-        .map(|i| {
-            if operand.shape()[i] == 1 && result[off + i] != 1 {
-                0
-            } else {
-                idx[off + i]
-            }
-        })
-        .collect()
+/// What a result block needs to name an operand's block: its layer, and which of the result's
+/// axes it has at full length (by its own axis).
+#[derive(Debug, Clone)]
+pub(crate) struct Operand {
+    name: String,
+    /// Per axis of the operand: the result's axis, or `None` where it broadcasts (length 1).
+    axes: Vec<Option<usize>>,
+}
+
+impl Operand {
+    pub(crate) fn of(a: &Array, shape: &[usize]) -> Operand {
+        let off = shape.len() - a.ndim();
+        Operand {
+            name: a.name.clone(),
+            axes: (0..a.ndim())
+                .map(|i| (!(a.shape[i] == 1 && shape[off + i] != 1)).then_some(off + i))
+                .collect(),
+        }
+    }
+
+    /// The operand's block for result block `idx`.
+    pub(crate) fn block(&self, idx: &[usize]) -> dask_graph::Key {
+        let own: Vec<usize> = self.axes.iter().map(|a| a.map_or(0, |r| idx[r])).collect();
+        key(&self.name, &own)
+    }
 }
 
 impl Array {
@@ -410,22 +417,19 @@ impl Array {
         }
         let dtype = op.result(self.dtype, other.dtype);
         let name = fresh_name(&format!("{op:?}").to_lowercase());
-        let mut layer = Graph::new();
-        let grid: Vec<usize> = chunks.iter().map(Vec::len).collect();
-        for idx in block_indices(&grid) {
-            let a = self.block_key(&source_block(&idx, self, n, &shape));
-            let b = other.block_key(&source_block(&idx, other, n, &shape));
-            layer.insert(
-                key(&name, &idx),
-                Task::new(kernels::BINARY, [Arg::lit(op), Arg::key(a), Arg::key(b)]),
-            );
-        }
-        Ok(Array::from_layer(
+        let (a, b) = (Operand::of(self, &shape), Operand::of(other, &shape));
+        let task = move |idx: &[usize]| {
+            Task::new(
+                kernels::BINARY,
+                [Arg::lit(op), Arg::key(a.block(idx)), Arg::key(b.block(idx))],
+            )
+        };
+        Ok(Array::from_blocks(
             name,
             shape,
             chunks,
             dtype,
-            layer,
+            task,
             &[self, other],
         ))
     }
@@ -443,28 +447,25 @@ impl Array {
         let sdtype = scalar_dtype(self.dtype, scalar);
         let dtype = op.result(self.dtype, sdtype);
         let name = fresh_name(&format!("{op:?}-scalar").to_lowercase());
-        let mut layer = Graph::new();
-        for idx in block_indices(&self.numblocks()) {
-            layer.insert(
-                key(&name, &idx),
-                Task::new(
-                    kernels::SCALAR,
-                    [
-                        Arg::lit(op),
-                        Arg::key(self.block_key(&idx)),
-                        Arg::lit(scalar),
-                        Arg::lit(sdtype),
-                        Arg::lit(scalar_first),
-                    ],
-                ),
-            );
-        }
-        Ok(Array::from_layer(
+        let source = self.name.clone();
+        let task = move |idx: &[usize]| {
+            Task::new(
+                kernels::SCALAR,
+                [
+                    Arg::lit(op),
+                    Arg::key(key(&source, idx)),
+                    Arg::lit(scalar),
+                    Arg::lit(sdtype),
+                    Arg::lit(scalar_first),
+                ],
+            )
+        };
+        Ok(Array::from_blocks(
             name,
             self.shape.clone(),
             self.chunks.clone(),
             dtype,
-            layer,
+            task,
             &[self],
         ))
     }
@@ -500,22 +501,19 @@ impl Array {
         param: dask_graph::Value,
     ) -> Result<Array, ArrayError> {
         let name = fresh_name(prefix);
-        let mut layer = Graph::new();
-        for idx in block_indices(&self.numblocks()) {
-            layer.insert(
-                key(&name, &idx),
-                Task::new(
-                    function,
-                    [Arg::Lit(param.clone()), Arg::key(self.block_key(&idx))],
-                ),
-            );
-        }
-        Ok(Array::from_layer(
+        let (source, function) = (self.name.clone(), function.to_string());
+        let task = move |idx: &[usize]| {
+            Task::new(
+                &function,
+                [Arg::Lit(param.clone()), Arg::key(key(&source, idx))],
+            )
+        };
+        Ok(Array::from_blocks(
             name,
             self.shape.clone(),
             self.chunks.clone(),
             dtype,
-            layer,
+            task,
             &[self],
         ))
     }

@@ -7,7 +7,7 @@ use dask_graph::{registry, Arg, Graph, Task};
 use ndarray::{IxDyn, Zip};
 
 use super::create::key;
-use super::elementwise::{broadcast_shape, source_block, unify_all};
+use super::elementwise::{broadcast_shape, unify_all, Operand};
 use super::{block_indices, fresh_name, kernels, Array, ArrayError, Chunk, DType};
 
 /// `x` where `cond` is true, else `y`, broadcasting the three (the kernel of [`where_`]).
@@ -23,7 +23,7 @@ pub(crate) fn select_chunks(t: DType, cond: &Chunk, x: &Chunk, y: &Chunk) -> Res
         .ok_or("condition does not broadcast")?;
     macro_rules! pick {
         ($v:ident) => {{
-            let (Chunk::$v(a), Chunk::$v(b)) = (x.astype(t), y.astype(t)) else {
+            let (Chunk::$v(a), Chunk::$v(b)) = (&*x.as_type(t), &*y.as_type(t)) else {
                 unreachable!("cast to {t:?}")
             };
             let (a, b) = (
@@ -79,18 +79,14 @@ pub fn where_(cond: &Array, x: &Array, y: &Array) -> Result<Array, ArrayError> {
         .collect();
     let t = DType::promote(x.dtype, y.dtype);
     let name = fresh_name("where");
-    let mut layer = Graph::new();
-    let grid: Vec<usize> = chunks.iter().map(Vec::len).collect();
-    for idx in block_indices(&grid) {
+    let operands: Vec<Operand> = ops.iter().map(|a| Operand::of(a, &shape)).collect();
+    let task = move |idx: &[usize]| {
         let mut args = vec![Arg::lit(t)];
-        args.extend(
-            ops.iter()
-                .map(|a| Arg::key(a.block_key(&source_block(&idx, a, n, &shape)))),
-        );
-        layer.insert(key(&name, &idx), Task::new(kernels::WHERE, args));
-    }
+        args.extend(operands.iter().map(|o| Arg::key(o.block(idx))));
+        Task::new(kernels::WHERE, args)
+    };
     let refs: Vec<&Array> = ops.iter().collect();
-    Ok(Array::from_layer(name, shape, chunks, t, layer, &refs))
+    Ok(Array::from_blocks(name, shape, chunks, t, task, &refs))
 }
 
 impl Array {

@@ -35,7 +35,7 @@ mod take;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use dask_graph::{ComputeError, Graph, Key, Scheduler};
+use dask_graph::{ComputeError, Graph, Key, Node, Scheduler, Task};
 use ndarray::Axis;
 
 pub use chunk::{cast, Chunk, ChunkElem, DType, Elem};
@@ -252,9 +252,46 @@ pub enum ArrayError {
     },
 }
 
+/// The tasks of one operation: built, or a rule that builds the task of any block on demand
+/// (so that computing a few blocks of a large array builds only the tasks they need, as
+/// Dask's high-level graphs).
+#[derive(Clone)]
+pub(crate) enum Layer {
+    /// The tasks, built.
+    Built(Arc<Graph>),
+    /// Block `idx` (of a grid of `grid`) is `make(idx)`.
+    Blocks {
+        grid: Vec<usize>,
+        make: Arc<dyn Fn(&[usize]) -> Task + Send + Sync>,
+    },
+}
+
+impl std::fmt::Debug for Layer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Layer::Built(g) => write!(f, "{} tasks", g.len()),
+            Layer::Blocks { grid, .. } => write!(f, "blocks {grid:?}, built on demand"),
+        }
+    }
+}
+
+impl Layer {
+    /// The node of `key` in this layer, if it has one.
+    fn node(&self, key: &Key) -> Option<Node> {
+        match self {
+            Layer::Built(g) => g.get(key).cloned(),
+            Layer::Blocks { grid, make } => {
+                let idx: Vec<usize> = key.indices().iter().map(|&i| i as usize).collect();
+                let inside = idx.len() == grid.len() && idx.iter().zip(grid).all(|(i, n)| i < n);
+                inside.then(|| Node::Task(make(&idx)))
+            }
+        }
+    }
+}
+
 /// The layers of a graph, by name: each operation adds one; arrays built from others share
 /// theirs.
-pub(crate) type Layers = Arc<BTreeMap<String, Arc<Graph>>>;
+pub(crate) type Layers = Arc<BTreeMap<String, Layer>>;
 
 /// Results a cluster keeps for an array (see [`Array::persist`]): guards, held by every array
 /// built on it.
@@ -304,13 +341,59 @@ impl Array {
         layer: Graph,
         inputs: &[&Array],
     ) -> Array {
+        Array::with_layer(
+            name,
+            shape,
+            chunks,
+            dtype,
+            Layer::Built(Arc::new(layer)),
+            inputs,
+        )
+    }
+
+    /// An array whose block `idx` is the task `make(idx)`, built only when a computation needs
+    /// that block, on top of the layers of `inputs`.
+    pub(crate) fn from_blocks(
+        name: String,
+        shape: Vec<usize>,
+        chunks: Vec<Vec<usize>>,
+        dtype: DType,
+        make: impl Fn(&[usize]) -> Task + Send + Sync + 'static,
+        inputs: &[&Array],
+    ) -> Array {
+        let grid = chunks.iter().map(Vec::len).collect();
+        let layer = Layer::Blocks {
+            grid,
+            make: Arc::new(make),
+        };
+        Array::with_layer(name, shape, chunks, dtype, layer, inputs)
+    }
+
+    fn with_layer(
+        name: String,
+        shape: Vec<usize>,
+        chunks: Vec<Vec<usize>>,
+        dtype: DType,
+        layer: Layer,
+        inputs: &[&Array],
+    ) -> Array {
         let mut layers = BTreeMap::new();
         let mut held = Held::default();
         for a in inputs {
-            layers.extend(a.layers.iter().map(|(k, v)| (k.clone(), Arc::clone(v))));
+            layers.extend(a.layers.iter().map(|(k, v)| (k.clone(), v.clone())));
             held.extend(&a.held);
         }
-        layers.insert(name.clone(), Arc::new(layer));
+        if let Layer::Built(g) = &layer {
+            // A built layer may hold several named stages (a reduction's partial and combine
+            // tasks): each name finds it.
+            let mut names: Vec<&'static str> = g.iter().map(|(k, _)| k.name().as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            for n in names.into_iter().filter(|n| *n != name) {
+                layers.insert(n.to_string(), layer.clone());
+            }
+        }
+        layers.insert(name.clone(), layer);
         Array {
             name,
             shape,
@@ -337,7 +420,7 @@ impl Array {
     /// ```
     pub fn persist(&self, scheduler: &dyn Scheduler) -> Result<Array, ArrayError> {
         let keys = self.keys();
-        let graph = dask_graph::optimize::cull(self.graph(), &keys);
+        let graph = self.graph_for(&keys);
         let (layer, held) = match scheduler.persist(graph, &keys)? {
             dask_graph::Persisted::Values(values) => {
                 let mut g = Graph::new();
@@ -350,7 +433,7 @@ impl Array {
         };
         let mut layers = BTreeMap::new();
         if let Some(g) = layer {
-            layers.insert(self.name.clone(), Arc::new(g));
+            layers.insert(self.name.clone(), Layer::Built(Arc::new(g)));
         }
         Ok(Array {
             name: self.name.clone(),
@@ -411,11 +494,48 @@ impl Array {
             .collect()
     }
 
-    /// The whole graph: every layer this array stands on.
+    /// The whole graph: every layer this array stands on, every task built.
     pub fn graph(&self) -> Graph {
         let mut g = Graph::new();
-        for layer in self.layers.values() {
-            g.extend(Graph::clone(layer));
+        let mut built: Vec<&Arc<Graph>> = Vec::new();
+        for (name, layer) in self.layers.iter() {
+            match layer {
+                Layer::Built(l) => {
+                    // Listed under each of its stages' names: added once.
+                    if !built.iter().any(|b| Arc::ptr_eq(b, l)) {
+                        built.push(l);
+                        g.extend(Graph::clone(l));
+                    }
+                }
+                Layer::Blocks { grid, make } => {
+                    for idx in block_indices(grid) {
+                        g.insert(create::key(name, &idx), make(&idx));
+                    }
+                }
+            }
+        }
+        g
+    }
+
+    /// The tasks `keys` need and nothing else: walked back from them, each task built from its
+    /// layer when reached (a key no layer has is left to the scheduler: a persisted block).
+    pub fn graph_for(&self, keys: &[Key]) -> Graph {
+        let mut g = Graph::new();
+        let mut seen: std::collections::HashSet<Key> = std::collections::HashSet::new();
+        let mut stack: Vec<Key> = keys.to_vec();
+        while let Some(k) = stack.pop() {
+            if !seen.insert(k) {
+                continue;
+            }
+            let Some(node) = self.layers.get(k.name().as_str()).and_then(|l| l.node(&k)) else {
+                continue;
+            };
+            stack.extend(
+                node.dependencies()
+                    .into_iter()
+                    .filter(|d| !seen.contains(d)),
+            );
+            g.insert(k, node);
         }
         g
     }
@@ -423,8 +543,9 @@ impl Array {
     /// Computes the array on `scheduler` and assembles its blocks into one chunk.
     pub fn compute(&self, scheduler: &dyn Scheduler) -> Result<Chunk, ArrayError> {
         let keys = self.keys();
-        // Only what the blocks need: a slice of a large array computes the blocks it touches.
-        let graph = dask_graph::optimize::cull(self.graph(), &keys);
+        // Only what the blocks need: a slice of a large array builds and computes the blocks
+        // it touches.
+        let graph = self.graph_for(&keys);
         let values = scheduler.get(graph, &keys).map_err(linalg::typed_failure)?;
         let shapes = block_indices(&self.numblocks())
             .into_iter()

@@ -106,18 +106,24 @@ fn make(
 ) -> Result<Array, ArrayError> {
     kernels::register();
     let chunks = normalize(&chunks, shape, dtype)?;
-    Ok(generated("random", shape, chunks, dtype, |idx, bshape| {
-        let bidx: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
-        Task::new(
-            kernels::RANDOM,
-            [
-                Arg::lit(dist),
-                Arg::lit(seed),
-                Arg::lit(bidx),
-                Arg::lit(bshape),
-            ],
-        )
-    }))
+    Ok(generated(
+        "random",
+        shape,
+        chunks,
+        dtype,
+        move |idx, bshape| {
+            let bidx: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
+            Task::new(
+                kernels::RANDOM,
+                [
+                    Arg::lit(dist),
+                    Arg::lit(seed),
+                    Arg::lit(bidx),
+                    Arg::lit(bshape),
+                ],
+            )
+        },
+    ))
 }
 
 /// Uniform on `[0, 1)` (`da.random.random`).

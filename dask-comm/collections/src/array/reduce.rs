@@ -112,12 +112,13 @@ fn nan_max<T: Elem>(x: T, y: T) -> T {
 
 /// Reduces `c` (already in its accumulating form) over `axes`, keeping them.
 fn fold_simple(op: ReduceOp, c: &Chunk, axes: &[usize]) -> Result<Chunk, String> {
-    let mut c = c.clone();
+    // Read in place; each reduced axis makes a new (smaller) chunk.
+    let mut c = std::borrow::Cow::Borrowed(c);
     for &ax in axes {
         if c.shape()[ax] == 0 && matches!(op, ReduceOp::Min | ReduceOp::Max) {
             return Err("zero-size array to a reduction with no identity (min, max)".into());
         }
-        c = match (op, &c) {
+        c = std::borrow::Cow::Owned(match (op, &*c) {
             (ReduceOp::Sum, Chunk::I64(a)) => {
                 Chunk::from(fold_keep(a, ax, 0, |x, y| x.wrapping_add(*y)))
             }
@@ -134,22 +135,22 @@ fn fold_simple(op: ReduceOp, c: &Chunk, axes: &[usize]) -> Result<Chunk, String>
                 Chunk::from(fold_keep(a, ax, false, |x, y| *x || *y))
             }
             (ReduceOp::All, Chunk::Bool(a)) => Chunk::from(fold_keep(a, ax, true, |x, y| *x && *y)),
-            (ReduceOp::Min, _) => each!(&c, a => {
+            (ReduceOp::Min, _) => each!(&*c, a => {
                 let first = a.index_axis(Axis(ax), 0).to_owned();
                 Chunk::from(a.axis_iter(Axis(ax)).fold(first, |acc, lane| {
                     ndarray::Zip::from(&acc).and(&lane).map_collect(|&x, &y| nan_min(x, y))
                 }).insert_axis(Axis(ax)))
             }),
-            (ReduceOp::Max, _) => each!(&c, a => {
+            (ReduceOp::Max, _) => each!(&*c, a => {
                 let first = a.index_axis(Axis(ax), 0).to_owned();
                 Chunk::from(a.axis_iter(Axis(ax)).fold(first, |acc, lane| {
                     ndarray::Zip::from(&acc).and(&lane).map_collect(|&x, &y| nan_max(x, y))
                 }).insert_axis(Axis(ax)))
             }),
             _ => return Err(format!("{op:?} of a {} chunk", c.dtype().name())),
-        };
+        });
     }
-    Ok(c)
+    Ok(c.into_owned())
 }
 
 /// Merges (count, mean, M2) rows along `axis` (of the statistics array, whose axis 0 holds the
@@ -239,9 +240,9 @@ pub(crate) fn partial(spec: &Spec, c: &Chunk) -> Result<Chunk, String> {
                 ndarray::concatenate(Axis(0), &views).map_err(|e| e.to_string())?,
             ))
         }
-        ReduceOp::Any | ReduceOp::All => fold_simple(spec.op, &c.astype(DType::Bool), &axes),
+        ReduceOp::Any | ReduceOp::All => fold_simple(spec.op, &c.as_type(DType::Bool), &axes),
         ReduceOp::Sum | ReduceOp::Prod => {
-            fold_simple(spec.op, &c.astype(spec.dtype.accumulated()), &axes)
+            fold_simple(spec.op, &c.as_type(spec.dtype.accumulated()), &axes)
         }
         ReduceOp::Min | ReduceOp::Max => fold_simple(spec.op, c, &axes),
     }

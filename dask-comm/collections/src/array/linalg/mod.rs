@@ -87,10 +87,76 @@ pub(crate) fn sum_of_products(t: DType, args: &[Value]) -> Result<Chunk, String>
         }};
     }
     Ok(match t {
-        DType::F64 => sum!(F64, f64),
-        DType::F32 => sum!(F32, f32),
+        DType::F64 => float_products::<f64>(&chunks)?,
+        DType::F32 => float_products::<f32>(&chunks)?,
         _ => sum!(I64, i64),
     })
+}
+
+/// `c` (or its cast to `T`, when there is one) as a row-major matrix.
+fn row_major<'a, T: super::ChunkElem>(
+    c: &'a Chunk,
+    cast: &'a Option<Chunk>,
+) -> Result<ndarray::CowArray<'a, T, Ix2>, String> {
+    let a = T::view(cast.as_ref().unwrap_or(c)).ok_or("a block of another type")?;
+    let v = a
+        .view()
+        .into_dimensionality::<Ix2>()
+        .map_err(|e| e.to_string())?;
+    Ok(if v.is_standard_layout() {
+        ndarray::CowArray::from(v)
+    } else {
+        ndarray::CowArray::from(v.as_standard_layout().into_owned())
+    })
+}
+
+/// Σ a_k · b_k in floats with faer's matrix product, accumulated in place in one row-major
+/// block (the operands read where they lie when they are row-major).
+fn float_products<T>(chunks: &[&Chunk]) -> Result<Chunk, String>
+where
+    T: super::ChunkElem + faer::traits::ComplexField,
+{
+    let mut acc: Option<Array2<T>> = None;
+    for pair in chunks.chunks_exact(2) {
+        // Blocks of the type are read where they lie (copied only if not row-major).
+        let casts: Vec<Option<Chunk>> = pair
+            .iter()
+            .map(|c| (c.dtype() != T::DTYPE).then(|| c.astype(T::DTYPE)))
+            .collect();
+        let (a, b) = (
+            row_major::<T>(pair[0], &casts[0])?,
+            row_major::<T>(pair[1], &casts[1])?,
+        );
+        if a.ncols() != b.nrows() {
+            return Err(format!(
+                "blocks of {:?} and {:?} do not multiply",
+                a.dim(),
+                b.dim()
+            ));
+        }
+        let out =
+            acc.get_or_insert_with(|| Array2::from_elem((a.nrows(), b.ncols()), T::from_f64(0.0)));
+        if out.dim() != (a.nrows(), b.ncols()) {
+            return Err("products of different shapes".into());
+        }
+        let (m, k, n) = (a.nrows(), a.ncols(), b.ncols());
+        let lhs = faer::MatRef::from_row_major_slice(a.as_slice().expect("standard layout"), m, k);
+        let rhs = faer::MatRef::from_row_major_slice(b.as_slice().expect("standard layout"), k, n);
+        let dst = faer::MatMut::from_row_major_slice_mut(
+            out.as_slice_mut().expect("standard layout"),
+            m,
+            n,
+        );
+        faer::linalg::matmul::matmul(
+            dst,
+            faer::Accum::Add,
+            lhs,
+            rhs,
+            T::from_f64(1.0),
+            faer::Par::Seq,
+        );
+    }
+    Ok(Chunk::from(acc.ok_or("no pairs")?.into_dyn()))
 }
 
 impl Array {
