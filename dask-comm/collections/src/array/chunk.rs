@@ -280,6 +280,15 @@ impl Chunk {
         self.as_type(dtype).into_owned()
     }
 
+    /// This chunk as `dtype`, consumed: itself when it has that type already (no copy).
+    pub fn into_type(self, dtype: DType) -> Chunk {
+        if self.dtype() == dtype {
+            self
+        } else {
+            self.as_type(dtype).into_owned()
+        }
+    }
+
     /// This chunk as `dtype`: itself, borrowed, when it has that type already; else a cast.
     pub fn as_type(&self, dtype: DType) -> std::borrow::Cow<'_, Chunk> {
         if self.dtype() == dtype {

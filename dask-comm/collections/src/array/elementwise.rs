@@ -228,7 +228,7 @@ pub(crate) fn unary_chunk(op: UnaryOp, a: &Chunk) -> Chunk {
                     v.wrapping_abs()
                 }
             });
-            Chunk::from(y).astype(t)
+            Chunk::from(y).into_type(t)
         }
         UnaryOp::Floor | UnaryOp::Ceil if !t.is_float() => a.clone(),
         _ => {
@@ -247,7 +247,8 @@ pub(crate) fn unary_chunk(op: UnaryOp, a: &Chunk) -> Chunk {
             };
             match a {
                 Chunk::F32(x) => Chunk::from(x.mapv(|v| f(f64::from(v)) as f32)),
-                other => Chunk::from(other.to_f64().mapv(f)).astype(t),
+                Chunk::F64(x) => Chunk::from(x.mapv(f)),
+                other => Chunk::from(other.to_f64().mapv(f)).into_type(t),
             }
         }
     }
@@ -484,6 +485,10 @@ impl Array {
     /// The array as `dtype` (NumPy's `astype`).
     pub fn astype(&self, dtype: DType) -> Result<Array, ArrayError> {
         kernels::register();
+        if dtype == self.dtype {
+            // Nothing to convert: the same blocks (NumPy copies; nothing here writes in place).
+            return Ok(self.clone());
+        }
         self.blockwise(
             "astype",
             dtype,

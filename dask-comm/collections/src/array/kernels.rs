@@ -173,7 +173,7 @@ pub fn register() {
             let a = ArrayD::from_shape_fn(IxDyn(&[rows, cols]), |i| {
                 f64::from(u8::from(i[1] as i64 + shift == i[0] as i64))
             });
-            Chunk::from(a).astype(dtype)
+            Chunk::from(a).into_type(dtype)
         });
         r.register(
             PICK,

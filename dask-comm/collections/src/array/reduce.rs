@@ -301,7 +301,7 @@ pub(crate) fn finish(spec: &Spec, part: &Chunk) -> Result<Chunk, String> {
                 }
                 _ => unreachable!("matched above"),
             };
-            Chunk::from(v).astype(out_t)
+            Chunk::from(v).into_type(out_t)
         }
         _ => part.clone(),
     };

@@ -30,8 +30,22 @@ pub(crate) const NOT_SPD: &str = "not positive definite";
 /// How a solve says its matrix is singular.
 pub(crate) const SINGULAR: &str = "singular matrix";
 
+/// A 2-d `f64` block in row-major order, viewed as a matrix in place.
+fn view(c: &Chunk) -> Option<MatRef<'_, f64>> {
+    match c {
+        Chunk::F64(a) if a.ndim() == 2 => {
+            let (r, k) = (a.shape()[0], a.shape()[1]);
+            a.as_slice().map(|s| MatRef::from_row_major_slice(s, r, k))
+        }
+        _ => None,
+    }
+}
+
 /// A 2-d block as a matrix (a 1-d block as one column).
 pub(crate) fn mat(c: &Chunk) -> Result<Mat<f64>, String> {
+    if let Some(m) = view(c) {
+        return Ok(m.to_owned());
+    }
     let a = c.to_f64();
     match *a.shape() {
         [n] => Ok(Mat::from_fn(n, 1, |i, _| a[[i]])),
@@ -42,12 +56,22 @@ pub(crate) fn mat(c: &Chunk) -> Result<Mat<f64>, String> {
 
 /// A matrix as a 2-d `f64` block (1-d when `vector`: its one column).
 pub(crate) fn chunk(m: MatRef<'_, f64>, vector: bool) -> Chunk {
+    let (r, c) = (m.nrows(), m.ncols());
+    let mut out = ndarray::Array2::<f64>::zeros((r, c));
+    faer::MatMut::from_row_major_slice_mut(
+        out.as_slice_mut().expect("a new array is row-major"),
+        r,
+        c,
+    )
+    .copy_from(m);
     if vector {
-        Chunk::from(ArrayD::from_shape_fn(IxDyn(&[m.nrows()]), |i| m[(i[0], 0)]))
+        Chunk::from(
+            out.into_shape_with_order(IxDyn(&[r]))
+                .expect("one column")
+                .into_dyn(),
+        )
     } else {
-        Chunk::from(ArrayD::from_shape_fn(IxDyn(&[m.nrows(), m.ncols()]), |i| {
-            m[(i[0], i[1])]
-        }))
+        Chunk::from(out.into_dyn())
     }
 }
 
@@ -82,16 +106,28 @@ fn subtract_products(
         return Err(format!("{rest} blocks: pairs expected"));
     }
     for p in (from..args.len()).step_by(2) {
-        let (x, y) = (mat(chunk_at(args, p)?)?, mat(chunk_at(args, p + 1)?)?);
-        let prod = if transposed {
-            &x * y.transpose()
-        } else {
-            &x * &y
+        // Read in place when row-major f64 (the usual case), copied otherwise.
+        let (xc, yc) = (chunk_at(args, p)?, chunk_at(args, p + 1)?);
+        let (xo, yo);
+        let x = match view(xc) {
+            Some(v) => v,
+            None => {
+                xo = mat(xc)?;
+                xo.as_ref()
+            }
         };
-        if prod.nrows() != m.nrows() || prod.ncols() != m.ncols() {
+        let y = match view(yc) {
+            Some(v) => v,
+            None => {
+                yo = mat(yc)?;
+                yo.as_ref()
+            }
+        };
+        let y = if transposed { y.transpose() } else { y };
+        if x.ncols() != y.nrows() || x.nrows() != m.nrows() || y.ncols() != m.ncols() {
             return Err("blocks of a product do not line up".into());
         }
-        *m -= prod;
+        faer::linalg::matmul::matmul(m.as_mut(), faer::Accum::Add, x, y, -1.0, Par::Seq);
     }
     Ok(())
 }
