@@ -22,7 +22,7 @@ fn targets(shape: &[usize], split: usize) -> Vec<Vec<usize>> {
         merged.extend(&shape[2..]);
         out.push(merged);
     }
-    let divisors: Vec<usize> = (1..=n).filter(|d| n % d == 0).collect();
+    let divisors: Vec<usize> = (1..=n).filter(|d| n.is_multiple_of(*d)).collect();
     let d = divisors[split % divisors.len()];
     out.push(vec![d, n / d]);
     let mut padded = vec![1];

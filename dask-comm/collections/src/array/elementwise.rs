@@ -315,15 +315,14 @@ fn unify(a: &Array, b: &Array, shape: &[usize]) -> Result<(Array, Array), ArrayE
 pub(crate) fn unify_all(operands: &[&Array], shape: &[usize]) -> Result<Vec<Array>, ArrayError> {
     let n = shape.len();
     let mut chunks: Vec<Vec<Vec<usize>>> = operands.iter().map(|a| a.chunks.clone()).collect();
-    for axis in 0..n {
+    for (axis, &len) in shape.iter().enumerate() {
         // The operands with this axis at full length, by their own axis number.
         let full: Vec<(usize, usize)> = operands
             .iter()
             .enumerate()
             .filter_map(|(k, x)| {
                 let off = n - x.ndim();
-                (axis >= off && !(x.shape[axis - off] == 1 && shape[axis] != 1))
-                    .then(|| (k, axis - off))
+                (axis >= off && !(x.shape[axis - off] == 1 && len != 1)).then(|| (k, axis - off))
             })
             .collect();
         let Some(&(k0, a0)) = full.first() else {

@@ -260,11 +260,11 @@ pub(crate) enum Layer {
     /// The tasks, built.
     Built(Arc<Graph>),
     /// Block `idx` (of a grid of `grid`) is `make(idx)`.
-    Blocks {
-        grid: Vec<usize>,
-        make: Arc<dyn Fn(&[usize]) -> Task + Send + Sync>,
-    },
+    Blocks { grid: Vec<usize>, make: MakeTask },
 }
+
+/// Builds the task of a block from its index.
+pub(crate) type MakeTask = Arc<dyn Fn(&[usize]) -> Task + Send + Sync>;
 
 impl std::fmt::Debug for Layer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -72,7 +72,7 @@ fn segments(chunks: &[usize], i: usize, depth: usize, boundary: Boundary) -> Vec
                     Some(Segment::strip(last, c - depth..c))
                 }
                 Boundary::Reflect => Some(Segment::strip(0, (0..depth).rev())),
-                Boundary::Nearest => Some(Segment::strip(0, std::iter::repeat(0).take(depth))),
+                Boundary::Nearest => Some(Segment::strip(0, std::iter::repeat_n(0, depth))),
                 Boundary::Constant(_) => Some(Segment::Constant { len: depth }),
             }
         };
@@ -91,9 +91,7 @@ fn segments(chunks: &[usize], i: usize, depth: usize, boundary: Boundary) -> Vec
                 Boundary::None => None,
                 Boundary::Periodic => Some(Segment::strip(0, 0..depth)),
                 Boundary::Reflect => Some(Segment::strip(last, (c - depth..c).rev())),
-                Boundary::Nearest => {
-                    Some(Segment::strip(last, std::iter::repeat(c - 1).take(depth)))
-                }
+                Boundary::Nearest => Some(Segment::strip(last, std::iter::repeat_n(c - 1, depth))),
                 Boundary::Constant(_) => Some(Segment::Constant { len: depth }),
             }
         };
