@@ -503,3 +503,38 @@ fn persisted_arrays_compute_from_kept_blocks() {
         Err(array::ArrayError::Compute(_))
     ));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn boolean_masks_match_numpy(
+        (shape, chunks, data) in shaped(),
+        threshold in -100.0f64..100.0,
+    ) {
+        let x = whole(&shape, &data);
+        let a = array::from_array(&x, chunks).unwrap();
+        let cond = a.scalar(BinaryOp::Gt, threshold, false).unwrap();
+        let m = a.mask(&cond).unwrap();
+        prop_assert!(m.has_unknown_chunks());
+        // NumPy's x[x > t]: the selected elements in row-major order.
+        let picked: Vec<f64> = x.iter().copied().filter(|&v| v > threshold).collect();
+        let want = ArrayD::from_shape_vec(IxDyn(&[picked.len()]), picked.clone()).unwrap();
+        check(&m, &want, "x[x > t]");
+        // Reductions that need no lengths work as they are; the rest after learning them.
+        let total: f64 = picked.iter().sum();
+        check(&m.sum(&[], false).unwrap(), &ArrayD::from_elem(IxDyn(&[]), total), "sum of x[x > t]");
+        for (name, s) in common::schedulers() {
+            let known = m.compute_chunk_sizes(s.as_ref()).unwrap();
+            prop_assert!(!known.has_unknown_chunks(), "{}", name);
+            prop_assert_eq!(known.shape(), &[picked.len()][..]);
+            if !picked.is_empty() {
+                let top = picked.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                check(&known.max(&[], false).unwrap(), &ArrayD::from_elem(IxDyn(&[]), top), "max after compute_chunk_sizes");
+                // Empty blocks take part in arg-reductions without winning.
+                let at = picked.iter().position(|&v| v == top).unwrap() as f64;
+                check(&known.argmax(None, false).unwrap(), &ArrayD::from_elem(IxDyn(&[]), at), "argmax after compute_chunk_sizes");
+            }
+        }
+    }
+}

@@ -70,9 +70,14 @@ impl ArgSpec {
                 _ => *slot = Some((v, i)),
             }
         }
-        // Every slot saw at least one element: reduced axes are not empty (checked up front).
-        let v = best.mapv(|b| b.map_or(T::from_f64(0.0), |b| b.0));
-        let i = best.mapv(|b| b.map_or(0, |b| b.1));
+        // A slot that saw nothing (an empty block) holds a pair that loses to any element:
+        // the far end of the type, at an index past every real one.
+        let far = T::from_f64(match self.extreme {
+            Extreme::Min => f64::INFINITY,
+            Extreme::Max => f64::NEG_INFINITY,
+        });
+        let v = best.mapv(|b| b.map_or(far, |b| b.0));
+        let i = best.mapv(|b| b.map_or(i64::MAX, |b| b.1));
         (v, i)
     }
 }
@@ -167,6 +172,7 @@ impl Array {
         keepdims: bool,
     ) -> Result<Array, ArrayError> {
         kernels::register();
+        self.require_known("argmin/argmax")?;
         let axes: Vec<usize> = match axis {
             Some(a) => vec![self.axis(a)?],
             None => (0..self.ndim()).collect(),
@@ -266,5 +272,15 @@ mod tests {
         let p = partial(&spec, &[0], &c).unwrap();
         assert_eq!(finish(&spec, &p).unwrap().to_f64()[[]], 1.0);
         assert!(partial(&spec, &[0, 0], &c).is_err());
+        // An empty block's pair loses to any element, a tie on the far value included.
+        let empty = partial(&spec, &[0], &Chunk::full(&[0], DType::F64, 0.0)).unwrap();
+        let low = partial(
+            &spec,
+            &[2],
+            &Chunk::full(&[1], DType::F64, f64::NEG_INFINITY),
+        )
+        .unwrap();
+        let both = combine(&spec, &[2], vec![empty, low]).unwrap();
+        assert_eq!(finish(&spec, &both).unwrap().to_f64()[[]], 2.0);
     }
 }

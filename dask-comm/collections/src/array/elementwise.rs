@@ -377,6 +377,8 @@ impl Array {
     /// full length, blocks that do not line up are rechunked to every boundary either has.
     pub fn binary(&self, op: BinaryOp, other: &Array) -> Result<Array, ArrayError> {
         kernels::register();
+        self.require_known("a binary operation")?;
+        other.require_known("a binary operation")?;
         let shape = broadcast_shape(&self.shape, &other.shape)?;
         // Blocks that do not line up are made to (Dask's unify_chunks): both operands take
         // every boundary either has along the axes they share at full length.

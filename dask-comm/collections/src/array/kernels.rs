@@ -32,6 +32,8 @@ pub(crate) const WHERE: &str = "dask-array-where";
 pub(crate) const RESHAPE: &str = "dask-array-reshape";
 pub(crate) const NPY_WRITE: &str = "dask-array-npy-write";
 pub(crate) const NPY_READ: &str = "dask-array-npy-read";
+pub(crate) const MASK: &str = "dask-array-mask";
+pub(crate) const SHAPE: &str = "dask-array-shape";
 pub(crate) const ARG_PARTIAL: &str = "dask-array-arg-partial";
 pub(crate) const ARG_COMBINE: &str = "dask-array-arg-combine";
 pub(crate) const ARG_FINISH: &str = "dask-array-arg-finish";
@@ -197,6 +199,13 @@ pub fn register() {
         });
         r.register(NPY_READ, |path: String, dtype: DType, shape: Vec<u64>| {
             super::npy::read_block(&path, dtype, &shape)
+        });
+        r.register(
+            MASK,
+            |x: std::sync::Arc<Chunk>, m: std::sync::Arc<Chunk>| super::mask::mask_chunk(&x, &m),
+        );
+        r.register(SHAPE, |x: std::sync::Arc<Chunk>| {
+            x.shape().iter().map(|&n| n as u64).collect::<Vec<u64>>()
         });
         r.register(FINISH, |spec: Spec, a: std::sync::Arc<Chunk>| {
             reduce::finish(&spec, &a)

@@ -63,6 +63,9 @@ pub(crate) fn select_chunks(t: DType, cond: &Chunk, x: &Chunk, y: &Chunk) -> Res
 /// ```
 pub fn where_(cond: &Array, x: &Array, y: &Array) -> Result<Array, ArrayError> {
     kernels::register();
+    for a in [cond, x, y] {
+        a.require_known("where")?;
+    }
     let shape = broadcast_shape(&broadcast_shape(&cond.shape, &x.shape)?, &y.shape)?;
     let ops = unify_all(&[cond, x, y], &shape)?;
     let n = shape.len();

@@ -23,6 +23,7 @@ mod elementwise;
 mod kernels;
 pub mod linalg;
 mod map;
+mod mask;
 pub mod npy;
 mod overlap;
 pub mod random;
@@ -44,6 +45,7 @@ pub use create::{arange, eye, from_array, full, linspace, ones, zeros};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use kernels::register;
 pub use map::where_;
+pub use mask::UNKNOWN;
 pub use npy::from_npy_stack;
 pub use overlap::Boundary;
 pub use reduce::{ReduceOp, SPLIT_EVERY};
@@ -178,6 +180,13 @@ pub enum ArrayError {
     /// An operation on a list of arrays given none.
     #[error("no arrays given")]
     Nothing,
+    /// An operation that needs block lengths on an array whose lengths are not known (after
+    /// a boolean mask): call `compute_chunk_sizes` first.
+    #[error("{op} needs block lengths, and some are unknown (compute_chunk_sizes first)")]
+    UnknownChunks {
+        /// The operation.
+        op: &'static str,
+    },
     /// A `.npy` file or stack could not be read or written.
     #[error(transparent)]
     Npy(#[from] npy::NpyError),
@@ -477,6 +486,9 @@ impl Array {
 
     /// Elements in all.
     pub fn size(&self) -> usize {
+        if self.shape.contains(&mask::UNKNOWN) {
+            return mask::UNKNOWN;
+        }
         self.shape.iter().product()
     }
 
@@ -555,7 +567,14 @@ impl Array {
             .zip(&keys)
             .zip(shapes)
             .map(|((v, k), expected)| match v.downcast_ref::<Chunk>() {
-                Some(c) if c.dtype() == self.dtype && c.shape() == expected.as_slice() => {
+                Some(c)
+                    if c.dtype() == self.dtype
+                        && c.shape().len() == expected.len()
+                        && c.shape()
+                            .iter()
+                            .zip(&expected)
+                            .all(|(&g, &e)| g == e || e == mask::UNKNOWN) =>
+                {
                     Ok(c.clone())
                 }
                 Some(c) if c.dtype() == self.dtype => Err(ArrayError::BlockShape {

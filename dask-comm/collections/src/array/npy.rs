@@ -267,6 +267,7 @@ impl Array {
         scheduler: &dyn Scheduler,
     ) -> Result<(), ArrayError> {
         kernels::register();
+        self.require_known("to_npy_stack")?;
         let dir = dir.as_ref();
         let ax = self.axis(axis)?;
         let chunks: Vec<Vec<usize>> = (0..self.ndim())

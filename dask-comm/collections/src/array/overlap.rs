@@ -161,6 +161,7 @@ impl Array {
     /// ```
     pub fn overlap(&self, depth: &[usize], boundary: &[Boundary]) -> Result<Array, ArrayError> {
         kernels::register();
+        self.require_known("overlap")?;
         let depth = per_axis(depth, self.ndim(), "depths")?;
         let boundary = per_axis(boundary, self.ndim(), "boundaries")?;
         for (axis, (&d, c)) in depth.iter().zip(&self.chunks).enumerate() {
@@ -281,6 +282,7 @@ impl Array {
         boundary: &[Boundary],
     ) -> Result<Array, ArrayError> {
         kernels::register();
+        self.require_known("trim_internal")?;
         let depth = per_axis(depth, self.ndim(), "depths")?;
         let boundary = per_axis(boundary, self.ndim(), "boundaries")?;
         // (left, right) cut per axis and block.

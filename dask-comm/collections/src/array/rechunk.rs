@@ -51,6 +51,7 @@ impl Array {
     /// ```
     pub fn rechunk(&self, chunks: impl Into<ChunkSpec>) -> Result<Array, ArrayError> {
         kernels::register();
+        self.require_known("rechunk")?;
         let new = normalize(&chunks.into(), &self.shape, self.dtype)?;
         if new == self.chunks {
             return Ok(self.clone());

@@ -116,7 +116,19 @@ fn fold_simple(op: ReduceOp, c: &Chunk, axes: &[usize]) -> Result<Chunk, String>
     let mut c = std::borrow::Cow::Borrowed(c);
     for &ax in axes {
         if c.shape()[ax] == 0 && matches!(op, ReduceOp::Min | ReduceOp::Max) {
-            return Err("zero-size array to a reduction with no identity (min, max)".into());
+            // An empty block (of an array that has elements elsewhere: an empty axis is refused
+            // up front) contributes the identity: the type's largest value to a min, its
+            // smallest to a max.
+            let mut shape = c.shape().to_vec();
+            shape[ax] = 1;
+            let high = op == ReduceOp::Min;
+            let identity = match (c.dtype(), high) {
+                (DType::Bool, h) => f64::from(u8::from(h)),
+                (_, true) => f64::INFINITY,
+                (_, false) => f64::NEG_INFINITY,
+            };
+            c = std::borrow::Cow::Owned(Chunk::full(&shape, c.dtype(), identity));
+            continue;
         }
         c = std::borrow::Cow::Owned(match (op, &*c) {
             (ReduceOp::Sum, Chunk::I64(a)) => {
@@ -326,6 +338,10 @@ impl Array {
     ) -> Result<Array, ArrayError> {
         kernels::register();
         let axes = self.axes(axes)?;
+        if matches!(op, ReduceOp::Min | ReduceOp::Max) {
+            // An empty block has no min or max to contribute.
+            self.require_known("min/max")?;
+        }
         if matches!(op, ReduceOp::Min | ReduceOp::Max) && axes.iter().any(|&a| self.shape[a] == 0) {
             return Err(ArrayError::DType {
                 op: "min/max of a zero-size axis",

@@ -117,6 +117,7 @@ impl Array {
     /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Array, ArrayError> {
         kernels::register();
+        self.require_known("reshape")?;
         if shape.iter().product::<usize>() != self.size() {
             return Err(ArrayError::Reshape {
                 from: self.shape.clone(),
@@ -218,6 +219,7 @@ pub fn concatenate(arrays: &[&Array], axis: isize) -> Result<Array, ArrayError> 
     };
     let ax = first.axis(axis)?;
     for a in arrays {
+        a.require_known("concatenate")?;
         let same = a.ndim() == first.ndim()
             && (0..a.ndim()).all(|i| i == ax || a.shape[i] == first.shape[i]);
         if !same {

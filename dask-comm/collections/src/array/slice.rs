@@ -159,6 +159,7 @@ impl Array {
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn slice(&self, index: &[Index]) -> Result<Array, ArrayError> {
+        self.require_known("slice")?;
         kernels::register();
         if index.len() > self.ndim() {
             return Err(ArrayError::Axis {

@@ -23,6 +23,7 @@ impl Array {
     /// ```
     pub fn take(&self, indices: &[isize], axis: isize) -> Result<Array, ArrayError> {
         kernels::register();
+        self.require_known("take")?;
         let ax = self.axis(axis)?;
         let len = self.shape[ax];
         let picks = indices
@@ -168,6 +169,7 @@ impl Array {
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn compress(&self, mask: &[bool], axis: isize) -> Result<Array, ArrayError> {
+        self.require_known("compress")?;
         let ax = self.axis(axis)?;
         if mask.len() != self.shape[ax] {
             return Err(ArrayError::Broadcast {

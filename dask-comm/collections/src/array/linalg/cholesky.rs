@@ -36,6 +36,7 @@ pub(crate) fn square_blocks(a: &Array) -> Result<Array, ArrayError> {
 /// ```
 pub fn cholesky(a: &Array, lower: bool) -> Result<Array, ArrayError> {
     array_kernels::register();
+    a.require_known("cholesky")?;
     square(a, "cholesky")?;
     let a = square_blocks(a)?;
     let c = a.chunks[0].clone();

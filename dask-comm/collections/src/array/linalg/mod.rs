@@ -173,6 +173,8 @@ impl Array {
     /// ```
     pub fn matmul(&self, other: &Array) -> Result<Array, ArrayError> {
         array_kernels::register();
+        self.require_known("matmul")?;
+        other.require_known("matmul")?;
         if self.ndim() != 2 || other.ndim() != 2 {
             return Err(ArrayError::DType {
                 op: "matmul of arrays that are not 2-d",

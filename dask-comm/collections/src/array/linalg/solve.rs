@@ -89,6 +89,8 @@ fn substitute(a: &Array, b: &Array, lower: bool, rcond: f64) -> Result<Array, Ar
 /// ```
 pub fn solve_triangular(a: &Array, b: &Array, lower: bool) -> Result<Array, ArrayError> {
     array_kernels::register();
+    a.require_known("solve_triangular")?;
+    b.require_known("solve_triangular")?;
     square(a, "solve_triangular")?;
     rhs(a, b, "solve_triangular")?;
     substitute(a, b, lower, 0.0)
@@ -117,6 +119,8 @@ fn qr_and_project(a: &Array, b: &Array) -> Result<(Array, Array), ArrayError> {
 /// ```
 pub fn solve(a: &Array, b: &Array) -> Result<Array, ArrayError> {
     array_kernels::register();
+    a.require_known("solve")?;
+    b.require_known("solve")?;
     let n = square(a, "solve")?;
     rhs(a, b, "solve")?;
     let (r, y) = qr_and_project(a, b)?;
@@ -138,6 +142,8 @@ pub fn solve(a: &Array, b: &Array) -> Result<Array, ArrayError> {
 /// ```
 pub fn solve_spd(a: &Array, b: &Array) -> Result<Array, ArrayError> {
     array_kernels::register();
+    a.require_known("solve_spd")?;
+    b.require_known("solve_spd")?;
     square(a, "solve_spd")?;
     rhs(a, b, "solve_spd")?;
     let l = super::cholesky(a, true)?;
@@ -195,6 +201,8 @@ pub struct Lstsq {
 /// ```
 pub fn lstsq(a: &Array, b: &Array) -> Result<Lstsq, ArrayError> {
     array_kernels::register();
+    a.require_known("lstsq")?;
+    b.require_known("lstsq")?;
     if a.ndim() != 2 {
         return Err(ArrayError::Rank {
             op: "lstsq",

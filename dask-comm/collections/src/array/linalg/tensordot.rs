@@ -72,6 +72,8 @@ impl Array {
         axes_b: &[isize],
     ) -> Result<Array, ArrayError> {
         array_kernels::register();
+        self.require_known("tensordot")?;
+        other.require_known("tensordot")?;
         let aa = distinct(self, axes_a)?;
         let ab = distinct(other, axes_b)?;
         let mismatch = || ArrayError::Broadcast {

@@ -46,6 +46,7 @@ fn tall_skinny(a: &Array, op: &'static str) -> Result<(), ArrayError> {
 /// ```
 pub fn qr(a: &Array) -> Result<(Array, Array), ArrayError> {
     array_kernels::register();
+    a.require_known("qr")?;
     tall_skinny(a, "qr")?;
     let n = a.shape[1];
     let rows = &a.chunks[0];
@@ -171,6 +172,7 @@ fn tree(a: &Array) -> Result<(Array, Array), ArrayError> {
 /// ```
 pub fn svd(a: &Array) -> Result<(Array, Array, Array), ArrayError> {
     array_kernels::register();
+    a.require_known("svd")?;
     if a.ndim() == 2 && a.chunks[1].len() != 1 && a.chunks[0].len() == 1 {
         // aᵀ = U'·S·V'ᵀ, so a = V'·S·U'ᵀ.
         let (u, s, vt) = svd(&a.t()?)?;
@@ -225,6 +227,7 @@ pub fn svd_compressed(
     seed: u64,
 ) -> Result<(Array, Array, Array), ArrayError> {
     array_kernels::register();
+    a.require_known("svd_compressed")?;
     if a.ndim() != 2 {
         return Err(ArrayError::Rank {
             op: "svd_compressed",
