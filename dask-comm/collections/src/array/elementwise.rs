@@ -231,6 +231,21 @@ pub(crate) fn unary_chunk(op: UnaryOp, a: &Chunk) -> Chunk {
             Chunk::from(y).into_type(t)
         }
         UnaryOp::Floor | UnaryOp::Ceil if !t.is_float() => a.clone(),
+        UnaryOp::Sin | UnaryOp::Cos if a.dtype() == DType::F64 => {
+            let Chunk::F64(x) = a else {
+                unreachable!("an f64 chunk")
+            };
+            // Whole blocks through the vectorised kernels (row-major in and out).
+            let src = x.as_standard_layout();
+            let src = src.as_slice().expect("standard layout");
+            let mut out = vec![0.0; src.len()];
+            if op == UnaryOp::Cos {
+                super::fastmath::sin_cos::<true>(src, &mut out);
+            } else {
+                super::fastmath::sin_cos::<false>(src, &mut out);
+            }
+            Chunk::from(ArrayD::from_shape_vec(x.raw_dim(), out).expect("same length"))
+        }
         _ => {
             let f = |v: f64| match op {
                 UnaryOp::Neg => -v,

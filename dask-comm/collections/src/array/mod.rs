@@ -20,6 +20,7 @@ mod chunk;
 mod chunks;
 mod create;
 mod elementwise;
+mod fastmath;
 mod kernels;
 pub mod linalg;
 mod map;
