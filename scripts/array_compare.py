@@ -8,7 +8,9 @@ interleaved, with every answer checked against NumPy's.
 Engines, on this machine's 2 cores: NumPy (one call per expression; its BLAS may use both
 cores), Dask threaded (2 threads), Dask distributed (LocalCluster, 2 worker processes x 1
 thread), ours on `Threaded` (2 threads) and ours on a LocalCluster (2 worker processes x 1
-thread, tcp://). Cluster start-up is not timed; building the graph is. Medians of the rounds.
+thread, tcp://). Every engine runs each workload in a fresh process (a process's first large
+allocations pay their page faults; none inherits another workload's heap). Cluster start-up is
+not timed; building the graph is. Medians of the rounds.
 
 Workloads (issue 15's, those the array has so far):
   xxt          (x + x.T - x.mean(axis=0)).sum(), x = ones((10000, 10000), chunks=1000)
@@ -130,11 +132,16 @@ def ensure_venv():
 
 
 def python_engine(engine, small, names):
-    r = subprocess.run([VPY, "-c", PY_SIDE, engine, "1" if small else "0", *names],
-                       capture_output=True, text=True, timeout=3600)
-    if r.returncode != 0:
-        sys.exit(f"{engine} failed:\n{r.stderr[-3000:]}")
-    return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    # One process per workload, as ours: none inherits another's warmed-up heap (the first
+    # large allocations of a process pay their page faults).
+    rows = []
+    for name in names:
+        r = subprocess.run([VPY, "-c", PY_SIDE, engine, "1" if small else "0", name],
+                           capture_output=True, text=True, timeout=3600)
+        if r.returncode != 0:
+            sys.exit(f"{engine} failed:\n{r.stderr[-3000:]}")
+        rows += [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    return rows
 
 
 def our_engine(scheduler, small, names):
