@@ -36,7 +36,7 @@ struct Row {
 }
 
 enum Cluster {
-    Local(LocalCluster),
+    Local(Box<LocalCluster>),
     Processes {
         scheduler: Child,
         workers: Vec<Child>,
@@ -138,9 +138,12 @@ pub(crate) fn bench(words: Vec<String>) -> Result<()> {
     } else {
         let c = LocalCluster::with(cluster_options(workers, threads, protocol, zero_work))?;
         let client = c.client()?;
-        (Cluster::Local(c), client)
+        (Cluster::Local(Box::new(c)), client)
     };
-    let opts = SubmitOptions { fuse: false };
+    let opts = SubmitOptions {
+        fuse: false,
+        ..Default::default()
+    };
     if !json {
         let at = match &cluster {
             Cluster::Local(c) => format!("scheduler in this process at {}", c.address()),

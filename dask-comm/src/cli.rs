@@ -5,7 +5,8 @@
 //! ```text
 //! dask-comm scheduler [--listen tcp://127.0.0.1:8786] [--scheduler-file F] [--secret-file F]
 //! dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N]
-//!                  [--memory-limit 4GiB] [--local-directory D] [--listen URI] [--name N]
+//!                  [--memory-limit 4GiB|auto|0] [--local-directory D] [--listen URI] [--name N]
+//!                  [--no-nanny]
 //! dask-comm bench [--workload merge-10000,tree-12,chain-10000,roundtrip] [--workers 2]
 //!                 [--threads 1] [--protocol tcp|ucx] [--zero-work] [--rounds 3]
 //!                 [--scheduler-process] [--json]
@@ -13,6 +14,11 @@
 //! The scheduler listens on loopback unless told otherwise, generates the cluster's secret
 //! (or reads it from `--secret-file` or `DASK_COMM_SECRET`), prints `LISTENING <address>`, and
 //! writes the scheduler file (JSON: `address`, `secret`; readable by its owner only).
+//!
+//! A worker's memory limit is by default the machine's memory (`auto`; `0`: none). The
+//! worker runs under a nanny: this process starts it as a child and starts it again when it
+//! dies (killed, crashed, or past its memory `terminate` threshold); `--no-nanny` runs it in
+//! this process.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -139,7 +145,7 @@ fn secret_from(file: Option<String>) -> Result<Option<Secret>> {
 }
 
 const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F]
-       dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE] [--local-directory D] [--listen URI] [--name N]
+       dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--local-directory D] [--listen URI] [--name N] [--no-nanny]
        dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
 
 /// Runs the command line (the process's arguments); returns the exit status.
@@ -220,15 +226,15 @@ fn worker(mut a: Args) -> Result<()> {
         })
         .transpose()?
         .unwrap_or(1);
-    let memory_limit = a
-        .value("--memory-limit")?
-        .map(|m| parse_bytes(&m).ok_or_else(|| Error::Config(format!("--memory-limit {m:?}"))))
-        .transpose()?
-        .unwrap_or(0);
+    let memory_limit = match a.value("--memory-limit")?.as_deref() {
+        None | Some("auto") => crate::worker::memory::machine_memory().unwrap_or(0),
+        Some(m) => parse_bytes(m).ok_or_else(|| Error::Config(format!("--memory-limit {m:?}")))?,
+    };
     let local_dir = a.value("--local-directory")?.map(PathBuf::from);
     let listen = a.value("--listen")?.map(|l| address(&l)).transpose()?;
     let name = a.value("--name")?;
     let zero_work = a.flag("--zero-work");
+    let nanny = !a.flag("--no-nanny");
     a.done()?;
     let (scheduler, secret) = match (file, sched) {
         (Some(f), None) => {
@@ -255,8 +261,12 @@ fn worker(mut a: Args) -> Result<()> {
     opts.memory_limit = memory_limit;
     opts.listen = listen;
     opts.zero_work = zero_work;
+    opts.local_directory = local_dir;
     if let Some(n) = name {
         opts.name = n;
+    }
+    if nanny {
+        return crate::cluster::nanny(&opts);
     }
     runtime()?.block_on(run_worker(opts))
 }
@@ -291,6 +301,6 @@ pub(crate) fn cluster_options(
         protocol,
         processes: true,
         zero_work,
-        memory_limit: 0,
+        ..Default::default()
     }
 }

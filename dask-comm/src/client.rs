@@ -49,6 +49,7 @@ struct State {
     keys: FxHashMap<Key, KeyState>,
     workers: Vec<WorkerInfo>,
     who_has: std::collections::VecDeque<oneshot::Sender<Holders>>,
+    retired: std::collections::VecDeque<oneshot::Sender<std::result::Result<Vec<String>, String>>>,
     closed: Option<String>,
     welcomed: bool,
 }
@@ -71,11 +72,18 @@ struct Inner {
 pub struct SubmitOptions {
     /// Fuse linear chains into single tasks (default: yes).
     pub fuse: bool,
+    /// Run a failing task again this many times before its key errs (default: 0). A task
+    /// whose workers die while it runs is rescheduled regardless, up to the scheduler's
+    /// `allowed_failures`.
+    pub retries: u32,
 }
 
 impl Default for SubmitOptions {
     fn default() -> Self {
-        SubmitOptions { fuse: true }
+        SubmitOptions {
+            fuse: true,
+            retries: 0,
+        }
     }
 }
 
@@ -130,6 +138,9 @@ impl DFuture {
         block_on(self.result())
     }
 }
+
+/// Times [`Client::gather`] fetches a value that keeps being lost before giving up.
+const GATHER_ROUNDS: usize = 5;
 
 fn token() -> String {
     format!("{:016x}", rand::random::<u64>())
@@ -342,6 +353,7 @@ impl Client {
                 deps: node.dependencies(),
                 order: order[i],
                 spec: crate::spec::encode(node)?,
+                retries: opts.retries,
             });
         }
         let futures: Vec<DFuture> = keys.iter().map(|&k| self.future(k)).collect();
@@ -360,10 +372,57 @@ impl Client {
 
     /// Runs `func(args)` on the cluster.
     pub async fn submit(&self, func: &str, args: Vec<Arg>) -> Result<DFuture> {
+        self.submit_with(func, args, &SubmitOptions::default())
+            .await
+    }
+
+    /// [`Client::submit`] with options (`retries`).
+    pub async fn submit_with(
+        &self,
+        func: &str,
+        args: Vec<Arg>,
+        opts: &SubmitOptions,
+    ) -> Result<DFuture> {
         let key = Key::name_only(&format!("{func}-{}", token()));
         let mut g = Graph::new();
         g.insert(key, Task::new(func, args));
-        Ok(self.persist(g, &[key]).await?.remove(0))
+        Ok(self.persist_with(g, &[key], opts).await?.remove(0))
+    }
+
+    /// Retires the workers at these data addresses gracefully: they take no new task, finish
+    /// or hand back what they hold, copy the values others need to the workers that stay, and
+    /// close. Returns the addresses retired once they are all gone. Refused (nothing touched)
+    /// for an unknown address, or when no worker would stay.
+    pub async fn retire_workers(&self, addresses: &[String]) -> Result<Vec<String>> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut s = self.inner.lock();
+            s.retired.push_back(tx);
+            self.inner
+                .to_scheduler
+                .send(vec![FromClient::Retire {
+                    workers: addresses.to_vec(),
+                }])
+                .map_err(|_| Error::Disconnected("the client's writer ended".into()))?;
+        }
+        rx.await
+            .map_err(|_| Error::Disconnected("the scheduler did not answer".into()))?
+            .map_err(Error::Refused)
+    }
+
+    /// [`Client::retire_workers`], blocking.
+    pub fn retire_workers_blocking(&self, addresses: &[String]) -> Result<Vec<String>> {
+        block_on(self.retire_workers(addresses))
+    }
+
+    /// [`Client::submit_with`], blocking.
+    pub fn submit_blocking_with(
+        &self,
+        func: &str,
+        args: Vec<Arg>,
+        opts: &SubmitOptions,
+    ) -> Result<DFuture> {
+        block_on(self.submit_with(func, args, opts))
     }
 
     /// Runs `func(item)` for every item, as independent tasks.
@@ -458,61 +517,82 @@ impl Client {
     /// futures' order) is the error.
     pub async fn gather(&self, futures: &[DFuture]) -> Result<Vec<Value>> {
         self.wait(futures).await?;
-        {
-            let s = self.inner.lock();
-            for f in futures {
-                match s.keys.get(&f.key).map(|k| &k.status) {
-                    Some(Status::Erred(cause)) => {
-                        return Err(ComputeError::Failed {
-                            key: f.key,
-                            cause: Arc::clone(cause),
+        self.check_failed(futures)?;
+        let keys: Vec<Key> = futures.iter().map(DFuture::key).collect();
+        let mut values = FxHashMap::default();
+        // A value may be lost with its worker between the notice and the fetch: then it is
+        // computed again and fetched once more (a bounded number of times).
+        for round in 0..GATHER_ROUNDS {
+            if round > 0 {
+                self.wait(futures).await?;
+                self.check_failed(futures)?;
+            }
+            // Small values came with the notice; the rest from where the scheduler said they
+            // are (asked again for what is not found there).
+            let mut holders: Holders = Vec::new();
+            {
+                let s = self.inner.lock();
+                for k in &keys {
+                    if values.contains_key(k) {
+                        continue;
+                    }
+                    match s.keys.get(k).map(|st| &st.status) {
+                        Some(Status::Memory(_, Some(v))) => {
+                            values.insert(*k, v.clone());
                         }
-                        .into())
+                        Some(Status::Memory(h, None)) => holders.push((*k, h.clone())),
+                        _ => holders.push((*k, Vec::new())),
                     }
-                    Some(Status::Cancelled) => {
-                        return Err(ComputeError::Cancelled { key: f.key }.into())
-                    }
-                    Some(Status::Refused(why)) => return Err(Error::Unexpected(why.clone())),
-                    _ => {}
                 }
             }
-        }
-        let keys: Vec<Key> = futures.iter().map(DFuture::key).collect();
-        // Small values came with the notice; the rest from where the scheduler said they are
-        // (asked again for what is not found there).
-        let mut values = FxHashMap::default();
-        let holders: Holders = {
-            let s = self.inner.lock();
-            keys.iter()
-                .filter_map(|k| match s.keys.get(k).map(|st| &st.status) {
-                    Some(Status::Memory(_, Some(v))) => {
-                        values.insert(*k, v.clone());
-                        None
-                    }
-                    Some(Status::Memory(h, None)) => Some((*k, h.clone())),
-                    _ => Some((*k, Vec::new())),
-                })
-                .collect()
-        };
-        if !holders.is_empty() {
-            values.extend(self.fetch(holders).await?);
-        }
-        let missing: Vec<Key> = keys
-            .iter()
-            .filter(|k| !values.contains_key(k))
-            .copied()
-            .collect();
-        if !missing.is_empty() {
+            if !holders.is_empty() {
+                values.extend(self.fetch(holders).await?);
+            }
+            let missing: Vec<Key> = keys
+                .iter()
+                .filter(|k| !values.contains_key(k))
+                .copied()
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
             let again = self.who_has(missing).await?;
             values.extend(self.fetch(again).await?);
+            if keys.iter().all(|k| values.contains_key(k)) {
+                break;
+            }
         }
         keys.iter()
             .map(|k| {
                 values.remove(k).ok_or_else(|| {
-                    Error::Disconnected(format!("{k} is in memory but no worker gave it"))
+                    Error::Disconnected(format!(
+                        "{k} is in memory but no worker gave it ({GATHER_ROUNDS} tries)"
+                    ))
                 })
             })
             .collect()
+    }
+
+    /// The first future that failed, was cancelled or refused, as an error.
+    fn check_failed(&self, futures: &[DFuture]) -> Result<()> {
+        let s = self.inner.lock();
+        for f in futures {
+            match s.keys.get(&f.key).map(|k| &k.status) {
+                Some(Status::Erred(cause)) => {
+                    return Err(ComputeError::Failed {
+                        key: f.key,
+                        cause: Arc::clone(cause),
+                    }
+                    .into())
+                }
+                Some(Status::Cancelled) => {
+                    return Err(ComputeError::Cancelled { key: f.key }.into())
+                }
+                Some(Status::Refused(why)) => return Err(Error::Unexpected(why.clone())),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Fetches values from their holders (the first of each), all workers at once. Keys
@@ -730,6 +810,21 @@ impl Inner {
                 ToClient::Refused { keys, reason } => {
                     for k in keys {
                         s.set(k, Status::Refused(reason.clone()));
+                    }
+                }
+                ToClient::Lost { key } => {
+                    if let Some(k) = s.keys.get_mut(&key) {
+                        if matches!(k.status, Status::Memory(..)) {
+                            k.status = Status::Pending;
+                        }
+                    }
+                }
+                ToClient::Retired { workers, refused } => {
+                    if let Some(tx) = s.retired.pop_front() {
+                        let _ = tx.send(match refused {
+                            Some(r) => Err(r),
+                            None => Ok(workers),
+                        });
                     }
                 }
                 ToClient::WhoHas { holders } => {

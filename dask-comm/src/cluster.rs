@@ -6,6 +6,12 @@
 //! workers and never return: register functions first, and do nothing there that a worker
 //! should not repeat.
 //!
+//! Worker processes are supervised: one that dies (killed, crashed, or past its memory
+//! `terminate` threshold) is restarted, and the scheduler reschedules its work; one that
+//! exits cleanly (retired, or told to close) is not. Each worker gets a memory limit (by
+//! default the machine's memory shared among the workers) and spills to a folder of the
+//! cluster's, removed with it.
+//!
 //! ```no_run
 //! use dask_comm::LocalCluster;
 //! dask_graph::registry().register("inc", |x: i64| x + 1);
@@ -16,12 +22,15 @@
 //! assert_eq!(values[9].downcast_ref::<i64>(), Some(&10));
 //! ```
 
+use std::path::PathBuf;
 use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use transport::Address;
 
 use crate::client::Client;
+use crate::core::Config;
 use crate::error::{Error, Result};
 use crate::runtime::{block_on, Runtime};
 use crate::scheduler::SchedulerServer;
@@ -35,6 +44,10 @@ const ENV_THREADS: &str = "DASK_COMM_NTHREADS";
 const ENV_NAME: &str = "DASK_COMM_NAME";
 const ENV_ZERO: &str = "DASK_COMM_ZERO_WORK";
 const ENV_MEMORY: &str = "DASK_COMM_MEMORY_LIMIT";
+const ENV_LOCAL_DIR: &str = "DASK_COMM_LOCAL_DIRECTORY";
+const ENV_LISTEN: &str = "DASK_COMM_LISTEN";
+/// Set for a worker whose supervisor is its parent: it dies with the parent.
+const ENV_PARENT: &str = "DASK_COMM_PARENT";
 
 /// The network a local cluster uses between its processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,8 +92,14 @@ pub struct ClusterOptions {
     pub processes: bool,
     /// Workers answer without running tasks (measuring the runtime alone).
     pub zero_work: bool,
-    /// Each worker's memory limit in bytes (0: none).
-    pub memory_limit: u64,
+    /// Each worker's memory limit in bytes: `None` for the machine's memory shared among the
+    /// workers (worker processes; in-process workers share one process and get none), `Some(0)`
+    /// for no limit.
+    pub memory_limit: Option<u64>,
+    /// Restart worker processes that die (default: yes).
+    pub restart: bool,
+    /// The scheduler's settings (work stealing, saturation, allowed failures, ...).
+    pub scheduler: Config,
 }
 
 impl Default for ClusterOptions {
@@ -91,14 +110,125 @@ impl Default for ClusterOptions {
             protocol: Protocol::Tcp,
             processes: true,
             zero_work: false,
-            memory_limit: 0,
+            memory_limit: None,
+            restart: true,
+            scheduler: Config::default(),
         }
     }
 }
 
+impl ClusterOptions {
+    /// The memory limit each worker gets (0: none).
+    pub fn worker_memory_limit(&self) -> u64 {
+        match self.memory_limit {
+            Some(m) => m,
+            None if self.processes => crate::worker::memory::machine_memory()
+                .map_or(0, |m| m / self.workers.max(1) as u64),
+            None => 0,
+        }
+    }
+}
+
+/// How to start one more worker process.
+#[derive(Debug, Clone)]
+struct Spawner {
+    exe: PathBuf,
+    args: Vec<std::ffi::OsString>,
+    env: Vec<(String, std::ffi::OsString)>,
+    local_dir: PathBuf,
+}
+
+impl Spawner {
+    fn spawn(&self, name: &str) -> Result<Child> {
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(&self.args).env(ENV_ROLE, "1").env(ENV_NAME, name);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.spawn()
+            .map_err(|e| Error::os("starting a worker process", e))
+    }
+
+    /// Removes what a dead worker process left in the local directory.
+    fn clean_after(&self, pid: u32) {
+        let Ok(entries) = std::fs::read_dir(&self.local_dir) else {
+            return;
+        };
+        let prefix = format!("dask-comm-spill-{pid}-");
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+/// Worker processes and their supervisor's books.
+#[derive(Debug, Default)]
+struct Supervised {
+    /// Each live process, with its name and start time.
+    children: Vec<(Child, String, Instant)>,
+    stopping: bool,
+    restarts: u64,
+    /// Deaths in a row within a second of starting (a worker that cannot start).
+    quick_deaths: u32,
+    next_name: usize,
+}
+
 enum Workers {
-    Processes(Vec<Child>),
+    Processes {
+        supervised: Arc<Mutex<Supervised>>,
+        spawner: Spawner,
+        watcher: Option<std::thread::JoinHandle<()>>,
+    },
     InProcess(Vec<tokio::task::JoinHandle<Result<()>>>),
+}
+
+/// Restarts that fail this many times in a row, each within a second, stop the supervisor
+/// from restarting (a worker that cannot start would otherwise loop forever).
+const QUICK_DEATHS: u32 = 5;
+
+/// Watches worker processes every 50 ms: one that died abnormally is replaced.
+fn supervise(sup: Arc<Mutex<Supervised>>, spawner: Spawner, restart: bool) {
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let mut s = sup.lock().unwrap_or_else(|e| e.into_inner());
+        if s.stopping {
+            return;
+        }
+        let mut i = 0;
+        while i < s.children.len() {
+            let status = match s.children[i].0.try_wait() {
+                Ok(Some(status)) => status,
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            };
+            let (child, name, started) = s.children.remove(i);
+            spawner.clean_after(child.id());
+            if status.success() {
+                tracing::info!(%name, pid = child.id(), "a worker process exited");
+                continue;
+            }
+            let quick = started.elapsed() < Duration::from_secs(1);
+            s.quick_deaths = if quick { s.quick_deaths + 1 } else { 0 };
+            if !restart || s.quick_deaths >= QUICK_DEATHS {
+                tracing::error!(%name, %status, "a worker process died; not restarting it");
+                continue;
+            }
+            tracing::warn!(%name, pid = child.id(), %status, "a worker process died: restarting it");
+            s.next_name += 1;
+            let fresh = format!("local-{}", s.next_name - 1);
+            match spawner.spawn(&fresh) {
+                Ok(c) => {
+                    s.restarts += 1;
+                    s.children.push((c, fresh, Instant::now()));
+                }
+                Err(e) => tracing::error!(error = %e, "restarting a worker process failed"),
+            }
+        }
+    }
 }
 
 /// A scheduler and its workers on this machine. Dropping it shuts them down.
@@ -108,8 +238,11 @@ pub struct LocalCluster {
     address: Address,
     secret: Secret,
     rt: Runtime,
+    opts: ClusterOptions,
     /// The certificate folder of a `tls://` cluster (removed on drop, after the workers).
     _tls_dir: Option<TlsDir>,
+    /// The workers' local directory (spill files), removed on drop.
+    local_dir: PathBuf,
 }
 
 /// A folder holding a cluster's certificate (`cert.pem`, and `key.pem` readable by this user
@@ -210,8 +343,21 @@ fn worker_from_env() -> Result<()> {
     let nthreads = var(ENV_THREADS)?
         .parse()
         .map_err(|_| Error::Config(format!("{ENV_THREADS} is not a number")))?;
+    if std::env::var_os(ENV_PARENT).is_some() {
+        // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a signal this process receives when its
+        // parent thread exits; no memory is involved.
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        }
+    }
     let mut opts = WorkerOptions::new(scheduler, secret, nthreads);
     opts.name = var(ENV_NAME)?;
+    opts.local_directory = std::env::var_os(ENV_LOCAL_DIR).map(PathBuf::from);
+    opts.listen = std::env::var(ENV_LISTEN)
+        .ok()
+        .map(|l| l.parse::<Address>())
+        .transpose()
+        .map_err(transport::TransportError::from)?;
     opts.zero_work = std::env::var_os(ENV_ZERO).is_some();
     opts.memory_limit = std::env::var(ENV_MEMORY)
         .ok()
@@ -264,44 +410,70 @@ impl LocalCluster {
         }
         .map_err(transport::TransportError::from)?;
         let s = secret.clone();
+        let cfg = opts.scheduler.clone();
         let scheduler =
-            block_on(rt.run(async move {
-                SchedulerServer::start(&listen, s, Default::default()).await
-            }))??;
+            block_on(rt.run(async move { SchedulerServer::start(&listen, s, cfg).await }))??;
         let address = scheduler.address().clone();
+        let local_dir = std::env::temp_dir().join(format!(
+            "dask-comm-cluster-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&local_dir)
+            .map_err(|e| Error::os(format!("creating {}", local_dir.display()), e))?;
+        let memory_limit = opts.worker_memory_limit();
         let workers = if opts.processes {
             let exe = std::env::current_exe().map_err(|e| Error::os("finding this program", e))?;
-            let mut children = Vec::with_capacity(opts.workers);
-            for i in 0..opts.workers {
-                let mut cmd = Command::new(&exe);
-                cmd.args(std::env::args_os().skip(1))
-                    .env(ENV_ROLE, "1")
-                    .env(ENV_SCHEDULER, address.to_string())
-                    .env(ENV_SECRET, secret.to_hex())
-                    .env(ENV_THREADS, opts.threads_per_worker.to_string())
-                    .env(ENV_NAME, format!("local-{i}"))
-                    .env(ENV_MEMORY, opts.memory_limit.to_string());
-                if let Some(dir) = &tls_dir {
-                    cmd.env(crate::net::ENV_TLS_DIR, &dir.0);
-                }
-                if opts.zero_work {
-                    cmd.env(ENV_ZERO, "1");
-                }
-                children.push(
-                    cmd.spawn()
-                        .map_err(|e| Error::os("starting a worker process", e))?,
-                );
+            let mut env: Vec<(String, std::ffi::OsString)> = vec![
+                (ENV_SCHEDULER.into(), address.to_string().into()),
+                (ENV_SECRET.into(), secret.to_hex().into()),
+                (
+                    ENV_THREADS.into(),
+                    opts.threads_per_worker.to_string().into(),
+                ),
+                (ENV_MEMORY.into(), memory_limit.to_string().into()),
+                (ENV_LOCAL_DIR.into(), local_dir.clone().into()),
+            ];
+            if let Some(dir) = &tls_dir {
+                env.push((crate::net::ENV_TLS_DIR.into(), dir.0.clone().into()));
             }
-            Workers::Processes(children)
+            if opts.zero_work {
+                env.push((ENV_ZERO.into(), "1".into()));
+            }
+            let spawner = Spawner {
+                exe,
+                args: std::env::args_os().skip(1).collect(),
+                env,
+                local_dir: local_dir.clone(),
+            };
+            let supervised = Arc::new(Mutex::new(Supervised::default()));
+            {
+                let mut s = supervised.lock().unwrap_or_else(|e| e.into_inner());
+                for i in 0..opts.workers {
+                    let name = format!("local-{i}");
+                    let child = spawner.spawn(&name)?;
+                    s.children.push((child, name, Instant::now()));
+                }
+                s.next_name = opts.workers;
+            }
+            let watcher = {
+                let (sup, sp, restart) = (Arc::clone(&supervised), spawner.clone(), opts.restart);
+                std::thread::Builder::new()
+                    .name("dask-supervisor".into())
+                    .spawn(move || supervise(sup, sp, restart))
+                    .map_err(|e| Error::os("starting the supervisor thread", e))?
+            };
+            Workers::Processes {
+                supervised,
+                spawner,
+                watcher: Some(watcher),
+            }
         } else {
             let mut tasks = Vec::with_capacity(opts.workers);
             for i in 0..opts.workers {
-                let mut o =
-                    WorkerOptions::new(address.clone(), secret.clone(), opts.threads_per_worker);
-                o.name = format!("inproc-{i}");
-                o.zero_work = opts.zero_work;
-                o.memory_limit = opts.memory_limit;
-                tasks.push(rt.handle().spawn(run_worker(o)));
+                tasks.push(rt.handle().spawn(run_worker(in_process_worker(
+                    &address, &secret, &opts, &local_dir, i,
+                ))));
             }
             Workers::InProcess(tasks)
         };
@@ -311,11 +483,90 @@ impl LocalCluster {
             address,
             secret,
             rt,
+            opts: opts.clone(),
             _tls_dir: tls_dir,
+            local_dir,
         };
         cluster.wait_for_workers(opts.workers)?;
         tracing::info!(address = %cluster.address, workers = opts.workers, "local cluster ready");
         Ok(cluster)
+    }
+
+    /// Starts `n` more workers (processes, or tasks for an in-process cluster); they get work
+    /// as soon as they join. Returns once they have.
+    pub fn add_workers(&mut self, n: usize) -> Result<()> {
+        let before = self.client()?.workers().len();
+        match &mut self.workers {
+            Workers::Processes {
+                supervised,
+                spawner,
+                ..
+            } => {
+                let mut s = supervised.lock().unwrap_or_else(|e| e.into_inner());
+                for _ in 0..n {
+                    let name = format!("local-{}", s.next_name);
+                    s.next_name += 1;
+                    let child = spawner.spawn(&name)?;
+                    s.children.push((child, name, Instant::now()));
+                }
+            }
+            Workers::InProcess(tasks) => {
+                for _ in 0..n {
+                    let i = tasks.len();
+                    let o = in_process_worker(
+                        &self.address,
+                        &self.secret,
+                        &self.opts,
+                        &self.local_dir,
+                        i,
+                    );
+                    tasks.push(self.rt.handle().spawn(run_worker(o)));
+                }
+            }
+        }
+        self.wait_for_workers(before + n)
+    }
+
+    /// The process ids of the worker processes running now (empty for in-process workers).
+    pub fn worker_pids(&self) -> Vec<u32> {
+        match &self.workers {
+            Workers::Processes { supervised, .. } => supervised
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .children
+                .iter()
+                .map(|(c, _, _)| c.id())
+                .collect(),
+            Workers::InProcess(_) => Vec::new(),
+        }
+    }
+
+    /// Worker processes the supervisor restarted after they died.
+    pub fn restarts(&self) -> u64 {
+        match &self.workers {
+            Workers::Processes { supervised, .. } => {
+                supervised
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .restarts
+            }
+            Workers::InProcess(_) => 0,
+        }
+    }
+
+    /// What the scheduler counted since it started (workers lost and retired, tasks
+    /// rescheduled and recomputed, steals, retries, tasks per worker), and its workers now.
+    pub fn scheduler_stats(&self) -> Result<(crate::core::Stats, Vec<crate::core::WorkerSummary>)> {
+        let s = self
+            .scheduler
+            .as_ref()
+            .ok_or_else(|| Error::Disconnected("the cluster is shut down".into()))?;
+        block_on(self.rt.run(s.stats()))?
+    }
+
+    /// The workers' local directory (their spill folders are made in it).
+    pub fn local_directory(&self) -> &std::path::Path {
+        &self.local_dir
     }
 
     fn wait_for_workers(&mut self, n: usize) -> Result<()> {
@@ -325,13 +576,12 @@ impl LocalCluster {
             if client.workers().len() >= n {
                 return Ok(());
             }
-            if let Workers::Processes(children) = &mut self.workers {
-                for c in children.iter_mut() {
-                    if let Ok(Some(status)) = c.try_wait() {
-                        return Err(Error::Config(format!(
-                            "a worker process exited at start ({status})"
-                        )));
-                    }
+            if let Workers::Processes { supervised, .. } = &self.workers {
+                let s = supervised.lock().unwrap_or_else(|e| e.into_inner());
+                if s.quick_deaths >= QUICK_DEATHS || (!self.opts.restart && s.children.len() < n) {
+                    return Err(Error::Config(
+                        "worker processes exit at start (see their messages above)".into(),
+                    ));
                 }
             }
             if Instant::now() > deadline {
@@ -365,16 +615,36 @@ impl LocalCluster {
     }
 
     fn stop(&mut self) {
+        // The supervisor first: workers that exit from here on are not replaced.
+        if let Workers::Processes {
+            supervised,
+            watcher,
+            ..
+        } = &mut self.workers
+        {
+            supervised
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .stopping = true;
+            if let Some(w) = watcher.take() {
+                let _ = w.join();
+            }
+        }
         if let Some(s) = self.scheduler.take() {
             block_on(async {
                 let _ = self.rt.run(s.shutdown()).await;
             });
         }
         match &mut self.workers {
-            Workers::Processes(children) => {
+            Workers::Processes {
+                supervised,
+                spawner,
+                ..
+            } => {
+                let mut s = supervised.lock().unwrap_or_else(|e| e.into_inner());
                 // Told to close by the scheduler; give them a moment, then make sure.
                 let deadline = Instant::now() + Duration::from_secs(5);
-                for c in children.iter_mut() {
+                for (c, _, _) in s.children.iter_mut() {
                     while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
                         std::thread::sleep(Duration::from_millis(10));
                     }
@@ -383,8 +653,9 @@ impl LocalCluster {
                         let _ = c.kill();
                     }
                     let _ = c.wait();
+                    spawner.clean_after(c.id());
                 }
-                children.clear();
+                s.children.clear();
             }
             Workers::InProcess(tasks) => {
                 for t in tasks.drain(..) {
@@ -392,7 +663,81 @@ impl LocalCluster {
                 }
             }
         }
+        let _ = std::fs::remove_dir_all(&self.local_dir);
     }
+}
+
+/// Runs worker `opts` as a child process of this one, and starts it again when it dies
+/// (not when it exits cleanly: told to close, or retired). The child dies with this process.
+/// Returns when the child exited cleanly, or gave up after [`QUICK_DEATHS`] quick deaths.
+pub(crate) fn nanny(opts: &WorkerOptions) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| Error::os("finding this program", e))?;
+    let mut env: Vec<(String, std::ffi::OsString)> = vec![
+        (ENV_SCHEDULER.into(), opts.scheduler.to_string().into()),
+        (ENV_SECRET.into(), opts.secret.to_hex().into()),
+        (ENV_THREADS.into(), opts.nthreads.to_string().into()),
+        (ENV_MEMORY.into(), opts.memory_limit.to_string().into()),
+        (ENV_PARENT.into(), "1".into()),
+    ];
+    if let Some(d) = &opts.local_directory {
+        env.push((ENV_LOCAL_DIR.into(), d.clone().into()));
+    }
+    if let Some(l) = &opts.listen {
+        env.push((ENV_LISTEN.into(), l.to_string().into()));
+    }
+    if opts.zero_work {
+        env.push((ENV_ZERO.into(), "1".into()));
+    }
+    let spawner = Spawner {
+        exe,
+        args: Vec::new(),
+        env,
+        local_dir: opts
+            .local_directory
+            .clone()
+            .unwrap_or_else(std::env::temp_dir),
+    };
+    let mut quick = 0;
+    loop {
+        let started = Instant::now();
+        let mut child = spawner.spawn(&opts.name)?;
+        let status = child
+            .wait()
+            .map_err(|e| Error::os("waiting for the worker process", e))?;
+        spawner.clean_after(child.id());
+        if status.success() {
+            return Ok(());
+        }
+        quick = if started.elapsed() < Duration::from_secs(1) {
+            quick + 1
+        } else {
+            0
+        };
+        if quick >= QUICK_DEATHS {
+            return Err(Error::Config(format!(
+                "the worker process died {quick} times within a second of starting ({status})"
+            )));
+        }
+        tracing::warn!(name = %opts.name, %status, "the worker process died: restarting it");
+    }
+}
+
+/// Options for in-process worker number `i`.
+fn in_process_worker(
+    address: &Address,
+    secret: &Secret,
+    opts: &ClusterOptions,
+    local_dir: &std::path::Path,
+    i: usize,
+) -> WorkerOptions {
+    let mut o = WorkerOptions::new(address.clone(), secret.clone(), opts.threads_per_worker);
+    o.name = format!("inproc-{i}");
+    o.zero_work = opts.zero_work;
+    o.memory_limit = opts.worker_memory_limit();
+    o.local_directory = Some(local_dir.to_path_buf());
+    // One process for all: its RSS is not one worker's.
+    o.process_memory = false;
+    o
 }
 
 impl Drop for LocalCluster {

@@ -10,6 +10,8 @@
 //! - [`SchedulerServer`], [`run_worker`], [`Client`]: the processes;
 //! - [`LocalCluster`]: a scheduler and worker processes on this machine;
 //! - [`cli`]: the `dask-comm scheduler|worker|bench` command line;
+//! - [`drills`]: resilience drills on real processes (killed, added and retired workers,
+//!   spilling, queuing, stealing);
 //! - [`protocol`], [`spec`], [`security`]: what travels, and who may send it.
 //!
 //! ```no_run
@@ -34,6 +36,7 @@ pub mod cli;
 mod client;
 mod cluster;
 pub mod core;
+pub mod drills;
 mod error;
 mod net;
 pub mod protocol;
@@ -49,4 +52,5 @@ pub use error::{Error, Result};
 pub use net::{set_tls, ENV_TLS_DIR};
 pub use scheduler::SchedulerServer;
 pub use security::Secret;
+pub use worker::memory::{MemoryThresholds, EXIT_MEMORY};
 pub use worker::{run_worker, WorkerOptions};

@@ -141,6 +141,8 @@ pub struct TaskDef {
     pub order: u32,
     /// What the worker runs (opaque to the scheduler; see [`crate::spec`]).
     pub spec: Payload,
+    /// How many times to run it again when it fails (Dask's `retries`).
+    pub retries: u32,
 }
 
 /// A value a client placed on a worker itself.
@@ -183,6 +185,13 @@ pub enum FromClient {
     WhoHas {
         /// The keys.
         keys: Vec<Key>,
+    },
+    /// Retire these workers (by data address) gracefully: they take no new tasks, finish what
+    /// they run, hand the values others need to other workers, and close. Answered with
+    /// [`ToClient::Retired`].
+    Retire {
+        /// Their data addresses.
+        workers: Vec<String>,
     },
 }
 
@@ -251,6 +260,19 @@ pub enum ToClient {
         /// Keys and the data addresses of workers holding them.
         holders: Vec<(Key, Vec<String>)>,
     },
+    /// A wanted key's value was lost with its worker; it is being computed again.
+    Lost {
+        /// The key.
+        key: Key,
+    },
+    /// The answer to [`FromClient::Retire`]: the workers retired (in the order asked), or
+    /// why none was.
+    Retired {
+        /// Data addresses of the workers that left.
+        workers: Vec<String>,
+        /// Why the request was refused (then no worker was touched).
+        refused: Option<String>,
+    },
     /// Keys of a graph the scheduler refused (the text says why).
     Refused {
         /// The keys.
@@ -309,6 +331,18 @@ pub enum ToWorker {
         /// The keys.
         keys: Vec<Key>,
     },
+    /// Give this task back if it has not started (work stealing); answered with
+    /// [`FromWorker::StealResponse`].
+    Steal {
+        /// The task's key.
+        key: Key,
+    },
+    /// Fetch these values from their holders and keep them (a retiring worker's data moving
+    /// here); answered with [`FromWorker::Acquired`].
+    Acquire {
+        /// The keys and where they are.
+        keys: Vec<Dep>,
+    },
     /// Shut down.
     Close,
 }
@@ -351,12 +385,40 @@ pub enum FromWorker {
         /// The holders that did not have it or could not be reached.
         tried: Vec<String>,
     },
-    /// How the worker is doing.
+    /// How the worker is doing (every two seconds, and at once when it pauses or resumes).
     Heartbeat {
-        /// Bytes of values it holds.
+        /// Bytes of values it holds in memory.
         stored: u64,
-        /// Tasks running now.
+        /// Bytes of values it spilled to disk.
+        spilled: u64,
+        /// Its process's resident memory.
+        rss: u64,
+        /// Tasks running or queued to run now.
         executing: u32,
+        /// It is above its pause threshold: it starts no new task.
+        paused: bool,
+    },
+    /// The answer to [`ToWorker::Steal`]: whether the task was given back (it had not
+    /// started; it will not run here).
+    StealResponse {
+        /// The task's key.
+        key: Key,
+        /// Given back.
+        stolen: bool,
+    },
+    /// Values of an [`ToWorker::Acquire`] that are here now (with their sizes), and those no
+    /// holder had.
+    Acquired {
+        /// Keys now held here, with their sizes.
+        keys: Vec<(Key, u64)>,
+        /// Keys that could not be fetched.
+        failed: Vec<Key>,
+    },
+    /// Values this worker had and lost (a spill file that is corrupt or gone): the scheduler
+    /// finds them elsewhere or computes them again.
+    LostKeys {
+        /// The keys.
+        keys: Vec<Key>,
     },
 }
 

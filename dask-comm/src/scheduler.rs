@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use transport::{Address, Connection};
 
-use crate::core::{Comm, Config, Core, NewWorker};
+use crate::core::{Comm, Config, Core, NewWorker, Stats, WorkerSummary};
 use crate::error::Result;
 use crate::net;
 use crate::protocol::{ClientId, FromClient, FromWorker, Hello, ToClient, ToWorker, WorkerId};
@@ -24,6 +24,8 @@ enum Event {
     Worker(WorkerId, Vec<FromWorker>),
     ClientLeft(ClientId, String),
     WorkerLeft(WorkerId, String),
+    /// Someone asks what the core counted, and its workers.
+    Stats(oneshot::Sender<(Stats, Vec<WorkerSummary>)>),
 }
 
 /// Messages the core produced in one pass, by peer.
@@ -51,6 +53,7 @@ struct Peer<M> {
 #[derive(Debug)]
 pub struct SchedulerServer {
     address: Address,
+    events: mpsc::UnboundedSender<Event>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -93,9 +96,10 @@ impl SchedulerServer {
                 });
             }
         });
-        let task = tokio::spawn(run(Core::new(cfg), rx, events, stopped, acceptor));
+        let task = tokio::spawn(run(Core::new(cfg), rx, events.clone(), stopped, acceptor));
         Ok(SchedulerServer {
             address,
+            events,
             stop: Some(stop),
             task,
         })
@@ -104,6 +108,21 @@ impl SchedulerServer {
     /// Where clients and workers connect.
     pub fn address(&self) -> &Address {
         &self.address
+    }
+
+    /// What the core counted since it started (workers lost and retired, tasks rescheduled
+    /// and recomputed, steals, retries), and its workers now.
+    pub fn stats(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(Stats, Vec<WorkerSummary>)>> + Send + 'static
+    {
+        let events = self.events.clone();
+        async move {
+            let (tx, rx) = oneshot::channel();
+            let gone = || crate::Error::Disconnected("the scheduler stopped".into());
+            events.send(Event::Stats(tx)).map_err(|_| gone())?;
+            rx.await.map_err(|_| gone())
+        }
     }
 
     /// Tells the workers to close, closes every connection and stops.
@@ -133,7 +152,9 @@ async fn run(
     let mut clients: BTreeMap<ClientId, Peer<ToClient>> = BTreeMap::new();
     let mut workers: BTreeMap<WorkerId, Peer<ToWorker>> = BTreeMap::new();
     let mut out = Outboxes::default();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // Heartbeat checks, work stealing and retirements move on this clock.
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             biased;
@@ -258,6 +279,9 @@ fn handle(
             tracing::debug!(client = c.0, %why, "client left");
             clients.remove(&c);
             core.on_client_removed(c, out);
+        }
+        Event::Stats(tx) => {
+            let _ = tx.send((core.stats().clone(), core.worker_summaries()));
         }
         Event::WorkerLeft(w, why) => {
             tracing::info!(worker = w.0, %why, "worker left");

@@ -73,6 +73,7 @@ fn killed_worker_loses_nothing() {
     let c = LocalCluster::with(ClusterOptions {
         workers: 2,
         threads_per_worker: 1,
+        restart: false,
         ..Default::default()
     })
     .unwrap();

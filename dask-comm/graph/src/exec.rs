@@ -27,6 +27,9 @@ pub enum FailureKind {
     Data,
     /// The task could not run where it was sent (a worker failed it).
     Lost,
+    /// Workers died while running the task, as many times as allowed (Dask's `KilledWorker`):
+    /// the task itself is the likely cause, and it is not tried again.
+    KilledWorker,
 }
 
 impl fmt::Display for FailureKind {
@@ -38,6 +41,7 @@ impl fmt::Display for FailureKind {
             FailureKind::UnknownFunction => "names an unknown function",
             FailureKind::Data => "had a data error",
             FailureKind::Lost => "was lost",
+            FailureKind::KilledWorker => "killed its workers",
         })
     }
 }

@@ -75,6 +75,7 @@ impl Core {
                     .collect();
                 comm.send_client(c, ToClient::WhoHas { holders });
             }
+            FromClient::Retire { workers } => self.retire(c, workers, comm),
         }
     }
 
@@ -118,12 +119,14 @@ impl Core {
                 continue; // known already: the existing task stands
             }
             let prefix = self.prefix_of(&d.key);
-            let id = self.tasks.insert(TaskState::new(
+            let mut t = TaskState::new(
                 d.key,
                 Some(d.spec),
                 Priority(self.generation, d.order),
                 prefix,
-            ));
+            );
+            t.retries = d.retries;
+            let id = self.tasks.insert(t);
             self.by_key.insert(d.key, id);
             fresh.push(id);
             links.push(d.deps);

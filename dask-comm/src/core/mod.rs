@@ -13,8 +13,10 @@
 //! A lost worker's processing tasks are rescheduled, and values held only there recomputed
 //! from their lineage.
 
+mod balance;
 mod clients;
 mod placement;
+mod retire;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -28,8 +30,9 @@ use std::time::{Duration, Instant};
 use dask_graph::{FailureKind, Key, TaskFailure};
 use rustc_hash::FxHashMap;
 
+pub use retire::MOVE_ATTEMPTS;
 pub use state::Status;
-use state::{ClientState, Ordered, PrefixStats, Slab, TaskId, TaskState, WorkerState};
+use state::{ClientState, Ordered, PrefixStats, Retirement, Slab, TaskId, TaskState, WorkerState};
 
 use crate::protocol::{
     ClientId, Dep, FromClient, FromWorker, Payload, Priority, Scattered, TaskDef, ToClient,
@@ -61,6 +64,12 @@ pub struct Config {
     pub bandwidth: f64,
     /// A worker silent this long is removed.
     pub heartbeat_timeout: Duration,
+    /// Workers that may die while running one task before it errs with `KilledWorker`
+    /// (Dask's `allowed-failures`).
+    pub allowed_failures: u32,
+    /// Idle workers take tasks waiting on busy ones (see [`balance`](self)); a steal is
+    /// confirmed by the victim, so no task runs twice.
+    pub work_stealing: bool,
 }
 
 impl Default for Config {
@@ -72,6 +81,8 @@ impl Default for Config {
             unknown_duration: Duration::from_millis(500),
             bandwidth: 100e6,
             heartbeat_timeout: Duration::from_secs(60),
+            allowed_failures: 3,
+            work_stealing: true,
         }
     }
 }
@@ -91,6 +102,31 @@ pub struct Core {
     generation: u32,
     prefixes: Vec<PrefixStats>,
     prefix_ids: FxHashMap<&'static str, u32>,
+    retirements: Vec<Retirement>,
+    stats: Stats,
+}
+
+/// What the core counted since it started (see [`Core::stats`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Workers removed because they failed (not retired).
+    pub workers_lost: u64,
+    /// Workers retired gracefully.
+    pub workers_retired: u64,
+    /// Tasks sent back to the scheduling pool because their worker was lost.
+    pub rescheduled: u64,
+    /// Values lost with their workers and computed again.
+    pub recomputed: u64,
+    /// Steals asked of victims, and those they confirmed.
+    pub steals_asked: u64,
+    /// Steals confirmed (the task moved).
+    pub steals_done: u64,
+    /// Tasks run again after failing (`retries`).
+    pub retried: u64,
+    /// Tasks that erred with `KilledWorker`.
+    pub killed_worker: u64,
+    /// Tasks each worker finished, by worker name.
+    pub finished_by: BTreeMap<String, u64>,
 }
 
 /// A worker as the core sees it (see [`Core::worker_summaries`]).
@@ -110,6 +146,14 @@ pub struct WorkerSummary {
     pub stored: u64,
     /// Tasks it is running or has been sent.
     pub processing: usize,
+    /// Bytes it spilled to disk at its last heartbeat.
+    pub spilled: u64,
+    /// Its resident memory at its last heartbeat.
+    pub rss: u64,
+    /// It is paused (above its memory pause threshold).
+    pub paused: bool,
+    /// It is being retired.
+    pub retiring: bool,
 }
 
 /// What a worker told the scheduler when it registered.
@@ -143,7 +187,14 @@ impl Core {
             generation: 0,
             prefixes: Vec::new(),
             prefix_ids: FxHashMap::default(),
+            retirements: Vec::new(),
+            stats: Stats::default(),
         }
+    }
+
+    /// What the core counted since it started.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
     }
 
     // ---- introspection (tests, dashboard) ----------------------------------------------
@@ -184,6 +235,10 @@ impl Core {
                 memory_limit: w.memory_limit,
                 stored: w.stored,
                 processing: w.processing.len(),
+                spilled: w.spilled,
+                rss: w.rss,
+                paused: w.paused,
+                retiring: w.retiring,
             })
             .collect()
     }
@@ -208,6 +263,10 @@ impl Core {
                 t.status == Status::Processing,
                 t.processing_on.is_some(),
                 "{k}: processing iff on a worker"
+            );
+            assert!(
+                t.stealing.is_none() || t.status == Status::Processing,
+                "{k}: stolen only while processing"
             );
             if let Some(w) = t.processing_on {
                 assert!(
@@ -286,6 +345,16 @@ impl Core {
                     w.0
                 );
             }
+            let incoming = self
+                .tasks
+                .iter()
+                .filter(|(_, t)| t.stealing == Some(*w))
+                .count();
+            assert_eq!(
+                ws.incoming as usize, incoming,
+                "worker {}: steals towards it",
+                w.0
+            );
             for &id in &ws.has {
                 assert!(
                     self.tasks.get(id).is_some_and(|t| t.who_has.contains(w)),

@@ -25,8 +25,9 @@ impl Core {
     fn saturation(&self, prefix: u32) -> f64 {
         match self.prefixes[prefix as usize].average {
             Some(avg) if avg > 0.0 => (self.cfg.latency_fill.as_secs_f64() / avg)
-                .clamp(self.cfg.saturation, self.cfg.max_saturation),
-            Some(_) => self.cfg.max_saturation,
+                .min(self.cfg.max_saturation)
+                .max(self.cfg.saturation),
+            Some(_) => self.cfg.max_saturation.max(self.cfg.saturation),
             None => self.cfg.saturation,
         }
     }
@@ -36,31 +37,42 @@ impl Core {
         (threads * self.saturation(prefix)).ceil() as usize
     }
 
-    /// The least busy worker with a free slot for a task of `prefix`.
+    /// The least busy open worker with a free slot for a task of `prefix` (steals on their
+    /// way to a worker take slots too).
     pub(super) fn free_worker(&self, prefix: u32) -> Option<WorkerId> {
         self.workers
             .iter()
-            .filter(|(&w, ws)| ws.processing.len() < self.slots(w, prefix))
+            .filter(|(&w, ws)| ws.open() && self.busy(ws) < self.slots(w, prefix))
             .min_by(|(a, x), (b, y)| {
-                let load =
-                    |ws: &super::WorkerState| ws.processing.len() as f64 / ws.nthreads as f64;
+                let load = |ws: &super::WorkerState| self.busy(ws) as f64 / ws.nthreads as f64;
                 load(x).total_cmp(&load(y)).then(a.cmp(b))
             })
             .map(|(&w, _)| w)
     }
 
-    /// The worker where task `id` (which has dependencies) can start earliest.
-    pub(super) fn decide_worker(&self, id: TaskId) -> WorkerId {
-        let deps = &self.tasks[id].deps;
+    /// Tasks a worker has, or will have once steals towards it land.
+    pub(super) fn busy(&self, ws: &super::WorkerState) -> usize {
+        ws.processing.len() + ws.incoming as usize
+    }
+
+    /// Seconds to move task `id`'s dependencies that worker `w` does not hold.
+    pub(super) fn transfer_time(&self, id: TaskId, w: WorkerId) -> f64 {
+        let missing: u64 = self.tasks[id]
+            .deps
+            .iter()
+            .map(|&d| &self.tasks[d])
+            .filter(|dt| !dt.who_has.contains(&w))
+            .map(|dt| dt.nbytes)
+            .sum();
+        missing as f64 / self.cfg.bandwidth
+    }
+
+    /// The open worker where task `id` (which has dependencies) can start earliest; `None`
+    /// when no worker is open (all paused or retiring).
+    pub(super) fn decide_worker(&self, id: TaskId) -> Option<WorkerId> {
         let mut best: Option<(f64, usize, WorkerId)> = None;
-        for (&w, ws) in &self.workers {
-            let missing: u64 = deps
-                .iter()
-                .map(|&d| &self.tasks[d])
-                .filter(|dt| !dt.who_has.contains(&w))
-                .map(|dt| dt.nbytes)
-                .sum();
-            let start = ws.occupancy / ws.nthreads as f64 + missing as f64 / self.cfg.bandwidth;
+        for (&w, ws) in self.workers.iter().filter(|(_, ws)| ws.open()) {
+            let start = ws.occupancy / ws.nthreads as f64 + self.transfer_time(id, w);
             let candidate = (start, ws.processing.len(), w);
             let better = best.is_none_or(|(s, n, bw)| {
                 start
@@ -73,13 +85,12 @@ impl Core {
                 best = Some(candidate);
             }
         }
-        best.expect("decide_worker is called with workers present")
-            .2
+        best.map(|b| b.2)
     }
 
     /// Gives worker `w` queued tasks while it has free slots.
     pub(super) fn fill(&mut self, w: WorkerId, comm: &mut impl Comm) {
-        if !self.workers.contains_key(&w) {
+        if !self.workers.get(&w).is_some_and(|ws| ws.open()) {
             return;
         }
         while let Some(&(p, id)) = self.queued.first() {
@@ -89,7 +100,7 @@ impl Core {
                 continue;
             }
             let prefix = self.tasks[id].prefix;
-            if self.workers[&w].processing.len() >= self.slots(w, prefix) {
+            if self.busy(&self.workers[&w]) >= self.slots(w, prefix) {
                 break;
             }
             self.queued.remove(&(p, id));

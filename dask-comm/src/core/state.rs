@@ -52,6 +52,14 @@ pub struct TaskState {
     pub failure: Option<Arc<TaskFailure>>,
     /// The task's prefix (see [`Key::prefix`]), numbered.
     pub prefix: u32,
+    /// Runs left after a failure (the client's `retries`).
+    pub retries: u32,
+    /// Workers that died while they may have been running it (names): at
+    /// [`Config::allowed_failures`](super::Config) it errs with `KilledWorker`.
+    pub killed_on: Vec<String>,
+    /// A steal in flight: the victim (`processing_on`) was asked to give it back, for this
+    /// thief.
+    pub stealing: Option<WorkerId>,
 }
 
 impl TaskState {
@@ -72,6 +80,9 @@ impl TaskState {
             nbytes: 0,
             failure: None,
             prefix,
+            retries: 0,
+            killed_on: Vec::new(),
+            stealing: None,
         }
     }
 }
@@ -89,7 +100,36 @@ pub struct WorkerState {
     pub occupancy: f64,
     pub has: FxHashSet<TaskId>,
     pub stored: u64,
+    /// Bytes it spilled to disk (last heartbeat).
+    pub spilled: u64,
+    /// Its process's resident memory (last heartbeat).
+    pub rss: u64,
+    /// Above its pause threshold: it gets no new task, and what waits there may be stolen.
+    pub paused: bool,
+    /// Being retired: it gets no new task, and leaves once what others need is elsewhere.
+    pub retiring: bool,
+    /// Steals in flight towards it (they count against its slots).
+    pub incoming: u32,
     pub last_seen: Instant,
+}
+
+impl WorkerState {
+    /// Whether new tasks may go here.
+    pub fn open(&self) -> bool {
+        !self.paused && !self.retiring
+    }
+}
+
+/// A request to retire workers, until they are all gone.
+#[derive(Debug)]
+pub struct Retirement {
+    pub client: ClientId,
+    pub workers: Vec<WorkerId>,
+    pub addresses: Vec<String>,
+    /// Values being copied off a retiring worker: the key, and the worker fetching it.
+    pub moving: Vec<(TaskId, WorkerId)>,
+    /// Copies asked per value.
+    pub attempts: rustc_hash::FxHashMap<TaskId, u32>,
 }
 
 /// One client.

@@ -81,7 +81,7 @@ impl Core {
     pub(super) fn make_ready(&mut self, id: TaskId, comm: &mut impl Comm) {
         debug_assert_eq!(self.tasks[id].status, Status::Waiting);
         let priority = self.tasks[id].priority;
-        if self.workers.is_empty() {
+        if !self.workers.values().any(|ws| ws.open()) {
             self.tasks[id].status = Status::NoWorker;
             self.no_worker.insert((priority, id));
             return;
@@ -96,7 +96,7 @@ impl Core {
             }
             return;
         }
-        let w = self.decide_worker(id);
+        let w = self.decide_worker(id).expect("an open worker exists");
         self.assign(id, w, comm);
     }
 
@@ -134,9 +134,14 @@ impl Core {
         );
     }
 
-    /// Takes a processing task off its worker's books.
+    /// Takes a processing task off its worker's books (and a steal in flight with it).
     pub(super) fn unassign(&mut self, id: TaskId) {
         let t = &mut self.tasks[id];
+        if let Some(thief) = t.stealing.take() {
+            if let Some(ws) = self.workers.get_mut(&thief) {
+                ws.incoming = ws.incoming.saturating_sub(1);
+            }
+        }
         if let Some(w) = t.processing_on.take() {
             if let Some(ws) = self.workers.get_mut(&w) {
                 ws.processing.remove(&id);
@@ -244,6 +249,10 @@ impl Core {
     pub(super) fn lose(&mut self, id: TaskId, comm: &mut impl Comm) {
         self.tasks[id].status = Status::Released;
         self.tasks[id].who_has.clear();
+        let key = self.tasks[id].key;
+        for &c in &self.tasks[id].wanted_by {
+            comm.send_client(c, ToClient::Lost { key });
+        }
         let dependents = self.tasks[id].dependents.clone();
         for d in dependents {
             let dt = &self.tasks[d];
@@ -267,6 +276,9 @@ impl Core {
             }
         }
         if self.needed(id) {
+            if self.tasks[id].spec.is_some() {
+                self.stats.recomputed += 1;
+            }
             self.compute(&[id], comm);
         } else {
             self.release(id, comm);

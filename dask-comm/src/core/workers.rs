@@ -25,48 +25,96 @@ impl Core {
                 occupancy: 0.0,
                 has: Default::default(),
                 stored: 0,
+                spilled: 0,
+                rss: 0,
+                paused: false,
+                retiring: false,
+                incoming: 0,
                 last_seen: now,
             },
         );
         comm.send_worker(id, ToWorker::Welcome { id });
         self.tell_clients_workers(comm);
-        let unrunnable: Vec<TaskId> = std::mem::take(&mut self.no_worker)
-            .into_iter()
-            .map(|(_, t)| t)
-            .collect();
-        for t in unrunnable {
-            self.tasks[t].status = Status::Waiting;
-            self.make_ready(t, comm);
-        }
-        self.fill(id, comm);
+        self.reopened(id, comm);
         id
     }
 
     /// A worker left or failed: its processing tasks are rescheduled, and values held only
-    /// there are recomputed (or, for scattered values, fail the futures that need them).
+    /// there are recomputed (or, for scattered values, fail the futures that need them). The
+    /// tasks it may have been running (the first `nthreads` by priority: it runs them in that
+    /// order) count it against [`Config::allowed_failures`].
     pub fn on_worker_removed(&mut self, w: WorkerId, comm: &mut impl Comm) {
+        self.remove_worker(w, true, comm);
+        self.advance_retirements(comm);
+    }
+
+    /// Removes worker `w`; `lost` when it failed (not retired).
+    pub(super) fn remove_worker(&mut self, w: WorkerId, lost: bool, comm: &mut impl Comm) {
         let Some(worker) = self.workers.remove(&w) else {
             return;
         };
-        tracing::warn!(worker = w.0, name = %worker.name, processing = worker.processing.len(), holds = worker.has.len(), "worker removed");
+        if lost {
+            self.stats.workers_lost += 1;
+            tracing::warn!(worker = w.0, name = %worker.name, processing = worker.processing.len(), holds = worker.has.len(), "worker lost");
+        } else {
+            self.stats.workers_retired += 1;
+            tracing::info!(worker = w.0, name = %worker.name, "worker retired");
+        }
         self.tell_clients_workers(comm);
-        let mut lost = Vec::new();
+        // Steals towards it stay in flight: the victim's answer decides (a task given back
+        // goes elsewhere).
+        let mut lost_keys = Vec::new();
         for &id in &worker.has {
             let t = &mut self.tasks[id];
             t.who_has.retain(|&x| x != w);
             if t.who_has.is_empty() && t.status == Status::Memory {
-                lost.push(id);
+                lost_keys.push(id);
             }
         }
         let mut rerun: Vec<TaskId> = worker.processing.iter().copied().collect();
-        rerun.sort_unstable();
-        for &id in &rerun {
+        rerun.sort_unstable_by_key(|&id| self.tasks[id].priority);
+        let mut killers = Vec::new();
+        for (i, &id) in rerun.iter().enumerate() {
             let t = &mut self.tasks[id];
             t.processing_on = None;
+            if let Some(thief) = t.stealing.take() {
+                if let Some(ws) = self.workers.get_mut(&thief) {
+                    ws.incoming = ws.incoming.saturating_sub(1);
+                }
+            }
             t.status = Status::Waiting;
+            self.stats.rescheduled += 1;
+            if lost && i < worker.nthreads as usize {
+                t.killed_on.push(worker.name.clone());
+                if t.killed_on.len() as u32 >= self.cfg.allowed_failures {
+                    killers.push(id);
+                }
+            }
         }
-        for id in lost {
-            self.lose(id, comm);
+        for id in killers {
+            let t = &self.tasks[id];
+            let failure = TaskFailure::new(
+                t.key,
+                "",
+                FailureKind::KilledWorker,
+                format!(
+                    "{} workers died while it may have been running ({}); it is not tried again",
+                    t.killed_on.len(),
+                    t.killed_on.join(", ")
+                ),
+            );
+            tracing::warn!(key = %t.key, workers = ?t.killed_on, "KilledWorker");
+            self.stats.killed_worker += 1;
+            self.fail(id, Arc::new(failure), comm);
+        }
+        for id in lost_keys {
+            if self
+                .tasks
+                .get(id)
+                .is_some_and(|t| t.status == Status::Memory && t.who_has.is_empty())
+            {
+                self.lose(id, comm);
+            }
         }
         for id in rerun {
             if self
@@ -112,12 +160,70 @@ impl Core {
             FromWorker::MissingDep { key, dep, tried } => {
                 self.missing_dep(w, key, dep, tried, comm)
             }
-            FromWorker::Heartbeat { stored, .. } => worker.stored = stored,
+            FromWorker::Heartbeat {
+                stored,
+                spilled,
+                rss,
+                paused,
+                ..
+            } => {
+                let was = std::mem::replace(&mut worker.paused, paused);
+                (worker.stored, worker.spilled, worker.rss) = (stored, spilled, rss);
+                if was != paused {
+                    tracing::info!(worker = w.0, paused, rss, "worker memory pause changed");
+                }
+                if was && !paused {
+                    self.reopened(w, comm);
+                }
+            }
+            FromWorker::StealResponse { key, stolen } => self.steal_response(w, key, stolen, comm),
+            FromWorker::Acquired { keys, failed } => self.acquired(w, keys, failed, comm),
+            FromWorker::LostKeys { keys } => self.lost_keys(w, keys, comm),
+        }
+        if !self.retirements.is_empty() {
+            self.advance_retirements(comm);
         }
     }
 
-    /// Time passed: workers silent past the heartbeat timeout are removed.
+    /// Worker `w` takes tasks again: tasks that found no open worker, then queued ones.
+    pub(super) fn reopened(&mut self, w: WorkerId, comm: &mut impl Comm) {
+        let unrunnable: Vec<TaskId> = std::mem::take(&mut self.no_worker)
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect();
+        for t in unrunnable {
+            self.tasks[t].status = Status::Waiting;
+            self.make_ready(t, comm);
+        }
+        self.fill(w, comm);
+    }
+
+    /// Worker `w` lost values it held (a bad spill file): found elsewhere, or computed again.
+    pub(super) fn lost_keys(&mut self, w: WorkerId, keys: Vec<Key>, comm: &mut impl Comm) {
+        for key in keys {
+            let Some(&id) = self.by_key.get(&key) else {
+                continue;
+            };
+            tracing::warn!(worker = w.0, %key, "a worker lost a value");
+            self.tasks[id].who_has.retain(|&x| x != w);
+            if let Some(ws) = self.workers.get_mut(&w) {
+                ws.has.remove(&id);
+            }
+            if self.tasks[id].status == Status::Memory && self.tasks[id].who_has.is_empty() {
+                self.lose(id, comm);
+            }
+        }
+    }
+
+    /// Time passed: workers silent past the heartbeat timeout are removed, idle workers steal
+    /// from busy ones, and retirements move on.
     pub fn on_tick(&mut self, now: Instant, comm: &mut impl Comm) {
+        self.remove_silent(now, comm);
+        self.balance(comm);
+        self.advance_retirements(comm);
+    }
+
+    fn remove_silent(&mut self, now: Instant, comm: &mut impl Comm) {
         let silent: Vec<WorkerId> = self
             .workers
             .iter()
@@ -128,7 +234,7 @@ impl Core {
             .collect();
         for w in silent {
             tracing::warn!(worker = w.0, "no heartbeat: removing the worker");
-            self.on_worker_removed(w, comm);
+            self.remove_worker(w, true, comm);
         }
     }
 
@@ -164,6 +270,9 @@ impl Core {
         let avg = &mut self.prefixes[prefix].average;
         *avg = Some(avg.map_or(secs, |a| 0.5 * a + 0.5 * secs));
         self.unassign(id);
+        if let Some(ws) = self.workers.get(&w) {
+            *self.stats.finished_by.entry(ws.name.clone()).or_default() += 1;
+        }
         self.tasks[id].nbytes = nbytes;
         self.mark_in_memory(id, w, small, comm);
         self.fill(w, comm);
@@ -183,9 +292,22 @@ impl Core {
         if t.status != Status::Processing || t.processing_on != Some(w) {
             return;
         }
-        tracing::debug!(%key, error = %failure, "task erred");
         self.unassign(id);
-        self.fail(id, Arc::new(failure), comm);
+        if self.tasks[id].retries > 0 {
+            self.tasks[id].retries -= 1;
+            self.stats.retried += 1;
+            tracing::info!(%key, error = %failure, retries_left = self.tasks[id].retries, "task erred: running it again");
+            self.tasks[id].status = Status::Waiting;
+            self.recount(id);
+            if self.tasks[id].waiting_on == 0 {
+                self.make_ready(id, comm);
+            } else {
+                self.compute(&[id], comm);
+            }
+        } else {
+            tracing::debug!(%key, error = %failure, "task erred");
+            self.fail(id, Arc::new(failure), comm);
+        }
         self.fill(w, comm);
     }
 

@@ -49,6 +49,10 @@ pub(super) struct Done {
 struct Queue {
     jobs: BinaryHeap<Job>,
     closed: bool,
+    /// No job starts while paused (the worker's memory is above its pause threshold).
+    paused: bool,
+    /// Jobs taken by a thread and not finished.
+    running: usize,
 }
 
 /// The threads and their queue.
@@ -66,6 +70,8 @@ impl Executor {
             Mutex::new(Queue {
                 jobs: BinaryHeap::new(),
                 closed: false,
+                paused: false,
+                running: 0,
             }),
             Condvar::new(),
         ));
@@ -108,6 +114,21 @@ impl Executor {
         cv.notify_one();
     }
 
+    /// Stops (or resumes) starting jobs; running ones go on.
+    pub fn set_paused(&self, paused: bool) {
+        let (lock, cv) = &*self.queue;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).paused = paused;
+        if !paused {
+            cv.notify_all();
+        }
+    }
+
+    /// Jobs running now.
+    pub fn running(&self) -> usize {
+        let (lock, _) = &*self.queue;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).running
+    }
+
     /// Removes a queued task that has not started; whether it was there.
     pub fn cancel(&self, key: &Key) -> bool {
         let (lock, _) = &*self.queue;
@@ -141,18 +162,27 @@ fn run(queue: &(Mutex<Queue>, Condvar), done: &mpsc::UnboundedSender<Done>) {
                 if q.closed {
                     return;
                 }
-                if let Some(j) = q.jobs.pop() {
-                    break j;
+                if !q.paused {
+                    if let Some(j) = q.jobs.pop() {
+                        q.running += 1;
+                        break j;
+                    }
                 }
                 q = cv.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
+        let key = job.key;
         let t0 = Instant::now();
         let result = execute(&job);
         let micros = t0.elapsed().as_micros() as u64;
+        drop(job);
+        {
+            let mut q = lock.lock().unwrap_or_else(|e| e.into_inner());
+            q.running -= 1;
+        }
         if done
             .send(Done {
-                key: job.key,
+                key,
                 result,
                 micros,
             })

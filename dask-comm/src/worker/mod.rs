@@ -6,13 +6,20 @@
 //! batch. Dependencies are fetched in batches per peer, one request per peer at a time, on
 //! data connections of their own (control messages never wait behind data). A data server
 //! answers other workers' and clients' requests from the store.
+//!
+//! With a memory limit, the store spills to the local directory and the worker pauses and
+//! exits at its thresholds (see [`memory`]). The scheduler may take back tasks that have not
+//! started (work stealing) and ask for copies of values (a retiring worker's).
 
 mod exec;
 pub(crate) mod fetch;
+pub mod memory;
+pub(crate) mod store;
 
 use std::collections::hash_map::Entry;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dask_graph::{Key, Value};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -25,6 +32,7 @@ use crate::protocol::{DataMsg, Dep, FromWorker, Hello, Payload, Priority, ToWork
 use crate::security::Secret;
 use exec::{Done, Executor};
 use fetch::{Fetched, Fetcher};
+use memory::{Limits, MemoryThresholds, Verdict};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -38,8 +46,18 @@ pub struct WorkerOptions {
     pub listen: Option<Address>,
     /// Threads that run tasks.
     pub nthreads: usize,
-    /// Memory limit in bytes (0: none), reported to the scheduler.
+    /// Memory limit in bytes (0: none): the store spills, and the worker pauses and exits,
+    /// at fractions of it (see [`memory`]).
     pub memory_limit: u64,
+    /// The fractions of the memory limit where the worker spills, pauses and exits.
+    pub thresholds: MemoryThresholds,
+    /// Where spilled values go (a folder of their own is made there, and removed when the
+    /// worker stops; default: the system's temporary directory).
+    pub local_directory: Option<PathBuf>,
+    /// The process is this worker's alone: its RSS is checked against the spill, pause and
+    /// terminate thresholds (default). Off for workers sharing a process (then only the
+    /// `target` applies, to the bytes of values).
+    pub process_memory: bool,
     /// A name for logs.
     pub name: String,
     /// Answer every task at once without running it or fetching its inputs (to measure the
@@ -56,6 +74,9 @@ impl WorkerOptions {
             listen: None,
             nthreads,
             memory_limit: 0,
+            thresholds: MemoryThresholds::default(),
+            local_directory: None,
+            process_memory: true,
             name: format!("worker-{}", std::process::id()),
             zero_work: false,
         }
@@ -63,7 +84,11 @@ impl WorkerOptions {
 }
 
 /// Values the worker holds, shared with its data server.
-pub(crate) type Store = Arc<Mutex<FxHashMap<Key, Value>>>;
+pub(crate) type Store = Arc<Mutex<store::Store>>;
+
+fn lock(store: &Store) -> std::sync::MutexGuard<'_, store::Store> {
+    store.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn default_listen(scheduler: &Address) -> Address {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -109,15 +134,36 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
         .listen
         .clone()
         .unwrap_or_else(|| default_listen(&opts.scheduler));
+    let limits = Limits {
+        limit: opts.memory_limit,
+        at: opts.thresholds,
+    };
+    let store = if opts.memory_limit > 0 {
+        memory::tune_allocator();
+        let base = opts
+            .local_directory
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!(
+            "dask-comm-spill-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        store::Store::new(Some(dir.clone()), limits.target())
+            .map_err(|e| Error::os(format!("creating the spill directory {}", dir.display()), e))?
+    } else {
+        store::Store::in_memory_only()
+    };
     let mut listener = net::listen(&listen).await?;
     let address = listener.local_addr().to_string();
-    let store: Store = Arc::default();
+    let store: Store = Arc::new(Mutex::new(store));
+    let (lost_tx, lost_rx) = mpsc::unbounded_channel();
     let serve = {
         let (store, secret) = (Arc::clone(&store), opts.secret.clone());
         tokio::spawn(async move {
             while let Ok(conn) = listener.accept().await {
-                let (store, secret) = (Arc::clone(&store), secret.clone());
-                tokio::spawn(serve_data(conn, store, secret));
+                let (store, secret, lost) = (Arc::clone(&store), secret.clone(), lost_tx.clone());
+                tokio::spawn(serve_data(conn, store, secret, lost));
             }
         })
     };
@@ -135,7 +181,7 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     .await?;
     let control = Arc::new(control);
     tracing::info!(name = %opts.name, %address, scheduler = %opts.scheduler, nthreads = opts.nthreads, "worker started");
-    let r = Worker::new(&opts, address, store, Arc::clone(&control))
+    let r = Worker::new(&opts, address, store, Arc::clone(&control), lost_rx)
         .run()
         .await;
     serve.abort();
@@ -160,6 +206,17 @@ struct Worker {
     fetched_rx: mpsc::UnboundedReceiver<Fetched>,
     out: Vec<FromWorker>,
     executing: u32,
+    limits: Limits,
+    process_memory: bool,
+    paused: bool,
+    /// Values a data server found corrupt on disk.
+    lost_rx: mpsc::UnboundedReceiver<Key>,
+    /// Keys the scheduler asked this worker to copy here.
+    acquiring: FxHashSet<Key>,
+    acquired: Vec<(Key, u64)>,
+    acquire_failed: Vec<Key>,
+    /// Send a heartbeat with this pass (the pause state changed).
+    report: bool,
 }
 
 impl Worker {
@@ -168,6 +225,7 @@ impl Worker {
         address: String,
         store: Store,
         control: Arc<Connection>,
+        lost_rx: mpsc::UnboundedReceiver<Key>,
     ) -> Worker {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (fetched_tx, fetched_rx) = mpsc::unbounded_channel();
@@ -185,6 +243,17 @@ impl Worker {
             fetched_rx,
             out: Vec::new(),
             executing: 0,
+            limits: Limits {
+                limit: opts.memory_limit,
+                at: opts.thresholds,
+            },
+            process_memory: opts.process_memory,
+            paused: false,
+            lost_rx,
+            acquiring: FxHashSet::default(),
+            acquired: Vec::new(),
+            acquire_failed: Vec::new(),
+            report: false,
         }
     }
 
@@ -205,6 +274,9 @@ impl Worker {
         let (to_scheduler, writer_rx) = mpsc::unbounded_channel();
         let writer = tokio::spawn(net::writer(Arc::clone(&self.control), writer_rx));
         let mut heartbeat = tokio::time::interval(Duration::from_secs(2));
+        let mut memory_tick = tokio::time::interval(Duration::from_millis(100));
+        memory_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stuck_since: Option<Instant> = None;
         let result = loop {
             tokio::select! {
                 msgs = scheduler_rx.recv() => match msgs {
@@ -221,9 +293,15 @@ impl Worker {
                 },
                 Some(done) = self.done_rx.recv() => self.on_done(done),
                 Some(fetched) = self.fetched_rx.recv() => self.on_fetched(fetched),
-                _ = heartbeat.tick() => {
-                    let stored = self.store.lock().unwrap_or_else(|e| e.into_inner()).values().map(|v| v.nbytes() as u64).sum();
-                    self.out.push(FromWorker::Heartbeat { stored, executing: self.executing });
+                Some(key) = self.lost_rx.recv() => {
+                    lock(&self.store).remove(&key);
+                    self.out.push(FromWorker::LostKeys { keys: vec![key] });
+                }
+                _ = heartbeat.tick() => self.report = true,
+                _ = memory_tick.tick(), if self.limits.limit > 0 && self.process_memory => {
+                    if let Err(e) = self.check_memory(&mut stuck_since) {
+                        break Err(e);
+                    }
                 }
             }
             // Everything else already here joins this pass.
@@ -234,6 +312,15 @@ impl Worker {
                 self.on_fetched(fetched);
             }
             self.fetcher.start();
+            if !self.acquired.is_empty() || !self.acquire_failed.is_empty() {
+                self.out.push(FromWorker::Acquired {
+                    keys: std::mem::take(&mut self.acquired),
+                    failed: std::mem::take(&mut self.acquire_failed),
+                });
+            }
+            if std::mem::take(&mut self.report) {
+                self.out.push(self.heartbeat());
+            }
             if !self.out.is_empty() && to_scheduler.send(std::mem::take(&mut self.out)).is_err() {
                 break Err(Error::Disconnected(
                     "the scheduler connection's writer ended".into(),
@@ -259,6 +346,11 @@ impl Worker {
                     wanted,
                 } => self.compute(key, spec, deps, priority, wanted),
                 ToWorker::Free { keys } => self.free(keys),
+                ToWorker::Steal { key } => {
+                    let stolen = self.give_back(key);
+                    self.out.push(FromWorker::StealResponse { key, stolen });
+                }
+                ToWorker::Acquire { keys } => self.acquire(keys),
                 ToWorker::Close => return true,
             }
         }
@@ -276,10 +368,7 @@ impl Worker {
         if self.zero_work {
             let v = Value::new(());
             let small = small_result(wanted, &v);
-            self.store
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, v);
+            lock(&self.store).insert(key, v);
             self.out.push(FromWorker::Finished {
                 key,
                 nbytes: 0,
@@ -293,9 +382,9 @@ impl Worker {
         }
         let mut missing = 0;
         {
-            let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+            let store = lock(&self.store);
             for d in &deps {
-                if !store.contains_key(&d.key) {
+                if !store.contains(&d.key) {
                     missing += 1;
                     let first = match self.waiting_for.entry(d.key) {
                         Entry::Occupied(mut e) => {
@@ -307,7 +396,7 @@ impl Worker {
                             true
                         }
                     };
-                    if first {
+                    if first && !self.acquiring.contains(&d.key) {
                         let holders = d
                             .holders
                             .iter()
@@ -335,28 +424,167 @@ impl Worker {
         }
     }
 
-    /// Queues a task whose inputs are all here.
+    /// Queues a task whose inputs are all here (read back from disk if they were spilled).
+    /// An input whose spill file is bad is reported lost, and the task goes back to the
+    /// scheduler as missing that input.
     fn start(&mut self, key: Key) {
         let Some(p) = self.pending.get_mut(&key) else {
             return;
         };
-        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let inputs: FxHashMap<Key, Value> = p
-            .deps
-            .iter()
-            .filter_map(|d| store.get(d).map(|v| (*d, v.clone())))
-            .collect();
-        drop(store);
+        let mut inputs = FxHashMap::default();
+        let mut bad = None;
+        {
+            let mut store = lock(&self.store);
+            for d in &p.deps {
+                match store.get(d) {
+                    Ok(Some(v)) => {
+                        inputs.insert(*d, v);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(%key, error = %e, "an input is lost");
+                        store.remove(d);
+                        bad = Some(*d);
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(dep) = bad {
+            self.pending.remove(&key);
+            self.out.push(FromWorker::MissingDep {
+                key,
+                dep,
+                tried: vec![self.address.clone()],
+            });
+            return;
+        }
         p.running = true;
         self.executing += 1;
         self.executor
             .submit(key, std::mem::take(&mut p.spec), inputs, p.priority);
     }
 
+    /// Gives a task back to the scheduler if it has not started (work stealing).
+    fn give_back(&mut self, key: Key) -> bool {
+        let Some(p) = self.pending.get(&key) else {
+            return false;
+        };
+        if p.running {
+            if !self.executor.cancel(&key) {
+                return false; // a thread has it
+            }
+            self.executing -= 1;
+        }
+        let p = self.pending.remove(&key).expect("present");
+        for d in p.deps {
+            if let Some(ws) = self.waiting_for.get_mut(&d) {
+                ws.retain(|x| *x != key);
+            }
+        }
+        true
+    }
+
+    /// Fetches copies of values the scheduler asks this worker to hold.
+    fn acquire(&mut self, keys: Vec<Dep>) {
+        let store = lock(&self.store);
+        let mut here = Vec::new();
+        for d in keys {
+            if store.contains(&d.key) {
+                here.push((d.key, d.nbytes));
+            } else if self.acquiring.insert(d.key) && !self.waiting_for.contains_key(&d.key) {
+                let holders = d
+                    .holders
+                    .into_iter()
+                    .filter(|h| *h != self.address)
+                    .collect();
+                self.fetcher.want(d.key, holders, d.nbytes);
+            }
+        }
+        drop(store);
+        self.acquired.extend(here);
+    }
+
+    /// How the worker is doing.
+    fn heartbeat(&self) -> FromWorker {
+        let store = lock(&self.store);
+        FromWorker::Heartbeat {
+            stored: store.memory_bytes(),
+            spilled: store.disk_bytes(),
+            rss: memory::rss(),
+            executing: self.executing,
+            paused: self.paused,
+        }
+    }
+
+    /// The memory check (see [`memory`]): spill past `spill`, pause past `pause`, exit past
+    /// `terminate`.
+    fn check_memory(&mut self, stuck_since: &mut Option<Instant>) -> Result<()> {
+        let mut rss = memory::rss();
+        if rss > self.limits.spill() {
+            let goal = self.limits.target();
+            let mut store = lock(&self.store);
+            let mut spilled = 0;
+            while rss > goal && store.spill_one() {
+                spilled += 1;
+                if spilled % 8 == 0 {
+                    memory::trim();
+                    rss = memory::rss();
+                }
+            }
+            drop(store);
+            memory::trim();
+            rss = memory::rss();
+            if spilled > 0 {
+                tracing::debug!(spilled, rss, "spilled past the RSS threshold");
+            }
+        }
+        let verdict = self.limits.verdict(rss);
+        if verdict == Verdict::Terminate {
+            tracing::error!(
+                rss,
+                limit = self.limits.limit,
+                "memory past the terminate threshold: exiting to be restarted"
+            );
+            // The store's directory goes with it: exit skips destructors.
+            lock(&self.store).clear_disk();
+            std::process::exit(memory::EXIT_MEMORY);
+        }
+        let mut pause = verdict == Verdict::Pause;
+        if pause && lock(&self.store).spillable() == 0 && self.executor.running() == 0 {
+            // Pausing frees nothing here: nothing to spill, nothing running.
+            let since = *stuck_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > Duration::from_secs(2) {
+                if self.paused {
+                    tracing::warn!(
+                        rss,
+                        "paused with nothing to spill and nothing running: resuming"
+                    );
+                }
+                pause = false;
+            }
+        } else {
+            *stuck_since = None;
+        }
+        if pause != self.paused {
+            self.paused = pause;
+            self.executor.set_paused(pause);
+            self.report = true;
+            tracing::info!(
+                paused = pause,
+                rss,
+                limit = self.limits.limit,
+                "memory pause"
+            );
+        }
+        Ok(())
+    }
+
     fn free(&mut self, keys: Vec<Key>) {
-        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let mut store = lock(&self.store);
         for k in keys {
             store.remove(&k);
+            self.acquiring.remove(&k);
             if let Some(p) = self.pending.remove(&k) {
                 if p.running {
                     if self.executor.cancel(&k) {
@@ -384,10 +612,7 @@ impl Worker {
             Ok(v) => {
                 let nbytes = v.nbytes() as u64;
                 let small = small_result(wanted, &v);
-                self.store
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(d.key, v);
+                lock(&self.store).insert(d.key, v);
                 self.out.push(FromWorker::Finished {
                     key: d.key,
                     nbytes,
@@ -408,9 +633,12 @@ impl Worker {
             missing,
         } = self.fetcher.arrived(f);
         {
-            let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+            let mut store = lock(&self.store);
             for (k, v) in &arrived {
                 store.insert(*k, v.clone());
+                if self.acquiring.remove(k) {
+                    self.acquired.push((*k, v.nbytes() as u64));
+                }
             }
         }
         for (k, _) in arrived {
@@ -425,6 +653,9 @@ impl Worker {
             }
         }
         for (dep, tried) in missing {
+            if self.acquiring.remove(&dep) {
+                self.acquire_failed.push(dep);
+            }
             for key in self.waiting_for.remove(&dep).unwrap_or_default() {
                 if self.pending.remove(&key).is_some() {
                     self.out.push(FromWorker::MissingDep {
@@ -439,7 +670,12 @@ impl Worker {
 }
 
 /// Serves one data connection: values from the store, and values a client puts.
-async fn serve_data(conn: Connection, store: Store, secret: Secret) {
+async fn serve_data(
+    conn: Connection,
+    store: Store,
+    secret: Secret,
+    lost: mpsc::UnboundedSender<Key>,
+) {
     let peer = conn.peer_addr().clone();
     match net::admit(&conn, &secret).await {
         Ok(Hello::Data { .. }) => {}
@@ -467,9 +703,16 @@ async fn serve_data(conn: Connection, store: Store, secret: Secret) {
             match m {
                 DataMsg::Get { keys } => {
                     let values = {
-                        let store = store.lock().unwrap_or_else(|e| e.into_inner());
+                        let store = lock(&store);
                         keys.into_iter()
-                            .map(|k| (k, store.get(&k).cloned()))
+                            .map(|k| match store.peek(&k) {
+                                Ok(v) => (k, v),
+                                Err(e) => {
+                                    tracing::warn!(%peer, error = %e, "a value asked for is lost");
+                                    let _ = lost.send(k);
+                                    (k, None)
+                                }
+                            })
                             .collect::<Vec<_>>()
                     };
                     let values = values
@@ -499,10 +742,10 @@ async fn serve_data(conn: Connection, store: Store, secret: Secret) {
                             }
                         }
                     }
-                    store
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .extend(decoded);
+                    let mut store = lock(&store);
+                    for (k, v) in decoded {
+                        store.insert(k, v);
+                    }
                     reply.push(DataMsg::Stored);
                 }
                 other => {

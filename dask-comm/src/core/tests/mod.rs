@@ -9,6 +9,8 @@ use dask_graph::{FailureKind, Key, TaskFailure};
 use super::*;
 use crate::protocol::{decode_batch, encode_batch, Payload};
 
+mod resilience;
+
 /// Everything the core sent, in order.
 #[derive(Default)]
 struct Rec {
@@ -60,13 +62,18 @@ fn def(key: &str, deps: &[&str], order: u32) -> TaskDef {
         deps: deps.iter().map(|d| k(d)).collect(),
         order,
         spec: Payload::default(),
+        retries: 0,
     }
 }
 
 impl T {
     fn new() -> T {
+        T::with(Config::default())
+    }
+
+    fn with(cfg: Config) -> T {
         T {
-            core: Core::new(Config::default()),
+            core: Core::new(cfg),
             rec: Rec::default(),
             now: Instant::now(),
         }

@@ -1,0 +1,674 @@
+//! Resilience drills on real worker processes: workers killed at random moments, workers
+//! added and retired mid-computation, data several times the memory limit, a hundred
+//! thousand root tasks, skewed placement. Each drill checks its answer and reports what
+//! happened; `tests/resilience.rs` runs them small, `examples/resilience.rs` at full size.
+//!
+//! A program that runs drills must call [`register`] and then [`crate::run_if_worker`] at
+//! the top of `main`: the drills' clusters re-execute it as their workers.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dask_graph::{registry, Arg, Graph, Key, Scheduler, Task, Value};
+use rand::{Rng, SeedableRng};
+
+use crate::client::Client;
+use crate::cluster::{ClusterOptions, LocalCluster};
+use crate::core::{Config, Stats};
+use crate::error::{Error, Result};
+
+/// Registers the drills' functions (every process of a drill's cluster does).
+pub fn register() {
+    registry().register("drill-leaf", |i: i64| {
+        std::thread::sleep(Duration::from_micros(300));
+        i * i % 1_000_003
+    });
+    registry().register("drill-slow", |x: i64, ms: i64| {
+        std::thread::sleep(Duration::from_millis(ms.max(0) as u64));
+        x + 1
+    });
+    registry().register_variadic("drill-sum", |xs: Vec<i64>| xs.iter().sum::<i64>());
+    // The first argument is the number of parts; value x goes to part x % parts.
+    registry().register_variadic("drill-split", |xs: Vec<i64>| {
+        let parts = xs[0].max(1) as usize;
+        let mut out = vec![0i64; parts];
+        for &x in &xs[1..] {
+            out[x.rem_euclid(parts as i64) as usize] += x;
+        }
+        out
+    });
+    // Part `j` of every split, summed (the all-to-all of a shuffle).
+    registry().register_values("drill-pick", |args: &[Value]| {
+        let j = *args[0]
+            .downcast_ref::<i64>()
+            .ok_or("drill-pick: the part number is an i64")? as usize;
+        let mut total = 0i64;
+        for a in &args[1..] {
+            let parts = a
+                .downcast_ref::<Vec<i64>>()
+                .ok_or("drill-pick: splits are Vec<i64>")?;
+            total += parts.get(j).copied().unwrap_or(0);
+        }
+        Ok(Value::new(total))
+    });
+    registry().register("drill-blob", |i: i64, size: i64| {
+        Bytes::from(vec![(i % 251) as u8; size.max(0) as usize])
+    });
+    registry().register_values("drill-bytesum", |args: &[Value]| {
+        let mut total = 0i64;
+        for a in args {
+            let b = a
+                .downcast_ref::<Bytes>()
+                .ok_or("drill-bytesum: takes Bytes")?;
+            total += b.iter().map(|&x| x as i64).sum::<i64>();
+        }
+        Ok(Value::new(total))
+    });
+    registry().register("drill-hog", |mb: i64| {
+        let v = vec![1u8; (mb.max(0) as usize) << 20];
+        std::thread::sleep(Duration::from_millis(1500));
+        v.iter().map(|&x| x as i64).sum::<i64>()
+    });
+}
+
+/// A tree sum (fan-in `fan`) over `keys`, named `name`; returns the root.
+fn tree(g: &mut Graph, name: &str, mut keys: Vec<Key>, fan: usize) -> Key {
+    let mut level = 0u32;
+    while keys.len() > 1 {
+        keys = keys
+            .chunks(fan)
+            .enumerate()
+            .map(|(i, c)| {
+                let k = Key::from((name, level, i as u32));
+                g.insert(k, Task::new("drill-sum", c.iter().map(|&d| Arg::key(d))));
+                k
+            })
+            .collect();
+        level += 1;
+    }
+    keys[0]
+}
+
+/// The chaos graph: `leaves` leaf tasks; a tree sum over them (fan-in 4); a shuffle
+/// (`splits` tasks each splitting a slice of the leaves into `splits` parts, and `splits`
+/// tasks each taking its part of every split: all-to-all); and one task summing both. Keys
+/// end in `tag`. Returns the graph and its final key.
+pub fn chaos_graph(tag: &str, leaves: u32, splits: u32) -> (Graph, Key) {
+    let mut g = Graph::new();
+    let leaf = format!("leaf-{tag}");
+    let leaf_keys: Vec<Key> = (0..leaves)
+        .map(|i| {
+            let k = Key::from((leaf.as_str(), i));
+            g.insert(k, Task::new("drill-leaf", [Arg::lit(i as i64)]));
+            k
+        })
+        .collect();
+    let tree_root = tree(&mut g, &format!("tree-{tag}"), leaf_keys.clone(), 4);
+    let splits = splits.max(1);
+    let per = (leaves as usize).div_ceil(splits as usize).max(1);
+    let split = format!("split-{tag}");
+    let split_keys: Vec<Key> = leaf_keys
+        .chunks(per)
+        .enumerate()
+        .map(|(i, c)| {
+            let k = Key::from((split.as_str(), i as u32));
+            let args =
+                std::iter::once(Arg::lit(splits as i64)).chain(c.iter().map(|&d| Arg::key(d)));
+            g.insert(k, Task::new("drill-split", args));
+            k
+        })
+        .collect();
+    let pick = format!("pick-{tag}");
+    let pick_keys: Vec<Key> = (0..splits)
+        .map(|j| {
+            let k = Key::from((pick.as_str(), j));
+            let args =
+                std::iter::once(Arg::lit(j as i64)).chain(split_keys.iter().map(|&s| Arg::key(s)));
+            g.insert(k, Task::new("drill-pick", args));
+            k
+        })
+        .collect();
+    let total = Key::name_only(&format!("total-{tag}"));
+    g.insert(
+        total,
+        Task::new(
+            "drill-sum",
+            std::iter::once(Arg::key(tree_root)).chain(pick_keys.iter().map(|&p| Arg::key(p))),
+        ),
+    );
+    (g, total)
+}
+
+fn int(v: &Value) -> Result<i64> {
+    v.downcast_ref::<i64>()
+        .copied()
+        .ok_or_else(|| Error::Unexpected(format!("expected an i64, got {v:?}")))
+}
+
+/// Gathers `key` of `graph` on `client`, failing after `limit` (a drill never hangs).
+fn compute_within(client: &Client, graph: Graph, key: Key, limit: Duration) -> Result<i64> {
+    let fs = client.persist_blocking(graph, &[key])?;
+    gather_within(client, fs, limit)
+}
+
+fn gather_within(client: &Client, fs: Vec<crate::client::DFuture>, limit: Duration) -> Result<i64> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = client.clone();
+    std::thread::spawn(move || {
+        let r = c.gather_blocking(&fs);
+        let _ = tx.send(r);
+    });
+    match rx.recv_timeout(limit) {
+        Ok(r) => int(&r?[0]),
+        Err(_) => Err(Error::Timeout(format!("no answer within {limit:?}"))),
+    }
+}
+
+fn wait_for_workers(client: &Client, n: usize, limit: Duration) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    while client.workers().len() < n {
+        if Instant::now() > deadline {
+            return Err(Error::Timeout(format!(
+                "{} of {n} workers after {limit:?}",
+                client.workers().len()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn kill9(pid: u32) -> Result<()> {
+    // SAFETY: kill only sends a signal to another process; no memory is shared.
+    let r = unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(Error::os(
+            format!("kill -9 {pid}"),
+            std::io::Error::last_os_error(),
+        ))
+    }
+}
+
+/// Resident memory of process `pid` in bytes (0 when it is gone).
+pub fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Samples the peak RSS of a cluster's worker processes every 10 ms until dropped.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    fn start(pids: Vec<u32>) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(AtomicU64::new(0));
+        let (s, p) = (Arc::clone(&stop), Arc::clone(&peak));
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                for &pid in &pids {
+                    p.fetch_max(rss_of(pid), Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        Sampler {
+            stop,
+            peak,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+/// Files under `dir`, recursively.
+pub fn files_under(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                files_under(&p)
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+/// What [`chaos`] saw.
+#[derive(Debug, Clone)]
+pub struct ChaosReport {
+    /// Trials run (each gave the same answer as `Sync`).
+    pub trials: usize,
+    /// Tasks in each trial's graph.
+    pub tasks: usize,
+    /// Workers killed (one per trial).
+    pub kills: usize,
+    /// Kills that landed while the trial's graph was still running.
+    pub kills_mid_run: usize,
+    /// The scheduler's counts over all trials (recomputed keys, rescheduled tasks, ...).
+    pub stats: Stats,
+    /// Workers the supervisor started again.
+    pub restarts: u64,
+    /// The longest trial, kill and recovery included.
+    pub slowest: Duration,
+    /// A trial without a kill, for scale.
+    pub undisturbed: Duration,
+}
+
+/// Chaos: `trials` runs of the chaos graph (2,001 tasks for 1,450 leaves) on 3 worker
+/// processes; in each, one worker is killed with SIGKILL at a random moment within the
+/// length of an undisturbed run, and the supervisor starts a new one. Every trial must give
+/// `Sync`'s answer within `trial_limit`.
+pub fn chaos(trials: usize, leaves: u32, seed: u64, trial_limit: Duration) -> Result<ChaosReport> {
+    let (g, _) = chaos_graph("sync", leaves, 32);
+    let tasks = g.len();
+    let answer = int(&dask_graph::Sync.get(g, &[Key::name_only("total-sync")])?[0])?;
+    let cluster = LocalCluster::with(ClusterOptions {
+        workers: 3,
+        threads_per_worker: 1,
+        ..Default::default()
+    })?;
+    let client = cluster.client()?;
+    let t0 = Instant::now();
+    let (g, key) = chaos_graph("warm", leaves, 32);
+    let got = compute_within(&client, g, key, trial_limit)?;
+    let undisturbed = t0.elapsed();
+    if got != answer {
+        return Err(Error::Unexpected(format!(
+            "undisturbed: {got}, Sync says {answer}"
+        )));
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut report = ChaosReport {
+        trials: 0,
+        tasks,
+        kills: 0,
+        kills_mid_run: 0,
+        stats: Stats::default(),
+        restarts: 0,
+        slowest: Duration::ZERO,
+        undisturbed,
+    };
+    let window = undisturbed.as_micros().max(1000) as u64;
+    for trial in 0..trials {
+        wait_for_workers(&client, 3, Duration::from_secs(30))?;
+        let (g, key) = chaos_graph(&format!("t{trial}"), leaves, 32);
+        let start = Instant::now();
+        let fs = client.persist_blocking(g, &[key])?;
+        std::thread::sleep(Duration::from_micros(rng.gen_range(0..window)));
+        let pids = cluster.worker_pids();
+        if !pids.is_empty() {
+            let mid_run = !fs[0].done();
+            kill9(pids[rng.gen_range(0..pids.len())])?;
+            report.kills += 1;
+            report.kills_mid_run += mid_run as usize;
+        }
+        let got = gather_within(&client, fs, trial_limit)
+            .map_err(|e| Error::Unexpected(format!("trial {trial}: {e}")))?;
+        if got != answer {
+            return Err(Error::Unexpected(format!(
+                "trial {trial}: {got}, Sync says {answer}"
+            )));
+        }
+        report.slowest = report.slowest.max(start.elapsed());
+        report.trials += 1;
+    }
+    report.stats = cluster.scheduler_stats()?.0;
+    report.restarts = cluster.restarts();
+    Ok(report)
+}
+
+/// What [`elastic`] saw.
+#[derive(Debug, Clone)]
+pub struct ElasticReport {
+    /// Tasks each worker finished, by name (`local-0` started alone).
+    pub finished_by: Vec<(String, u64)>,
+    /// Workers retired.
+    pub retired: Vec<String>,
+    /// The scheduler's counts.
+    pub stats: Stats,
+    /// How long it took.
+    pub seconds: f64,
+}
+
+/// Elastic: a graph of `leaves` tasks of `ms` milliseconds starts on 1 worker; 3 join after
+/// `add_after`, and 2 of them are retired `retire_after` later, before the end.
+pub fn elastic(
+    leaves: u32,
+    ms: i64,
+    add_after: Duration,
+    retire_after: Duration,
+) -> Result<ElasticReport> {
+    let cluster = LocalCluster::with(ClusterOptions {
+        workers: 1,
+        threads_per_worker: 1,
+        ..Default::default()
+    })?;
+    let mut cluster = cluster;
+    let client = cluster.client()?;
+    let mut g = Graph::new();
+    let keys: Vec<Key> = (0..leaves)
+        .map(|i| {
+            let k = Key::from(("elastic", i));
+            g.insert(
+                k,
+                Task::new("drill-slow", [Arg::lit(i as i64), Arg::lit(ms)]),
+            );
+            k
+        })
+        .collect();
+    let root = tree(&mut g, "elastic-sum", keys, 8);
+    let answer: i64 = (1..=leaves as i64).sum();
+    let t0 = Instant::now();
+    let fs = client.persist_blocking(g, &[root])?;
+    std::thread::sleep(add_after);
+    let before: Vec<u32> = client.workers().iter().map(|w| w.id.0).collect();
+    cluster.add_workers(3)?;
+    std::thread::sleep(retire_after);
+    let mut added: Vec<_> = client
+        .workers()
+        .into_iter()
+        .filter(|w| !before.contains(&w.id.0))
+        .collect();
+    added.sort_by_key(|w| w.id);
+    let leaving: Vec<String> = added.iter().take(2).map(|w| w.address.clone()).collect();
+    let retired = client.retire_workers_blocking(&leaving)?;
+    let limit = Duration::from_millis(ms as u64 * leaves as u64 + 60_000);
+    let got = gather_within(&client, fs, limit)?;
+    if got != answer {
+        return Err(Error::Unexpected(format!(
+            "elastic: {got}, expected {answer}"
+        )));
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let stats = cluster.scheduler_stats()?.0;
+    Ok(ElasticReport {
+        finished_by: stats.finished_by.clone().into_iter().collect(),
+        retired,
+        stats,
+        seconds,
+    })
+}
+
+/// What [`spill`] saw.
+#[derive(Debug, Clone)]
+pub struct SpillReport {
+    /// Each worker's memory limit.
+    pub limit: u64,
+    /// Bytes of intermediate data.
+    pub data: u64,
+    /// The highest RSS of a worker process, sampled every 10 ms.
+    pub peak_rss: u64,
+    /// The most spill files seen at once.
+    pub peak_files: usize,
+    /// Spill files left once the data was released.
+    pub files_after: usize,
+    /// Worker processes restarted (0: none went past `terminate`).
+    pub restarts: u64,
+    /// How long it took.
+    pub seconds: f64,
+}
+
+/// Spill: `workers` workers with memory limit `limit` each hold `factor` × their total limit
+/// of data (chunks of `chunk` bytes, kept by futures); then a sum over every byte is
+/// computed and checked, the futures released, and the spill files counted.
+pub fn spill(workers: usize, limit: u64, factor: u64, chunk: usize) -> Result<SpillReport> {
+    let cluster = LocalCluster::with(ClusterOptions {
+        workers,
+        threads_per_worker: 1,
+        memory_limit: Some(limit),
+        ..Default::default()
+    })?;
+    let client = cluster.client()?;
+    let n = (factor * limit * workers as u64).div_ceil(chunk as u64) as u32;
+    let sampler = Sampler::start(cluster.worker_pids());
+    let t0 = Instant::now();
+    let mut g = Graph::new();
+    let blobs: Vec<Key> = (0..n)
+        .map(|i| {
+            let k = Key::from(("spill-blob", i));
+            g.insert(
+                k,
+                Task::new("drill-blob", [Arg::lit(i as i64), Arg::lit(chunk as i64)]),
+            );
+            k
+        })
+        .collect();
+    let held = client.persist_blocking(g, &blobs)?;
+    let mut peak_files = 0;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while held.iter().any(|f| !f.done()) {
+        peak_files = peak_files.max(files_under(cluster.local_directory()));
+        if Instant::now() > deadline {
+            return Err(Error::Timeout(
+                "the spill drill's data did not finish".into(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    peak_files = peak_files.max(files_under(cluster.local_directory()));
+    let mut g = Graph::new();
+    let sums: Vec<Key> = blobs
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            let k = Key::from(("spill-sum", i as u32));
+            g.insert(k, Task::new("drill-bytesum", [Arg::key(b)]));
+            k
+        })
+        .collect();
+    let root = tree(&mut g, "spill-total", sums, 8);
+    let got = compute_within(&client, g, root, Duration::from_secs(600))?;
+    let answer: i64 = (0..n as i64).map(|i| (i % 251) * chunk as i64).sum();
+    if got != answer {
+        return Err(Error::Unexpected(format!(
+            "spill: {got}, expected {answer}"
+        )));
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let peak_rss = sampler.finish();
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut files_after = files_under(cluster.local_directory());
+    while files_after > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        files_after = files_under(cluster.local_directory());
+    }
+    Ok(SpillReport {
+        limit,
+        data: n as u64 * chunk as u64,
+        peak_rss,
+        peak_files,
+        files_after,
+        restarts: cluster.restarts(),
+        seconds,
+    })
+}
+
+/// What [`queuing`] saw.
+#[derive(Debug, Clone)]
+pub struct QueuingReport {
+    /// The highest RSS of a worker process.
+    pub peak_rss: u64,
+    /// How long it took.
+    pub seconds: f64,
+}
+
+/// Root-task queuing: `roots` root tasks of `size` bytes each, summed 16 at a time and then
+/// in a tree, on 2 single-thread workers, with the scheduler's queuing on (saturation 1.1)
+/// or off (every root sent at once).
+pub fn queuing(roots: u32, size: usize, queue: bool) -> Result<QueuingReport> {
+    let mut scheduler = Config::default();
+    if !queue {
+        scheduler.saturation = f64::INFINITY;
+        scheduler.max_saturation = f64::INFINITY;
+    }
+    let cluster = LocalCluster::with(ClusterOptions {
+        workers: 2,
+        threads_per_worker: 1,
+        memory_limit: Some(0),
+        scheduler,
+        ..Default::default()
+    })?;
+    let client = cluster.client()?;
+    let sampler = Sampler::start(cluster.worker_pids());
+    let t0 = Instant::now();
+    let mut g = Graph::new();
+    let blobs: Vec<Key> = (0..roots)
+        .map(|i| {
+            let k = Key::from(("q-blob", i));
+            g.insert(
+                k,
+                Task::new("drill-blob", [Arg::lit(i as i64), Arg::lit(size as i64)]),
+            );
+            k
+        })
+        .collect();
+    let sums: Vec<Key> = blobs
+        .chunks(16)
+        .enumerate()
+        .map(|(i, c)| {
+            let k = Key::from(("q-sum", i as u32));
+            g.insert(
+                k,
+                Task::new("drill-bytesum", c.iter().map(|&b| Arg::key(b))),
+            );
+            k
+        })
+        .collect();
+    let root = tree(&mut g, "q-total", sums, 16);
+    let got = compute_within(&client, g, root, Duration::from_secs(1800))?;
+    let answer: i64 = (0..roots as i64).map(|i| (i % 251) * size as i64).sum();
+    if got != answer {
+        return Err(Error::Unexpected(format!(
+            "queuing: {got}, expected {answer}"
+        )));
+    }
+    Ok(QueuingReport {
+        seconds: t0.elapsed().as_secs_f64(),
+        peak_rss: sampler.finish(),
+    })
+}
+
+/// What [`stealing`] saw.
+#[derive(Debug, Clone)]
+pub struct StealingReport {
+    /// How long the skewed graph took.
+    pub seconds: f64,
+    /// Steals confirmed.
+    pub steals: u64,
+    /// Tasks each worker finished.
+    pub finished_by: Vec<(String, u64)>,
+}
+
+/// Skewed placement: `tasks` tasks of `ms` milliseconds, all needing one value on the only
+/// worker, so all are placed there; a second worker joins at once. With stealing it takes
+/// about half of them; without, it idles.
+pub fn stealing(on: bool, tasks: u32, ms: i64) -> Result<StealingReport> {
+    let mut cluster = LocalCluster::with(ClusterOptions {
+        workers: 1,
+        threads_per_worker: 1,
+        scheduler: Config {
+            work_stealing: on,
+            ..Config::default()
+        },
+        ..Default::default()
+    })?;
+    let client = cluster.client()?;
+    let mut g = Graph::new();
+    let seed = Key::name_only("skew-seed");
+    g.insert(seed, Task::new("drill-leaf", [Arg::lit(3i64)]));
+    let seed_future = client.persist_blocking(g, &[seed])?;
+    client.wait_blocking(&seed_future)?;
+    let t0 = Instant::now();
+    let mut g = Graph::new();
+    let keys: Vec<Key> = (0..tasks)
+        .map(|i| {
+            let k = Key::from(("skew", i));
+            g.insert(k, Task::new("drill-slow", [Arg::key(seed), Arg::lit(ms)]));
+            k
+        })
+        .collect();
+    let root = tree(&mut g, "skew-sum", keys, 8);
+    let fs = client.persist_blocking(g, &[root])?;
+    cluster.add_workers(1)?;
+    let got = gather_within(&client, fs, Duration::from_secs(600))?;
+    if got != 10 * tasks as i64 {
+        return Err(Error::Unexpected(format!(
+            "stealing: {got}, expected {}",
+            10 * tasks
+        )));
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let stats = cluster.scheduler_stats()?.0;
+    Ok(StealingReport {
+        seconds,
+        steals: stats.steals_done,
+        finished_by: stats.finished_by.into_iter().collect(),
+    })
+}
+
+/// What [`killer_task`] saw.
+#[derive(Debug, Clone)]
+pub struct KillerReport {
+    /// The failure the task's future ended with.
+    pub failure: dask_graph::TaskFailure,
+    /// Worker processes restarted after the task took them past `terminate`.
+    pub restarts: u64,
+}
+
+/// A task that allocates `mb` MiB on workers whose memory limit is `limit`: each worker that
+/// runs it exits past its `terminate` threshold and is restarted, until the task errs with
+/// `KilledWorker`.
+pub fn killer_task(limit: u64, mb: i64) -> Result<KillerReport> {
+    let cluster = LocalCluster::with(ClusterOptions {
+        workers: 2,
+        threads_per_worker: 1,
+        memory_limit: Some(limit),
+        ..Default::default()
+    })?;
+    let client = cluster.client()?;
+    let f = client.submit_blocking("drill-hog", vec![Arg::lit(mb)])?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = client.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(c.gather_blocking(&[f]).map(|_| ()));
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(120))
+        .map_err(|_| Error::Timeout("the killer task did not end".into()))?;
+    match r {
+        Err(Error::Compute(dask_graph::ComputeError::Failed { cause, .. })) => Ok(KillerReport {
+            failure: (*cause).clone(),
+            restarts: cluster.restarts(),
+        }),
+        Ok(()) => Err(Error::Unexpected("the killer task succeeded".into())),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,465 @@
+//! The values a worker holds: in memory, or spilled to its local directory.
+//!
+//! Bytes in memory are counted with each value's `nbytes` (its `Data` size). Above the
+//! *target* (a fraction of the memory limit) the least-recently-used values are written to
+//! disk, through `Data`'s encoding, one file per key; a spilled value comes back when a task
+//! here needs it (and stays in memory again), and is read from disk without coming back when
+//! a peer asks for it. A spill file is removed when its key is released, and the directory
+//! when the store is dropped. A spill file that is gone or does not check (a checksum over
+//! its bytes) is a [`SpillError`] for that key only: the worker reports the key lost and the
+//! scheduler finds or recomputes it.
+
+use std::collections::BTreeMap;
+use std::hash::Hasher;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use dask_graph::{Frame, Key, Value};
+use rustc_hash::FxHashMap;
+
+use crate::protocol::Payload;
+
+/// Why a spilled value could not be read back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpillError {
+    /// The file could not be read (gone, or an I/O error).
+    #[error("reading the spill file of {key}: {source}")]
+    Io {
+        /// The key.
+        key: Key,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file's bytes do not check or do not decode.
+    #[error("the spill file of {key} is corrupt: {reason}")]
+    Corrupt {
+        /// The key.
+        key: Key,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+struct InMemory {
+    value: Value,
+    nbytes: u64,
+    /// When it was last used (the store's clock), its place in `lru`.
+    used: u64,
+    /// Its encoding failed once: it stays in memory.
+    pinned: bool,
+}
+
+struct OnDisk {
+    path: PathBuf,
+    nbytes: u64,
+}
+
+/// A worker's values (see the module docs).
+pub(crate) struct Store {
+    memory: FxHashMap<Key, InMemory>,
+    disk: FxHashMap<Key, OnDisk>,
+    /// Spillable values in memory by last use.
+    lru: BTreeMap<u64, Key>,
+    clock: u64,
+    in_memory: u64,
+    on_disk: u64,
+    /// Where values spill (none: they never do).
+    dir: Option<PathBuf>,
+    /// Spill above this many bytes in memory (0: never).
+    target: u64,
+    files: u64,
+}
+
+const MAGIC: &[u8; 8] = b"dcspill1";
+
+impl Store {
+    /// A store spilling into `dir` (created here, removed on drop) above `target` bytes.
+    pub fn new(dir: Option<PathBuf>, target: u64) -> std::io::Result<Store> {
+        if let Some(d) = &dir {
+            std::fs::create_dir_all(d)?;
+        }
+        Ok(Store {
+            memory: FxHashMap::default(),
+            disk: FxHashMap::default(),
+            lru: BTreeMap::new(),
+            clock: 0,
+            in_memory: 0,
+            on_disk: 0,
+            dir,
+            target,
+            files: 0,
+        })
+    }
+
+    /// A store that never spills.
+    pub fn in_memory_only() -> Store {
+        Store::new(None, 0).expect("no directory to create")
+    }
+
+    /// Whether the key's value is here (in memory or on disk).
+    pub fn contains(&self, k: &Key) -> bool {
+        self.memory.contains_key(k) || self.disk.contains_key(k)
+    }
+
+    /// Bytes in memory.
+    pub fn memory_bytes(&self) -> u64 {
+        self.in_memory
+    }
+
+    /// Bytes on disk.
+    pub fn disk_bytes(&self) -> u64 {
+        self.on_disk
+    }
+
+    /// Keys on disk.
+    #[cfg(test)]
+    pub fn spilled_keys(&self) -> usize {
+        self.disk.len()
+    }
+
+    /// Values that could still be spilled.
+    pub fn spillable(&self) -> usize {
+        if self.dir.is_some() {
+            self.lru.len()
+        } else {
+            0
+        }
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Keeps `value` (replacing what was there), then spills down to the target.
+    pub fn insert(&mut self, k: Key, value: Value) {
+        self.remove(&k);
+        let nbytes = value.nbytes() as u64;
+        let used = self.tick();
+        self.lru.insert(used, k);
+        self.memory.insert(
+            k,
+            InMemory {
+                value,
+                nbytes,
+                used,
+                pinned: false,
+            },
+        );
+        self.in_memory += nbytes;
+        self.spill_to_target();
+    }
+
+    /// A value for a task here: from memory, or read back from disk (and kept in memory
+    /// again). `Ok(None)`: not here.
+    pub fn get(&mut self, k: &Key) -> Result<Option<Value>, SpillError> {
+        if let Some(e) = self.memory.get_mut(k) {
+            let used = self.clock + 1;
+            self.clock = used;
+            if !e.pinned {
+                self.lru.remove(&e.used);
+                self.lru.insert(used, *k);
+            }
+            e.used = used;
+            return Ok(Some(e.value.clone()));
+        }
+        let Some(v) = self.read_back(k)? else {
+            return Ok(None);
+        };
+        self.remove(k);
+        self.insert(*k, v.clone());
+        Ok(Some(v))
+    }
+
+    /// A value for a peer: from memory, or read from disk (left there).
+    pub fn peek(&self, k: &Key) -> Result<Option<Value>, SpillError> {
+        match self.memory.get(k) {
+            Some(e) => Ok(Some(e.value.clone())),
+            None => self.read_back(k),
+        }
+    }
+
+    /// Forgets a key (its spill file too).
+    pub fn remove(&mut self, k: &Key) {
+        if let Some(e) = self.memory.remove(k) {
+            self.in_memory -= e.nbytes;
+            if !e.pinned {
+                self.lru.remove(&e.used);
+            }
+        }
+        if let Some(d) = self.disk.remove(k) {
+            self.on_disk -= d.nbytes;
+            if let Err(e) = std::fs::remove_file(&d.path) {
+                tracing::debug!(key = %k, error = %e, "removing a spill file");
+            }
+        }
+    }
+
+    /// Spills least-recently-used values until the bytes in memory are at most the target.
+    pub fn spill_to_target(&mut self) {
+        if self.target == 0 {
+            return;
+        }
+        while self.in_memory > self.target {
+            if !self.spill_one() {
+                break;
+            }
+        }
+    }
+
+    /// Spills the least-recently-used value; false when none can be.
+    pub fn spill_one(&mut self) -> bool {
+        let Some(dir) = self.dir.clone() else {
+            return false;
+        };
+        while let Some((_, k)) = self.lru.pop_first() {
+            let e = self.memory.get_mut(&k).expect("lru keys are in memory");
+            let payload = match Payload::from_value(&e.value) {
+                Ok(p) => p,
+                Err(err) => {
+                    tracing::warn!(key = %k, error = %err, "a value does not encode: it stays in memory");
+                    e.pinned = true;
+                    continue;
+                }
+            };
+            self.files += 1;
+            let path = dir.join(format!("{}.spill", self.files));
+            if let Err(err) = write_spill(&path, &payload) {
+                tracing::warn!(key = %k, path = %path.display(), error = %err, "spilling failed: the value stays in memory");
+                let _ = std::fs::remove_file(&path);
+                e.pinned = true;
+                continue;
+            }
+            let e = self.memory.remove(&k).expect("present");
+            self.in_memory -= e.nbytes;
+            self.on_disk += e.nbytes;
+            self.disk.insert(
+                k,
+                OnDisk {
+                    path,
+                    nbytes: e.nbytes,
+                },
+            );
+            return true;
+        }
+        false
+    }
+
+    /// Removes the spill directory now (before the process exits without destructors).
+    pub fn clear_disk(&mut self) {
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    fn read_back(&self, k: &Key) -> Result<Option<Value>, SpillError> {
+        let Some(d) = self.disk.get(k) else {
+            return Ok(None);
+        };
+        let bytes = std::fs::read(&d.path).map_err(|source| SpillError::Io { key: *k, source })?;
+        let corrupt = |reason: String| SpillError::Corrupt { key: *k, reason };
+        let payload = parse_spill(Bytes::from(bytes)).map_err(corrupt)?;
+        payload
+            .to_value()
+            .map(Some)
+            .map_err(|e| corrupt(e.to_string()))
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dir {
+            if let Err(e) = std::fs::remove_dir_all(d) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(dir = %d.display(), error = %e, "removing the spill directory");
+                }
+            }
+        }
+    }
+}
+
+fn checksum(parts: &[&[u8]]) -> u64 {
+    let mut h = rustc_hash::FxHasher::default();
+    for p in parts {
+        h.write(p);
+    }
+    h.finish()
+}
+
+/// `MAGIC`, checksum of the rest (u64), header length (u32), header, frame count (u32), then
+/// each frame as length (u64) and bytes.
+fn write_spill(path: &Path, p: &Payload) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut head = Vec::with_capacity(16 + p.header.len());
+    head.extend_from_slice(&(p.header.len() as u32).to_le_bytes());
+    head.extend_from_slice(&p.header);
+    head.extend_from_slice(&(p.frames.len() as u32).to_le_bytes());
+    let lens: Vec<[u8; 8]> = p
+        .frames
+        .iter()
+        .map(|f| (f.len() as u64).to_le_bytes())
+        .collect();
+    let mut parts: Vec<&[u8]> = vec![&head];
+    for (len, f) in lens.iter().zip(&p.frames) {
+        let Frame::Host(b) = f;
+        parts.push(len);
+        parts.push(b);
+    }
+    let sum = checksum(&parts).to_le_bytes();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    f.write_all(MAGIC)?;
+    f.write_all(&sum)?;
+    for part in parts {
+        f.write_all(part)?;
+    }
+    f.into_inner().map_err(|e| e.into_error())?;
+    Ok(())
+}
+
+fn parse_spill(bytes: Bytes) -> Result<Payload, String> {
+    let short = || "the file is shorter than it says".to_string();
+    if bytes.len() < 16 || &bytes[..8] != MAGIC {
+        return Err("not a spill file".into());
+    }
+    let sum = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let mut at = 16usize;
+    let mut take = |n: usize| -> Result<Bytes, String> {
+        let end = at
+            .checked_add(n)
+            .filter(|&e| e <= bytes.len())
+            .ok_or_else(short)?;
+        let b = bytes.slice(at..end);
+        at = end;
+        Ok(b)
+    };
+    let u32_of = |b: &Bytes| u32::from_le_bytes(b[..].try_into().expect("4 bytes")) as usize;
+    let header_len_bytes = take(4)?;
+    let header = take(u32_of(&header_len_bytes))?;
+    let nframes_bytes = take(4)?;
+    let nframes = u32_of(&nframes_bytes);
+    // The parts the writer summed, in its order: the head, then each length and frame.
+    let head_len = 4 + header.len() + 4;
+    let mut lens = Vec::new();
+    let mut frames = Vec::new();
+    for _ in 0..nframes {
+        let len_bytes = take(8)?;
+        let len = u64::from_le_bytes(len_bytes[..].try_into().expect("8 bytes"));
+        frames.push(take(usize::try_from(len).map_err(|_| short())?)?);
+        lens.push(len_bytes);
+    }
+    let mut parts: Vec<&[u8]> = vec![&bytes[16..16 + head_len]];
+    for (l, f) in lens.iter().zip(&frames) {
+        parts.push(l);
+        parts.push(f);
+    }
+    if checksum(&parts) != sum {
+        return Err("its checksum does not match".into());
+    }
+    Ok(Payload {
+        header: header.to_vec(),
+        nframes: nframes as u32,
+        frames: frames.into_iter().map(Frame::Host).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "dask-comm-store-test-{name}-{}-{:x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ))
+    }
+
+    fn k(i: u32) -> Key {
+        Key::at(dask_graph::Name::new("v"), &[i])
+    }
+
+    fn val(i: u8) -> Value {
+        Value::new(Bytes::from(vec![i; 1000]))
+    }
+
+    fn bytes_of(v: &Value) -> Vec<u8> {
+        v.downcast_ref::<Bytes>().unwrap().to_vec()
+    }
+
+    #[test]
+    fn least_recently_used_values_spill_and_come_back() {
+        let d = dir("lru");
+        let mut s = Store::new(Some(d.clone()), 2500).unwrap();
+        for i in 0..3 {
+            s.insert(k(i), val(i as u8));
+        }
+        // 3000 bytes > 2500: the oldest went to disk.
+        assert_eq!((s.memory_bytes(), s.disk_bytes()), (2000, 1000));
+        assert_eq!(s.spilled_keys(), 1);
+        assert!(s.contains(&k(0)));
+        // Used now: k(1) is the oldest in memory; reading k(0) back spills it.
+        assert_eq!(bytes_of(&s.get(&k(0)).unwrap().unwrap()), vec![0; 1000]);
+        assert!(s.memory.contains_key(&k(0)) && s.disk.contains_key(&k(1)));
+        // A peer's read leaves the value on disk.
+        assert_eq!(bytes_of(&s.peek(&k(1)).unwrap().unwrap()), vec![1; 1000]);
+        assert!(s.disk.contains_key(&k(1)));
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        s.remove(&k(1));
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            0,
+            "released: file gone"
+        );
+        assert!(s.get(&k(9)).unwrap().is_none());
+        drop(s);
+        assert!(!d.exists(), "the directory goes with the store");
+    }
+
+    #[test]
+    fn corrupt_or_missing_spill_files_are_errors_for_their_key() {
+        let d = dir("corrupt");
+        let mut s = Store::new(Some(d.clone()), 1).unwrap();
+        s.insert(k(0), val(7));
+        s.insert(k(1), val(8));
+        assert_eq!(s.spilled_keys(), 2);
+        let path0 = s.disk[&k(0)].path.clone();
+        let mut bytes = std::fs::read(&path0).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path0, bytes).unwrap();
+        std::fs::remove_file(&s.disk[&k(1)].path).unwrap();
+        assert!(matches!(s.get(&k(0)), Err(SpillError::Corrupt { .. })));
+        assert!(matches!(s.peek(&k(1)), Err(SpillError::Io { .. })));
+        std::fs::write(&path0, b"short").unwrap();
+        assert!(matches!(s.get(&k(0)), Err(SpillError::Corrupt { .. })));
+        s.remove(&k(0));
+        s.remove(&k(1));
+        assert_eq!((s.memory_bytes(), s.disk_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn values_that_do_not_encode_stay_in_memory() {
+        #[derive(Debug)]
+        struct Opaque;
+        impl dask_graph::Data for Opaque {
+            fn nbytes(&self) -> usize {
+                5000
+            }
+            fn encode(&self) -> Result<dask_graph::Encoded, dask_graph::DataError> {
+                Err(dask_graph::DataError::Encode {
+                    type_name: "Opaque",
+                    reason: "not meant to travel".into(),
+                })
+            }
+            fn decode(_: &[u8], _: Vec<Frame>) -> Result<Self, dask_graph::DataError> {
+                Ok(Opaque)
+            }
+        }
+        let mut s = Store::new(Some(dir("opaque")), 100).unwrap();
+        s.insert(k(0), Value::new(Opaque));
+        assert_eq!((s.memory_bytes(), s.spilled_keys()), (5000, 0));
+        assert_eq!(s.spillable(), 0);
+        assert!(s.get(&k(0)).unwrap().is_some());
+    }
+}
