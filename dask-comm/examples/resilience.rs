@@ -70,11 +70,11 @@ fn run(
         );
     }
     if wants("spill") {
-        let r = drills::spill(2, 96 << 20, 3, 1 << 20)?;
+        let r = drills::spill(2, 96 << 20, 3, 1 << 20, 3)?;
         println!(
             "spill: {:.0} MiB of data on 2 workers limited to {:.0} MiB each: peak worker RSS \
              {:.1} MiB ({:.0}% of the limit), up to {} spill files, {} left after release, {} \
-             restarts, {:.2} s",
+             restarts, {:.2} s; {} spill files corrupted, {} keys recomputed, answer right",
             mib(r.data),
             mib(r.limit),
             mib(r.peak_rss),
@@ -82,7 +82,9 @@ fn run(
             r.peak_files,
             r.files_after,
             r.restarts,
-            r.seconds
+            r.seconds,
+            r.corrupted,
+            r.recomputed
         );
     }
     if wants("killer") {

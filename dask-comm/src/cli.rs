@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! dask-comm scheduler [--listen tcp://127.0.0.1:8786] [--scheduler-file F] [--secret-file F]
+//!                     [--no-work-stealing] [--allowed-failures 3]
 //! dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N]
 //!                  [--memory-limit 4GiB|auto|0] [--local-directory D] [--listen URI] [--name N]
 //!                  [--no-nanny]
@@ -144,7 +145,7 @@ fn secret_from(file: Option<String>) -> Result<Option<Secret>> {
     }
 }
 
-const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F]
+const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F] [--no-work-stealing] [--allowed-failures N]
        dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--local-directory D] [--listen URI] [--name N] [--no-nanny]
        dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
 
@@ -197,9 +198,18 @@ fn scheduler(mut a: Args) -> Result<()> {
     )?;
     let file = a.value("--scheduler-file")?.map(PathBuf::from);
     let secret = secret_from(a.value("--secret-file")?)?.unwrap_or_else(Secret::generate);
+    let mut cfg = crate::core::Config {
+        work_stealing: !a.flag("--no-work-stealing"),
+        ..Default::default()
+    };
+    if let Some(n) = a.value("--allowed-failures")? {
+        cfg.allowed_failures = n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+            Error::Config(format!("--allowed-failures {n:?}: a count of at least 1"))
+        })?;
+    }
     a.done()?;
     runtime()?.block_on(async {
-        let server = SchedulerServer::start(&listen, secret.clone(), Default::default()).await?;
+        let server = SchedulerServer::start(&listen, secret.clone(), cfg).await?;
         if let Some(f) = &file {
             SchedulerFile {
                 address: server.address().to_string(),

@@ -366,7 +366,18 @@ impl Client {
 
     /// Computes `keys` of `graph` and returns their values.
     pub async fn compute(&self, graph: Graph, keys: &[Key]) -> Result<Vec<Value>> {
-        let futures = self.persist(graph, keys).await?;
+        self.compute_with(graph, keys, &SubmitOptions::default())
+            .await
+    }
+
+    /// [`Client::compute`] with options (`retries`, fusion).
+    pub async fn compute_with(
+        &self,
+        graph: Graph,
+        keys: &[Key],
+        opts: &SubmitOptions,
+    ) -> Result<Vec<Value>> {
+        let futures = self.persist_with(graph, keys, opts).await?;
         self.gather(&futures).await
     }
 

@@ -184,9 +184,16 @@ enum Workers {
     InProcess(Vec<tokio::task::JoinHandle<Result<()>>>),
 }
 
-/// Restarts that fail this many times in a row, each within a second, stop the supervisor
-/// from restarting (a worker that cannot start would otherwise loop forever).
+/// Worker processes that exit with an error within a second of starting, this many times in
+/// a row, stop the supervisor from restarting them (a worker that cannot start would
+/// otherwise loop forever). Deaths by signal do not count.
 const QUICK_DEATHS: u32 = 5;
+
+/// Whether a worker process that ended with `status` failed to start: it exited with an
+/// error within a second. One killed by a signal, however young, is always replaced.
+fn failed_at_start(status: &std::process::ExitStatus, started: Instant) -> bool {
+    status.code().is_some_and(|c| c != 0) && started.elapsed() < Duration::from_secs(1)
+}
 
 /// Watches worker processes every 50 ms: one that died abnormally is replaced.
 fn supervise(sup: Arc<Mutex<Supervised>>, spawner: Spawner, restart: bool) {
@@ -211,7 +218,7 @@ fn supervise(sup: Arc<Mutex<Supervised>>, spawner: Spawner, restart: bool) {
                 tracing::info!(%name, pid = child.id(), "a worker process exited");
                 continue;
             }
-            let quick = started.elapsed() < Duration::from_secs(1);
+            let quick = failed_at_start(&status, started);
             s.quick_deaths = if quick { s.quick_deaths + 1 } else { 0 };
             if !restart || s.quick_deaths >= QUICK_DEATHS {
                 tracing::error!(%name, %status, "a worker process died; not restarting it");
@@ -708,7 +715,7 @@ pub(crate) fn nanny(opts: &WorkerOptions) -> Result<()> {
         if status.success() {
             return Ok(());
         }
-        quick = if started.elapsed() < Duration::from_secs(1) {
+        quick = if failed_at_start(&status, started) {
             quick + 1
         } else {
             0

@@ -260,6 +260,23 @@ pub fn files_under(dir: &Path) -> usize {
         .sum()
 }
 
+/// Spill files (`*.spill`) under `dir`, recursively.
+fn spill_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(spill_files(&p));
+        } else if p.extension().is_some_and(|x| x == "spill") {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// What [`chaos`] saw.
 #[derive(Debug, Clone)]
 pub struct ChaosReport {
@@ -429,6 +446,10 @@ pub struct SpillReport {
     pub peak_files: usize,
     /// Spill files left once the data was released.
     pub files_after: usize,
+    /// Spill files overwritten with garbage before the sum (their keys must be recomputed).
+    pub corrupted: usize,
+    /// Keys the scheduler recomputed.
+    pub recomputed: u64,
     /// Worker processes restarted (0: none went past `terminate`).
     pub restarts: u64,
     /// How long it took.
@@ -436,9 +457,16 @@ pub struct SpillReport {
 }
 
 /// Spill: `workers` workers with memory limit `limit` each hold `factor` × their total limit
-/// of data (chunks of `chunk` bytes, kept by futures); then a sum over every byte is
-/// computed and checked, the futures released, and the spill files counted.
-pub fn spill(workers: usize, limit: u64, factor: u64, chunk: usize) -> Result<SpillReport> {
+/// of data (chunks of `chunk` bytes, kept by futures); `corrupt` spill files are then
+/// overwritten with garbage, a sum over every byte is computed and checked (the corrupted
+/// keys are recomputed), the futures released, and the spill files counted.
+pub fn spill(
+    workers: usize,
+    limit: u64,
+    factor: u64,
+    chunk: usize,
+    corrupt: usize,
+) -> Result<SpillReport> {
     let cluster = LocalCluster::with(ClusterOptions {
         workers,
         threads_per_worker: 1,
@@ -473,6 +501,15 @@ pub fn spill(workers: usize, limit: u64, factor: u64, chunk: usize) -> Result<Sp
         std::thread::sleep(Duration::from_millis(20));
     }
     peak_files = peak_files.max(files_under(cluster.local_directory()));
+    let mut corrupted = 0;
+    for f in spill_files(cluster.local_directory())
+        .into_iter()
+        .take(corrupt)
+    {
+        if std::fs::write(&f, b"not what was spilled").is_ok() {
+            corrupted += 1;
+        }
+    }
     let mut g = Graph::new();
     let sums: Vec<Key> = blobs
         .iter()
@@ -500,12 +537,15 @@ pub fn spill(workers: usize, limit: u64, factor: u64, chunk: usize) -> Result<Sp
         std::thread::sleep(Duration::from_millis(50));
         files_after = files_under(cluster.local_directory());
     }
+    let recomputed = cluster.scheduler_stats()?.0.recomputed;
     Ok(SpillReport {
         limit,
         data: n as u64 * chunk as u64,
         peak_rss,
         peak_files,
         files_after,
+        corrupted,
+        recomputed,
         restarts: cluster.restarts(),
         seconds,
     })

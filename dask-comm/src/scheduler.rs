@@ -312,3 +312,87 @@ async fn read<M: serde::de::DeserializeOwned + crate::protocol::Payloads>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::encode_batch;
+
+    /// Peers that registered and then send garbage (an undecodable control frame, payloads
+    /// announcing frames that are not there, a message on an unknown channel) or vanish
+    /// mid-computation are removed with a logged reason; the scheduler serves the others.
+    #[test]
+    fn peers_sending_garbage_or_vanishing_are_removed_and_the_rest_goes_on() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let secret = Secret::generate();
+            let listen: Address = format!("inproc://garbage-{:x}", rand::random::<u64>())
+                .parse()
+                .unwrap();
+            let server = SchedulerServer::start(&listen, secret.clone(), Config::default())
+                .await
+                .unwrap();
+            let addr = server.address().clone();
+            let worker_hello = |name: &str| Hello::Worker {
+                name: name.into(),
+                data_address: format!("inproc://nowhere-{name}"),
+                nthreads: 1,
+                memory_limit: 0,
+                pid: 1,
+            };
+            let garbage = [transport::Message::from(vec![vec![0xffu8; 9]]), {
+                let mut m = encode_batch(vec![FromWorker::Finished {
+                    key: dask_graph::Key::name_only("x"),
+                    nbytes: 1,
+                    micros: 1,
+                    small: Some(crate::protocol::Payload {
+                        header: vec![],
+                        nframes: 1,
+                        frames: vec![dask_graph::Frame::Host(bytes::Bytes::from_static(b"v"))],
+                    }),
+                }]);
+                m.frames.pop(); // the announced frame is missing
+                m
+            }];
+            let n = garbage.len();
+            for (i, g) in garbage.into_iter().enumerate() {
+                let conn = net::dial(&addr, &secret, worker_hello(&format!("bad-{i}")))
+                    .await
+                    .unwrap();
+                conn.send(crate::net::CONTROL, g).await.unwrap();
+                let _ = conn.recv().await; // closed by the scheduler
+            }
+            // A client that vanishes with a graph pending, and a worker that vanishes.
+            let vanishing = net::dial(&addr, &secret, worker_hello("vanishing"))
+                .await
+                .unwrap();
+            drop(vanishing);
+            let client = net::dial(
+                &addr,
+                &secret,
+                Hello::Client {
+                    name: "vanishing".into(),
+                },
+            )
+            .await
+            .unwrap();
+            drop(client);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let (stats, workers) = server.stats().await.unwrap();
+                if stats.workers_lost as usize == n + 1 && workers.is_empty() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{stats:?} {workers:?}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // Still serving: a real client connects and is welcomed.
+            let c = crate::Client::connect(&addr, secret.clone()).await.unwrap();
+            assert!(c.workers().is_empty());
+            server.shutdown().await;
+        });
+    }
+}

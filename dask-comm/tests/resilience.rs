@@ -54,11 +54,17 @@ fn elastic() {
 
 fn spill() {
     let limit = 96u64 << 20;
-    let r = drills::spill(2, limit, 3, 1 << 20).unwrap();
+    let r = drills::spill(2, limit, 3, 1 << 20, 3).unwrap();
     println!("  {r:?}");
     assert!(r.data >= 3 * 2 * limit);
     assert!(r.peak_files > 0, "values were spilled");
     assert_eq!(r.files_after, 0, "spill files go with their keys");
+    assert_eq!(r.corrupted, 3);
+    assert!(
+        r.recomputed >= 3,
+        "corrupt spill files were recomputed: {}",
+        r.recomputed
+    );
     assert_eq!(r.restarts, 0, "no worker went past its limit");
     assert!(
         r.peak_rss < limit,
