@@ -49,7 +49,9 @@ struct State {
     keys: FxHashMap<Key, KeyState>,
     workers: Vec<WorkerInfo>,
     who_has: std::collections::VecDeque<oneshot::Sender<Holders>>,
-    retired: std::collections::VecDeque<oneshot::Sender<std::result::Result<Vec<String>, String>>>,
+    /// Retirement requests in flight, by number.
+    retired: FxHashMap<u64, oneshot::Sender<std::result::Result<Vec<String>, String>>>,
+    next_retire: u64,
     closed: Option<String>,
     welcomed: bool,
 }
@@ -408,10 +410,13 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         {
             let mut s = self.inner.lock();
-            s.retired.push_back(tx);
+            s.next_retire += 1;
+            let id = s.next_retire;
+            s.retired.insert(id, tx);
             self.inner
                 .to_scheduler
                 .send(vec![FromClient::Retire {
+                    id,
                     workers: addresses.to_vec(),
                 }])
                 .map_err(|_| Error::Disconnected("the client's writer ended".into()))?;
@@ -535,6 +540,11 @@ impl Client {
         // computed again and fetched once more (a bounded number of times).
         for round in 0..GATHER_ROUNDS {
             if round > 0 {
+                // The scheduler may not know yet that the holder is gone: give it time to
+                // say (`Lost`) before asking again.
+                let changed = self.inner.changed.notified();
+                self.sleep_or(changed, Duration::from_millis(100 << round))
+                    .await;
                 self.wait(futures).await?;
                 self.check_failed(futures)?;
             }
@@ -830,8 +840,12 @@ impl Inner {
                         }
                     }
                 }
-                ToClient::Retired { workers, refused } => {
-                    if let Some(tx) = s.retired.pop_front() {
+                ToClient::Retired {
+                    id,
+                    workers,
+                    refused,
+                } => {
+                    if let Some(tx) = s.retired.remove(&id) {
                         let _ = tx.send(match refused {
                             Some(r) => Err(r),
                             None => Ok(workers),

@@ -571,6 +571,16 @@ impl LocalCluster {
         block_on(self.rt.run(s.stats()))?
     }
 
+    /// Up to 50 tasks the scheduler holds that are not done, one line each (for diagnosing a
+    /// computation that does not finish).
+    pub fn describe_pending(&self) -> Result<Vec<String>> {
+        let s = self
+            .scheduler
+            .as_ref()
+            .ok_or_else(|| Error::Disconnected("the cluster is shut down".into()))?;
+        block_on(self.rt.run(s.describe_pending()))?
+    }
+
     /// The workers' local directory (their spill folders are made in it).
     pub fn local_directory(&self) -> &std::path::Path {
         &self.local_dir

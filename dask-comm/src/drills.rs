@@ -346,8 +346,13 @@ pub fn chaos(trials: usize, leaves: u32, seed: u64, trial_limit: Duration) -> Re
             report.kills += 1;
             report.kills_mid_run += mid_run as usize;
         }
-        let got = gather_within(&client, fs, trial_limit)
-            .map_err(|e| Error::Unexpected(format!("trial {trial}: {e}")))?;
+        let got = gather_within(&client, fs, trial_limit).map_err(|e| {
+            let (stats, workers) = cluster.scheduler_stats().unwrap_or_default();
+            Error::Unexpected(format!(
+                "trial {trial}: {e}\nworkers: {workers:#?}\nstats: {stats:?}\npending:\n{}",
+                cluster.describe_pending().unwrap_or_default().join("\n")
+            ))
+        })?;
         if got != answer {
             return Err(Error::Unexpected(format!(
                 "trial {trial}: {got}, Sync says {answer}"

@@ -190,6 +190,8 @@ pub enum FromClient {
     /// they run, hand the values others need to other workers, and close. Answered with
     /// [`ToClient::Retired`].
     Retire {
+        /// The request's number (echoed in the answer).
+        id: u64,
         /// Their data addresses.
         workers: Vec<String>,
     },
@@ -268,6 +270,8 @@ pub enum ToClient {
     /// The answer to [`FromClient::Retire`]: the workers retired (in the order asked), or
     /// why none was.
     Retired {
+        /// The request's number.
+        id: u64,
         /// Data addresses of the workers that left.
         workers: Vec<String>,
         /// Why the request was refused (then no worker was touched).
@@ -336,6 +340,9 @@ pub enum ToWorker {
     Steal {
         /// The task's key.
         key: Key,
+        /// The steal's number (echoed in the answer, so a late answer to an earlier steal of
+        /// the same key is not taken for this one's).
+        id: u64,
     },
     /// Fetch these values from their holders and keep them (a retiring worker's data moving
     /// here); answered with [`FromWorker::Acquired`].
@@ -403,11 +410,13 @@ pub enum FromWorker {
     StealResponse {
         /// The task's key.
         key: Key,
+        /// The steal's number.
+        id: u64,
         /// Given back.
         stolen: bool,
     },
-    /// Values of an [`ToWorker::Acquire`] that are here now (with their sizes), and those no
-    /// holder had.
+    /// Copies of values now held here: fetched as a task's dependencies, or asked for by
+    /// [`ToWorker::Acquire`] (with their sizes); and the keys of an `Acquire` no holder had.
     Acquired {
         /// Keys now held here, with their sizes.
         keys: Vec<(Key, u64)>,

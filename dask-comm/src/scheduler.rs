@@ -26,6 +26,8 @@ enum Event {
     WorkerLeft(WorkerId, String),
     /// Someone asks what the core counted, and its workers.
     Stats(oneshot::Sender<(Stats, Vec<WorkerSummary>)>),
+    /// Someone asks which tasks are not done, and why.
+    Describe(oneshot::Sender<Vec<String>>),
 }
 
 /// Messages the core produced in one pass, by peer.
@@ -121,6 +123,20 @@ impl SchedulerServer {
             let (tx, rx) = oneshot::channel();
             let gone = || crate::Error::Disconnected("the scheduler stopped".into());
             events.send(Event::Stats(tx)).map_err(|_| gone())?;
+            rx.await.map_err(|_| gone())
+        }
+    }
+
+    /// Up to 50 tasks that are not done, one line each, with their dependencies' states and
+    /// holders (see [`Core::describe_pending`]).
+    pub fn describe_pending(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Vec<String>>> + Send + 'static {
+        let events = self.events.clone();
+        async move {
+            let (tx, rx) = oneshot::channel();
+            let gone = || crate::Error::Disconnected("the scheduler stopped".into());
+            events.send(Event::Describe(tx)).map_err(|_| gone())?;
             rx.await.map_err(|_| gone())
         }
     }
@@ -282,6 +298,9 @@ fn handle(
         }
         Event::Stats(tx) => {
             let _ = tx.send((core.stats().clone(), core.worker_summaries()));
+        }
+        Event::Describe(tx) => {
+            let _ = tx.send(core.describe_pending(50));
         }
         Event::WorkerLeft(w, why) => {
             tracing::info!(worker = w.0, %why, "worker left");

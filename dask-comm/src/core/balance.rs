@@ -20,7 +20,13 @@ use super::*;
 impl Core {
     /// One round of stealing (see the module docs).
     pub(super) fn balance(&mut self, comm: &mut impl Comm) {
-        if !self.cfg.work_stealing || self.workers.len() < 2 {
+        if self.workers.len() < 2 {
+            return;
+        }
+        // With stealing off, retiring workers still hand back what has not started (else a
+        // paused retiring worker would never drain).
+        let only_retiring = !self.cfg.work_stealing;
+        if only_retiring && self.retirements.is_empty() {
             return;
         }
         let mut thieves: Vec<(WorkerId, usize)> = self
@@ -43,6 +49,7 @@ impl Core {
         let mut victims: Vec<(WorkerId, Vec<TaskId>)> = self
             .workers
             .iter()
+            .filter(|(_, ws)| !only_retiring || ws.retiring)
             .filter_map(|(&w, ws)| {
                 let keep = if ws.open() { ws.nthreads as usize } else { 0 };
                 let surplus = ws.processing.len().saturating_sub(keep);
@@ -53,7 +60,10 @@ impl Core {
                     .processing
                     .iter()
                     .copied()
-                    .filter(|&id| self.tasks[id].stealing.is_none())
+                    .filter(|&id| {
+                        let t = &self.tasks[id];
+                        t.stealing.is_none() && !t.steal_refused
+                    })
                     .collect();
                 ids.sort_unstable_by_key(|&id| std::cmp::Reverse(self.tasks[id].priority));
                 let in_flight = ws.processing.len() - ids.len();
@@ -122,14 +132,22 @@ impl Core {
     }
 
     fn ask_steal(&mut self, id: TaskId, victim: WorkerId, thief: WorkerId, comm: &mut impl Comm) {
+        self.next_steal += 1;
         let t = &mut self.tasks[id];
         t.stealing = Some(thief);
+        t.steal_id = self.next_steal;
         self.stats.steals_asked += 1;
         if let Some(ws) = self.workers.get_mut(&thief) {
             ws.incoming += 1;
         }
         tracing::debug!(key = %t.key, victim = victim.0, thief = thief.0, "asking to steal");
-        comm.send_worker(victim, ToWorker::Steal { key: t.key });
+        comm.send_worker(
+            victim,
+            ToWorker::Steal {
+                key: t.key,
+                id: t.steal_id,
+            },
+        );
     }
 
     /// The victim's answer to a steal.
@@ -137,6 +155,7 @@ impl Core {
         &mut self,
         victim: WorkerId,
         key: Key,
+        steal: u64,
         stolen: bool,
         comm: &mut impl Comm,
     ) {
@@ -144,14 +163,16 @@ impl Core {
             return;
         };
         let t = &self.tasks[id];
-        if t.processing_on != Some(victim) || t.stealing.is_none() {
-            // Finished, failed, released or rescheduled meanwhile: nothing to move.
+        if t.processing_on != Some(victim) || t.stealing.is_none() || t.steal_id != steal {
+            // Finished, failed, released or rescheduled meanwhile, or the answer to an
+            // earlier steal of the key: nothing to move.
             return;
         }
         let thief = t.stealing;
         if !stolen {
-            // It started: it stays.
+            // It started: it stays, and is not asked for again while there.
             self.tasks[id].stealing = None;
+            self.tasks[id].steal_refused = true;
             if let Some(ws) = thief.and_then(|th| self.workers.get_mut(&th)) {
                 ws.incoming = ws.incoming.saturating_sub(1);
             }

@@ -75,7 +75,7 @@ impl Core {
                     .collect();
                 comm.send_client(c, ToClient::WhoHas { holders });
             }
-            FromClient::Retire { workers } => self.retire(c, workers, comm),
+            FromClient::Retire { id, workers } => self.retire(c, id, workers, comm),
         }
     }
 

@@ -103,6 +103,7 @@ pub struct Core {
     prefixes: Vec<PrefixStats>,
     prefix_ids: FxHashMap<&'static str, u32>,
     retirements: Vec<Retirement>,
+    next_steal: u64,
     stats: Stats,
 }
 
@@ -188,6 +189,7 @@ impl Core {
             prefixes: Vec::new(),
             prefix_ids: FxHashMap::default(),
             retirements: Vec::new(),
+            next_steal: 0,
             stats: Stats::default(),
         }
     }
@@ -246,6 +248,38 @@ impl Core {
     /// The average duration of each task prefix seen, in seconds.
     pub fn prefix_durations(&self) -> Vec<(&'static str, Option<f64>)> {
         self.prefixes.iter().map(|p| (p.name, p.average)).collect()
+    }
+
+    /// Up to `limit` tasks that are waiting, queued or processing, one line each: state, where
+    /// it runs, and each dependency's state and holders (for diagnosing a computation that
+    /// does not finish).
+    pub fn describe_pending(&self, limit: usize) -> Vec<String> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| !matches!(t.status, Status::Memory | Status::Erred | Status::Released))
+            .take(limit)
+            .map(|(_, t)| {
+                let deps: Vec<String> = t
+                    .deps
+                    .iter()
+                    .map(|&d| {
+                        let dt = &self.tasks[d];
+                        let holders: Vec<u32> = dt.who_has.iter().map(|w| w.0).collect();
+                        format!("{} {:?} on {holders:?}", dt.key, dt.status)
+                    })
+                    .collect();
+                format!(
+                    "{} {:?} on {:?} waiting for {} (steal {:?}, wanted by {}): [{}]",
+                    t.key,
+                    t.status,
+                    t.processing_on.map(|w| w.0),
+                    t.waiting_on,
+                    t.stealing.map(|w| w.0),
+                    t.wanted_by.len(),
+                    deps.join(", ")
+                )
+            })
+            .collect()
     }
 
     /// How many tasks a worker is running or has been sent.

@@ -11,12 +11,18 @@ pub const MOVE_ATTEMPTS: u32 = 3;
 
 impl Core {
     /// Client `c` asks to retire the workers at `addresses`.
-    pub(super) fn retire(&mut self, c: ClientId, addresses: Vec<String>, comm: &mut impl Comm) {
-        let mut ids = Vec::with_capacity(addresses.len());
+    pub(super) fn retire(
+        &mut self,
+        c: ClientId,
+        id: u64,
+        addresses: Vec<String>,
+        comm: &mut impl Comm,
+    ) {
+        let mut ws_ids = Vec::with_capacity(addresses.len());
         let mut refused = None;
         for a in &addresses {
             match self.workers.iter().find(|(_, ws)| ws.address == *a) {
-                Some((&w, _)) if !ids.contains(&w) => ids.push(w),
+                Some((&w, _)) if !ws_ids.contains(&w) => ws_ids.push(w),
                 Some(_) => {}
                 None => {
                     refused = Some(format!("no worker has the address {a}"));
@@ -27,7 +33,7 @@ impl Core {
         let staying = self
             .workers
             .iter()
-            .filter(|(w, ws)| !ws.retiring && !ids.contains(w))
+            .filter(|(w, ws)| !ws.retiring && !ws_ids.contains(w))
             .count();
         if refused.is_none() && staying == 0 {
             refused = Some(
@@ -39,20 +45,22 @@ impl Core {
             comm.send_client(
                 c,
                 ToClient::Retired {
+                    id,
                     workers: Vec::new(),
                     refused: Some(reason),
                 },
             );
             return;
         }
-        for &w in &ids {
+        for &w in &ws_ids {
             let ws = self.workers.get_mut(&w).expect("found above");
             tracing::info!(worker = w.0, name = %ws.name, "retiring");
             ws.retiring = true;
         }
         self.retirements.push(Retirement {
             client: c,
-            workers: ids,
+            id,
+            workers: ws_ids,
             addresses,
             moving: Vec::new(),
             attempts: Default::default(),
@@ -89,7 +97,11 @@ impl Core {
                                 .who_has
                                 .iter()
                                 .any(|h| self.workers.get(h).is_some_and(|hs| !hs.retiring))
-                            && self.retirements[r].attempts.get(&id).copied().unwrap_or(0)
+                            && self.retirements[r]
+                                .attempts
+                                .get(&t.key)
+                                .copied()
+                                .unwrap_or(0)
                                 < MOVE_ATTEMPTS
                     })
                     .collect();
@@ -98,22 +110,26 @@ impl Core {
                     closing.push(w);
                     continue;
                 }
+                let Some(target) = self.copy_target(&acquire) else {
+                    // Nowhere to copy to (every other worker is retiring or gone): it leaves,
+                    // and what it held is recomputed if needed.
+                    closing.push(w);
+                    continue;
+                };
                 for id in to_move {
-                    if self.retirements[r].moving.iter().any(|&(m, _)| m == id) {
+                    let key = self.tasks[id].key;
+                    if self.retirements[r].moving.iter().any(|&(m, _)| m == key) {
                         continue;
                     }
-                    let Some(target) = self.copy_target(&acquire) else {
-                        continue;
-                    };
                     let t = &self.tasks[id];
                     acquire.entry(target).or_default().push(Dep {
-                        key: t.key,
+                        key,
                         holders: self.addresses(&t.who_has),
                         nbytes: t.nbytes,
                     });
                     let re = &mut self.retirements[r];
-                    re.moving.push((id, target));
-                    *re.attempts.entry(id).or_default() += 1;
+                    re.moving.push((key, target));
+                    *re.attempts.entry(key).or_default() += 1;
                 }
             }
         }
@@ -139,6 +155,7 @@ impl Core {
                 comm.send_client(
                     r.client,
                     ToClient::Retired {
+                        id: r.id,
                         workers: r.addresses,
                         refused: None,
                     },
@@ -162,7 +179,9 @@ impl Core {
             .map(|(&w, _)| w)
     }
 
-    /// Worker `w` fetched copies it was asked for (and could not fetch others).
+    /// Worker `w` holds copies of values now (fetched for its tasks, or asked for by a
+    /// retirement), and could not fetch others it was asked for. A copy of a key that is not
+    /// in memory any more is freed.
     pub(super) fn acquired(
         &mut self,
         w: WorkerId,
@@ -182,23 +201,30 @@ impl Core {
                         }
                     }
                 }
-                // Released meanwhile: the copy has no use.
+                // Lost and being computed again, on this very worker: `Free` would cancel
+                // that run too. Its result will replace the copy.
+                Some(id) if self.tasks[id].processing_on == Some(w) => {}
+                // Released or lost meanwhile: the copy has no use.
                 _ => comm.send_worker(w, ToWorker::Free { keys: vec![key] }),
             }
-            self.moved(id, w);
+            self.moved(key, w);
         }
         for key in failed {
             tracing::info!(worker = w.0, %key, "could not copy a value off a retiring worker");
-            let id = self.by_key.get(&key).copied();
-            self.moved(id, w);
+            self.moved(key, w);
         }
     }
 
-    fn moved(&mut self, id: Option<TaskId>, w: WorkerId) {
-        if let Some(id) = id {
-            for r in &mut self.retirements {
-                r.moving.retain(|&m| m != (id, w));
-            }
+    fn moved(&mut self, key: Key, w: WorkerId) {
+        for r in &mut self.retirements {
+            r.moving.retain(|&m| m != (key, w));
+        }
+    }
+
+    /// Worker `w` is gone: copies it was fetching will not come.
+    pub(super) fn copies_lost(&mut self, w: WorkerId) {
+        for r in &mut self.retirements {
+            r.moving.retain(|&(_, target)| target != w);
         }
     }
 }

@@ -60,6 +60,10 @@ pub struct TaskState {
     /// A steal in flight: the victim (`processing_on`) was asked to give it back, for this
     /// thief.
     pub stealing: Option<WorkerId>,
+    /// The number of the last steal asked for it.
+    pub steal_id: u64,
+    /// Its worker refused a steal (it started): not asked again while it is there.
+    pub steal_refused: bool,
 }
 
 impl TaskState {
@@ -83,6 +87,8 @@ impl TaskState {
             retries: 0,
             killed_on: Vec::new(),
             stealing: None,
+            steal_id: 0,
+            steal_refused: false,
         }
     }
 }
@@ -126,10 +132,12 @@ pub struct Retirement {
     pub client: ClientId,
     pub workers: Vec<WorkerId>,
     pub addresses: Vec<String>,
+    /// The request's number (the client's).
+    pub id: u64,
     /// Values being copied off a retiring worker: the key, and the worker fetching it.
-    pub moving: Vec<(TaskId, WorkerId)>,
+    pub moving: Vec<(Key, WorkerId)>,
     /// Copies asked per value.
-    pub attempts: rustc_hash::FxHashMap<TaskId, u32>,
+    pub attempts: rustc_hash::FxHashMap<Key, u32>,
 }
 
 /// One client.

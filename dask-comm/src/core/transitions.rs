@@ -137,6 +137,7 @@ impl Core {
     /// Takes a processing task off its worker's books (and a steal in flight with it).
     pub(super) fn unassign(&mut self, id: TaskId) {
         let t = &mut self.tasks[id];
+        t.steal_refused = false;
         if let Some(thief) = t.stealing.take() {
             if let Some(ws) = self.workers.get_mut(&thief) {
                 ws.incoming = ws.incoming.saturating_sub(1);

@@ -61,6 +61,7 @@ impl Core {
             tracing::info!(worker = w.0, name = %worker.name, "worker retired");
         }
         self.tell_clients_workers(comm);
+        self.copies_lost(w);
         // Steals towards it stay in flight: the victim's answer decides (a task given back
         // goes elsewhere).
         let mut lost_keys = Vec::new();
@@ -77,6 +78,7 @@ impl Core {
         for (i, &id) in rerun.iter().enumerate() {
             let t = &mut self.tasks[id];
             t.processing_on = None;
+            t.steal_refused = false;
             if let Some(thief) = t.stealing.take() {
                 if let Some(ws) = self.workers.get_mut(&thief) {
                     ws.incoming = ws.incoming.saturating_sub(1);
@@ -176,7 +178,9 @@ impl Core {
                     self.reopened(w, comm);
                 }
             }
-            FromWorker::StealResponse { key, stolen } => self.steal_response(w, key, stolen, comm),
+            FromWorker::StealResponse { key, id, stolen } => {
+                self.steal_response(w, key, id, stolen, comm)
+            }
             FromWorker::Acquired { keys, failed } => self.acquired(w, keys, failed, comm),
             FromWorker::LostKeys { keys } => self.lost_keys(w, keys, comm),
         }

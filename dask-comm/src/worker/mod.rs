@@ -346,9 +346,9 @@ impl Worker {
                     wanted,
                 } => self.compute(key, spec, deps, priority, wanted),
                 ToWorker::Free { keys } => self.free(keys),
-                ToWorker::Steal { key } => {
+                ToWorker::Steal { key, id } => {
                     let stolen = self.give_back(key);
-                    self.out.push(FromWorker::StealResponse { key, stolen });
+                    self.out.push(FromWorker::StealResponse { key, id, stolen });
                 }
                 ToWorker::Acquire { keys } => self.acquire(keys),
                 ToWorker::Close => return true,
@@ -425,8 +425,9 @@ impl Worker {
     }
 
     /// Queues a task whose inputs are all here (read back from disk if they were spilled).
-    /// An input whose spill file is bad is reported lost, and the task goes back to the
-    /// scheduler as missing that input.
+    /// An input that is not here after all (its spill file was bad, here or when a peer read
+    /// it) sends the task back to the scheduler as missing that input, which also stops
+    /// counting this worker among the input's holders.
     fn start(&mut self, key: Key) {
         let Some(p) = self.pending.get_mut(&key) else {
             return;
@@ -440,7 +441,11 @@ impl Worker {
                     Ok(Some(v)) => {
                         inputs.insert(*d, v);
                     }
-                    Ok(None) => {}
+                    Ok(None) => {
+                        tracing::warn!(%key, input = %d, "an input is gone");
+                        bad = Some(*d);
+                        break;
+                    }
                     Err(e) => {
                         tracing::warn!(%key, error = %e, "an input is lost");
                         store.remove(d);
@@ -633,12 +638,14 @@ impl Worker {
             missing,
         } = self.fetcher.arrived(f);
         {
+            // Every copy fetched here is reported: the scheduler counts this worker among the
+            // key's holders (placement sees it, and the copy is freed with the key), or tells
+            // it to drop a copy of a key already released.
             let mut store = lock(&self.store);
             for (k, v) in &arrived {
                 store.insert(*k, v.clone());
-                if self.acquiring.remove(k) {
-                    self.acquired.push((*k, v.nbytes() as u64));
-                }
+                self.acquiring.remove(k);
+                self.acquired.push((*k, v.nbytes() as u64));
             }
         }
         for (k, _) in arrived {

@@ -16,11 +16,12 @@ fn erred(t: &mut T, w: WorkerId, key: &str) {
     );
 }
 
-fn steal_response(t: &mut T, w: WorkerId, key: &str, stolen: bool) {
+fn steal_response(t: &mut T, w: WorkerId, key: &str, id: u64, stolen: bool) {
     t.core.on_worker_message(
         w,
         FromWorker::StealResponse {
             key: k(key),
+            id,
             stolen,
         },
         t.now,
@@ -41,6 +42,17 @@ fn heartbeat(t: &mut T, w: WorkerId, paused: bool) {
         t.now,
         &mut t.rec,
     );
+}
+
+/// The steals sent: victim, key, number; and nothing else.
+fn steals(t: &mut T) -> Vec<(WorkerId, Key, u64)> {
+    t.take()
+        .into_iter()
+        .map(|s| match s {
+            Sent::W(w, ToWorker::Steal { key, id }) => (w, key, id),
+            other => panic!("expected only steals, got {other:?}"),
+        })
+        .collect()
 }
 
 /// Messages other than the workers' list clients get when workers come and go.
@@ -178,26 +190,33 @@ fn an_idle_worker_steals_and_only_a_confirmed_steal_moves_a_task() {
     t.nothing();
     t.core.on_tick(t.now, &mut t.rec);
     // b takes up to two tasks per thread: the two a would run last.
+    let asked = steals(&mut t);
     assert_eq!(
-        t.take(),
-        vec![
-            Sent::W(a, ToWorker::Steal { key: k("f3") }),
-            Sent::W(a, ToWorker::Steal { key: k("f2") }),
-        ]
+        asked
+            .iter()
+            .map(|(w, key, _)| (*w, *key))
+            .collect::<Vec<_>>(),
+        vec![(a, k("f3")), (a, k("f2"))]
     );
+    let (id3, id2) = (asked[0].2, asked[1].2);
     // Nothing more is asked while they are in flight (b's slots are promised).
     t.core.on_tick(t.now, &mut t.rec);
     t.nothing();
-    steal_response(&mut t, a, "f3", true);
+    // An answer with another steal's number is not this steal's.
+    steal_response(&mut t, a, "f3", id2, true);
+    t.nothing();
+    steal_response(&mut t, a, "f3", id3, true);
     assert_eq!(t.computes(), vec![(b, k("f3"))]);
-    // A refused steal (the task started) leaves it where it is.
-    steal_response(&mut t, a, "f2", false);
+    // A refused steal (the task started) leaves it where it is, and it is not asked again.
+    steal_response(&mut t, a, "f2", id2, false);
     t.nothing();
     assert_eq!((t.core.processing(a), t.core.processing(b)), (3, 1));
-    assert_eq!(
-        (t.core.stats().steals_asked, t.core.stats().steals_done),
-        (2, 1)
-    );
+    t.finish(b, "f3", 8, 10);
+    let _ = t.take();
+    t.core.on_tick(t.now, &mut t.rec);
+    let again = steals(&mut t);
+    assert!(again.iter().all(|(_, key, _)| *key != k("f2")), "{again:?}");
+    assert_eq!(t.core.stats().steals_done, 1);
 }
 
 #[test]
@@ -222,13 +241,16 @@ fn a_steal_answered_after_the_victim_died_is_ignored() {
     fan_on_one(&mut t, c, a, 2);
     let b = t.worker("b", 1);
     t.core.on_tick(t.now, &mut t.rec);
-    assert_eq!(t.take(), vec![Sent::W(a, ToWorker::Steal { key: k("f1") })]);
+    let [(_, key, id)] = steals(&mut t)[..] else {
+        panic!()
+    };
+    assert_eq!(key, k("f1"));
     t.core.on_worker_removed(a, &mut t.rec);
     let sent = take_but_workers(&mut t);
     // r was only on a: recomputed on b, then f0 and f1 run there.
     assert_eq!(computes_of(&sent), vec![(b, k("r"))], "{sent:?}");
     let _ = sent;
-    steal_response(&mut t, a, "f1", true); // from a worker that is gone: nothing
+    steal_response(&mut t, a, "f1", id, true); // from a worker that is gone: nothing
     t.nothing();
     t.finish(b, "r", 8, 10);
     let mut got = computes_of(&t.take());
@@ -244,10 +266,13 @@ fn a_task_given_back_after_its_thief_died_goes_elsewhere() {
     fan_on_one(&mut t, c, a, 2);
     let b = t.worker("b", 1);
     t.core.on_tick(t.now, &mut t.rec);
-    assert_eq!(t.take(), vec![Sent::W(a, ToWorker::Steal { key: k("f1") })]);
+    let [(_, key, id)] = steals(&mut t)[..] else {
+        panic!()
+    };
+    assert_eq!(key, k("f1"));
     t.core.on_worker_removed(b, &mut t.rec);
     t.nothing_but_workers();
-    steal_response(&mut t, a, "f1", true);
+    steal_response(&mut t, a, "f1", id, true);
     assert_eq!(
         t.computes(),
         vec![(a, k("f1"))],
@@ -344,15 +369,21 @@ fn retiring_a_worker_copies_what_others_need_then_closes_it() {
     let _ = t.take();
     let b = t.worker("b", 1);
     let retire = |t: &mut T, who: Vec<String>| {
-        t.core
-            .on_client_message(c, FromClient::Retire { workers: who }, &mut t.rec)
+        t.core.on_client_message(
+            c,
+            FromClient::Retire {
+                id: 7,
+                workers: who,
+            },
+            &mut t.rec,
+        )
     };
     // Refused whole: an unknown address, or every worker.
     let (addr_a, addr_b) = (t.addr(a), t.addr(b));
     retire(&mut t, vec![addr_a.clone(), "tcp://nobody".into()]);
     let sent = t.take();
     assert!(
-        matches!(&sent[..], [Sent::C(_, ToClient::Retired { workers, refused: Some(r) })] if workers.is_empty() && r.contains("nobody")),
+        matches!(&sent[..], [Sent::C(_, ToClient::Retired { id: 7, workers, refused: Some(r) })] if workers.is_empty() && r.contains("nobody")),
         "{sent:?}"
     );
     retire(&mut t, vec![addr_a.clone(), addr_b]);
@@ -388,6 +419,7 @@ fn retiring_a_worker_copies_what_others_need_then_closes_it() {
     assert!(sent.contains(&Sent::C(
         c,
         ToClient::Retired {
+            id: 7,
             workers: vec![t.addr_of("a")],
             refused: None
         }
@@ -461,4 +493,138 @@ impl T {
     fn addr_of(&self, name: &str) -> String {
         format!("tcp://{name}")
     }
+}
+
+#[test]
+fn a_retirement_whose_copy_target_dies_copies_elsewhere() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(a, k("x"))]);
+    t.finish(a, "x", 8, 10);
+    let _ = t.take();
+    let b = t.worker("b", 1);
+    let d = t.worker("d", 1);
+    let addr_a = t.addr(a);
+    t.core.on_client_message(
+        c,
+        FromClient::Retire {
+            id: 1,
+            workers: vec![addr_a],
+        },
+        &mut t.rec,
+    );
+    let sent = t.take();
+    assert!(
+        matches!(&sent[..], [Sent::W(to, ToWorker::Acquire { .. })] if *to == b),
+        "{sent:?}"
+    );
+    // b dies before it has the copy: the copy is asked of d.
+    t.core.on_worker_removed(b, &mut t.rec);
+    let sent = take_but_workers(&mut t);
+    assert!(
+        matches!(&sent[..], [Sent::W(to, ToWorker::Acquire { keys })] if *to == d && keys[0].key == k("x")),
+        "{sent:?}"
+    );
+    t.core.on_worker_message(
+        d,
+        FromWorker::Acquired {
+            keys: vec![(k("x"), 8)],
+            failed: vec![],
+        },
+        t.now,
+        &mut t.rec,
+    );
+    let sent = take_but_workers(&mut t);
+    assert!(sent.contains(&Sent::W(a, ToWorker::Close)), "{sent:?}");
+    assert!(
+        sent.iter().any(|s| matches!(
+            s,
+            Sent::C(
+                _,
+                ToClient::Retired {
+                    id: 1,
+                    refused: None,
+                    ..
+                }
+            )
+        )),
+        "{sent:?}"
+    );
+    assert_eq!(t.core.who_has(&k("x")), vec![d]);
+}
+
+/// A worker that fetched a dependency says so: it becomes a holder (placement sees it), and
+/// its copy is freed with the key. A copy of a key already released is freed at once.
+#[test]
+fn fetched_copies_are_holders_and_are_freed_with_their_key() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(a, k("x"))]);
+    t.finish(a, "x", 8, 10);
+    let _ = t.take();
+    let b = t.worker("b", 1);
+    let copied = |t: &mut T, key: &str| {
+        t.core.on_worker_message(
+            b,
+            FromWorker::Acquired {
+                keys: vec![(k(key), 8)],
+                failed: vec![],
+            },
+            t.now,
+            &mut t.rec,
+        )
+    };
+    copied(&mut t, "x");
+    t.nothing();
+    assert_eq!(t.core.who_has(&k("x")), vec![a, b]);
+    t.core
+        .on_client_message(c, FromClient::Release { keys: vec![k("x")] }, &mut t.rec);
+    assert_eq!(
+        t.take(),
+        vec![
+            Sent::W(a, ToWorker::Free { keys: vec![k("x")] }),
+            Sent::W(b, ToWorker::Free { keys: vec![k("x")] }),
+        ]
+    );
+    copied(&mut t, "x");
+    assert_eq!(
+        t.take(),
+        vec![Sent::W(b, ToWorker::Free { keys: vec![k("x")] })]
+    );
+}
+
+/// A copy fetched before its holder died, reported while the key is being computed again on
+/// the same worker: the scheduler must not answer `Free` (it would cancel that run, and the
+/// task would stay processing forever: found by the chaos drill).
+#[test]
+fn a_late_copy_does_not_cancel_the_recomputation_on_its_worker() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(a, k("x"))]);
+    t.finish(a, "x", 8, 10);
+    let _ = t.take();
+    let b = t.worker("b", 1);
+    t.core.on_worker_removed(a, &mut t.rec);
+    let sent = take_but_workers(&mut t);
+    assert!(sent.contains(&Sent::C(c, ToClient::Lost { key: k("x") })));
+    assert_eq!(computes_of(&sent), vec![(b, k("x"))]);
+    // b had fetched x from a before a died; its report comes now.
+    t.core.on_worker_message(
+        b,
+        FromWorker::Acquired {
+            keys: vec![(k("x"), 8)],
+            failed: vec![],
+        },
+        t.now,
+        &mut t.rec,
+    );
+    t.nothing();
+    t.finish(b, "x", 8, 10);
+    assert_eq!(t.take().len(), 1, "the client hears x is back");
 }
