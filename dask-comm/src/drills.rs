@@ -361,6 +361,11 @@ pub fn chaos(trials: usize, leaves: u32, seed: u64, trial_limit: Duration) -> Re
         report.slowest = report.slowest.max(start.elapsed());
         report.trials += 1;
     }
+    // The last kill's replacement, before counting.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.restarts() < report.kills as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     report.stats = cluster.scheduler_stats()?.0;
     report.restarts = cluster.restarts();
     Ok(report)

@@ -3,6 +3,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -51,13 +52,13 @@ struct Queue {
     closed: bool,
     /// No job starts while paused (the worker's memory is above its pause threshold).
     paused: bool,
-    /// Jobs taken by a thread and not finished.
-    running: usize,
 }
 
 /// The threads and their queue.
 pub(super) struct Executor {
     queue: Arc<(Mutex<Queue>, Condvar)>,
+    /// Jobs taken by a thread and not finished.
+    running: Arc<AtomicUsize>,
     /// Detached when the executor is dropped.
     threads: Vec<std::thread::JoinHandle<()>>,
     seq: u64,
@@ -71,21 +72,22 @@ impl Executor {
                 jobs: BinaryHeap::new(),
                 closed: false,
                 paused: false,
-                running: 0,
             }),
             Condvar::new(),
         ));
+        let running = Arc::new(AtomicUsize::new(0));
         let threads = (0..n.max(1))
             .map(|i| {
-                let (q, done) = (Arc::clone(&queue), done.clone());
+                let (q, done, r) = (Arc::clone(&queue), done.clone(), Arc::clone(&running));
                 std::thread::Builder::new()
                     .name(format!("dask-worker-{i}"))
-                    .spawn(move || run(&q, &done))
+                    .spawn(move || run(&q, &r, &done))
                     .expect("spawning a worker thread")
             })
             .collect();
         Executor {
             queue,
+            running,
             threads,
             seq: 0,
         }
@@ -125,8 +127,7 @@ impl Executor {
 
     /// Jobs running now.
     pub fn running(&self) -> usize {
-        let (lock, _) = &*self.queue;
-        lock.lock().unwrap_or_else(|e| e.into_inner()).running
+        self.running.load(AtomicOrdering::Relaxed)
     }
 
     /// Removes a queued task that has not started; whether it was there.
@@ -153,7 +154,7 @@ impl Drop for Executor {
     }
 }
 
-fn run(queue: &(Mutex<Queue>, Condvar), done: &mpsc::UnboundedSender<Done>) {
+fn run(queue: &(Mutex<Queue>, Condvar), running: &AtomicUsize, done: &mpsc::UnboundedSender<Done>) {
     let (lock, cv) = queue;
     loop {
         let job = {
@@ -164,7 +165,7 @@ fn run(queue: &(Mutex<Queue>, Condvar), done: &mpsc::UnboundedSender<Done>) {
                 }
                 if !q.paused {
                     if let Some(j) = q.jobs.pop() {
-                        q.running += 1;
+                        running.fetch_add(1, AtomicOrdering::Relaxed);
                         break j;
                     }
                 }
@@ -176,10 +177,7 @@ fn run(queue: &(Mutex<Queue>, Condvar), done: &mpsc::UnboundedSender<Done>) {
         let result = execute(&job);
         let micros = t0.elapsed().as_micros() as u64;
         drop(job);
-        {
-            let mut q = lock.lock().unwrap_or_else(|e| e.into_inner());
-            q.running -= 1;
-        }
+        running.fetch_sub(1, AtomicOrdering::Relaxed);
         if done
             .send(Done {
                 key,

@@ -213,6 +213,10 @@ struct Worker {
     lost_rx: mpsc::UnboundedReceiver<Key>,
     /// Keys the scheduler asked this worker to copy here.
     acquiring: FxHashSet<Key>,
+    /// Copies fetched for tasks here (the scheduler does not count this worker among their
+    /// holders), with how many tasks here have yet to start with each: the copy goes when
+    /// the last one starts or leaves.
+    borrowed: FxHashMap<Key, usize>,
     acquired: Vec<(Key, u64)>,
     acquire_failed: Vec<Key>,
     /// Send a heartbeat with this pass (the pause state changed).
@@ -251,6 +255,7 @@ impl Worker {
             paused: false,
             lost_rx,
             acquiring: FxHashSet::default(),
+            borrowed: FxHashMap::default(),
             acquired: Vec::new(),
             acquire_failed: Vec::new(),
             report: false,
@@ -384,7 +389,9 @@ impl Worker {
         {
             let store = lock(&self.store);
             for d in &deps {
-                if !store.contains(&d.key) {
+                if let Some(n) = self.borrowed.get_mut(&d.key) {
+                    *n += 1;
+                } else if !store.contains(&d.key) {
                     missing += 1;
                     let first = match self.waiting_for.entry(d.key) {
                         Entry::Occupied(mut e) => {
@@ -456,7 +463,8 @@ impl Worker {
             }
         }
         if let Some(dep) = bad {
-            self.pending.remove(&key);
+            self.borrowed.remove(&dep);
+            self.drop_pending(key);
             self.out.push(FromWorker::MissingDep {
                 key,
                 dep,
@@ -465,9 +473,41 @@ impl Worker {
             return;
         }
         p.running = true;
+        let (spec, priority) = (std::mem::take(&mut p.spec), p.priority);
+        let deps = (!self.borrowed.is_empty()).then(|| p.deps.clone());
         self.executing += 1;
-        self.executor
-            .submit(key, std::mem::take(&mut p.spec), inputs, p.priority);
+        self.executor.submit(key, spec, inputs, priority);
+        if let Some(deps) = deps {
+            self.return_borrowed(&deps);
+        }
+    }
+
+    /// A task here no longer needs the borrowed copies among `deps` (it started, or left).
+    fn return_borrowed(&mut self, deps: &[Key]) {
+        for d in deps {
+            if let Some(n) = self.borrowed.get_mut(d) {
+                *n -= 1;
+                if *n == 0 {
+                    self.borrowed.remove(d);
+                    lock(&self.store).remove(d);
+                }
+            }
+        }
+    }
+
+    /// Forgets a task that has not started: it stops waiting for its inputs, and returns the
+    /// copies it borrowed.
+    fn drop_pending(&mut self, key: Key) -> Option<Pending> {
+        let p = self.pending.remove(&key)?;
+        for d in &p.deps {
+            if let Some(ws) = self.waiting_for.get_mut(d) {
+                ws.retain(|x| *x != key);
+            }
+        }
+        if !p.running {
+            self.return_borrowed(&p.deps);
+        }
+        Some(p)
     }
 
     /// Gives a task back to the scheduler if it has not started (work stealing).
@@ -481,12 +521,7 @@ impl Worker {
             }
             self.executing -= 1;
         }
-        let p = self.pending.remove(&key).expect("present");
-        for d in p.deps {
-            if let Some(ws) = self.waiting_for.get_mut(&d) {
-                ws.retain(|x| *x != key);
-            }
-        }
+        self.drop_pending(key);
         true
     }
 
@@ -496,6 +531,8 @@ impl Worker {
         let mut here = Vec::new();
         for d in keys {
             if store.contains(&d.key) {
+                // A borrowed copy becomes one the scheduler counts: it stays.
+                self.borrowed.remove(&d.key);
                 here.push((d.key, d.nbytes));
             } else if self.acquiring.insert(d.key) && !self.waiting_for.contains_key(&d.key) {
                 let holders = d
@@ -586,21 +623,16 @@ impl Worker {
     }
 
     fn free(&mut self, keys: Vec<Key>) {
-        let mut store = lock(&self.store);
         for k in keys {
-            store.remove(&k);
+            lock(&self.store).remove(&k);
             self.acquiring.remove(&k);
-            if let Some(p) = self.pending.remove(&k) {
+            self.borrowed.remove(&k);
+            if let Some(p) = self.drop_pending(k) {
                 if p.running {
                     if self.executor.cancel(&k) {
                         self.executing -= 1;
                     } else {
                         self.freed_running.insert(k);
-                    }
-                }
-                for d in p.deps {
-                    if let Some(ws) = self.waiting_for.get_mut(&d) {
-                        ws.retain(|x| *x != k);
                     }
                 }
             }
@@ -638,14 +670,20 @@ impl Worker {
             missing,
         } = self.fetcher.arrived(f);
         {
-            // Every copy fetched here is reported: the scheduler counts this worker among the
-            // key's holders (placement sees it, and the copy is freed with the key), or tells
-            // it to drop a copy of a key already released.
+            // A copy the scheduler asked for is reported (it counts this worker among the
+            // key's holders, and frees the copy with the key); one fetched for tasks here is
+            // borrowed until they start, and one nothing here waits for any more is dropped.
             let mut store = lock(&self.store);
             for (k, v) in &arrived {
+                let users = self.waiting_for.get(k).map_or(0, Vec::len);
+                if self.acquiring.remove(k) {
+                    self.acquired.push((*k, v.nbytes() as u64));
+                } else if users > 0 {
+                    self.borrowed.insert(*k, users);
+                } else {
+                    continue;
+                }
                 store.insert(*k, v.clone());
-                self.acquiring.remove(k);
-                self.acquired.push((*k, v.nbytes() as u64));
             }
         }
         for (k, _) in arrived {
@@ -664,7 +702,7 @@ impl Worker {
                 self.acquire_failed.push(dep);
             }
             for key in self.waiting_for.remove(&dep).unwrap_or_default() {
-                if self.pending.remove(&key).is_some() {
+                if self.drop_pending(key).is_some() {
                     self.out.push(FromWorker::MissingDep {
                         key,
                         dep,

@@ -9,7 +9,7 @@
 //! its bytes) is a [`SpillError`] for that key only: the worker reports the key lost and the
 //! scheduler finds or recomputes it.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::hash::Hasher;
 use std::path::{Path, PathBuf};
 
@@ -44,7 +44,8 @@ pub enum SpillError {
 struct InMemory {
     value: Value,
     nbytes: u64,
-    /// When it was last used (the store's clock), its place in `lru`.
+    /// When it was last used (the store's clock): its entry in `lru` with this tick is the
+    /// live one.
     used: u64,
     /// Its encoding failed once: it stays in memory.
     pinned: bool,
@@ -59,8 +60,11 @@ struct OnDisk {
 pub(crate) struct Store {
     memory: FxHashMap<Key, InMemory>,
     disk: FxHashMap<Key, OnDisk>,
-    /// Spillable values in memory by last use.
-    lru: BTreeMap<u64, Key>,
+    /// Uses of values in memory, oldest first; an entry whose tick is not its value's last
+    /// use is stale and skipped (amortised O(1) per use, compacted when mostly stale).
+    lru: VecDeque<(u64, Key)>,
+    /// Values in memory that may be spilled (not pinned).
+    spillable: usize,
     clock: u64,
     in_memory: u64,
     on_disk: u64,
@@ -82,7 +86,8 @@ impl Store {
         Ok(Store {
             memory: FxHashMap::default(),
             disk: FxHashMap::default(),
-            lru: BTreeMap::new(),
+            lru: VecDeque::new(),
+            spillable: 0,
             clock: 0,
             in_memory: 0,
             on_disk: 0,
@@ -121,9 +126,22 @@ impl Store {
     /// Values that could still be spilled.
     pub fn spillable(&self) -> usize {
         if self.dir.is_some() {
-            self.lru.len()
+            self.spillable
         } else {
             0
+        }
+    }
+
+    /// Records a use (only where values may spill), compacting when most entries are stale.
+    fn note_use(&mut self, tick: u64, k: Key) {
+        if self.dir.is_none() || self.target == 0 {
+            return;
+        }
+        self.lru.push_back((tick, k));
+        if self.lru.len() > 2 * self.memory.len() + 64 {
+            let memory = &self.memory;
+            self.lru
+                .retain(|(t, k)| memory.get(k).is_some_and(|e| e.used == *t && !e.pinned));
         }
     }
 
@@ -137,7 +155,8 @@ impl Store {
         self.remove(&k);
         let nbytes = value.nbytes() as u64;
         let used = self.tick();
-        self.lru.insert(used, k);
+        self.note_use(used, k);
+        self.spillable += 1;
         self.memory.insert(
             k,
             InMemory {
@@ -157,12 +176,12 @@ impl Store {
         if let Some(e) = self.memory.get_mut(k) {
             let used = self.clock + 1;
             self.clock = used;
-            if !e.pinned {
-                self.lru.remove(&e.used);
-                self.lru.insert(used, *k);
-            }
             e.used = used;
-            return Ok(Some(e.value.clone()));
+            let (pinned, value) = (e.pinned, e.value.clone());
+            if !pinned {
+                self.note_use(used, *k);
+            }
+            return Ok(Some(value));
         }
         let Some(v) = self.read_back(k)? else {
             return Ok(None);
@@ -185,7 +204,7 @@ impl Store {
         if let Some(e) = self.memory.remove(k) {
             self.in_memory -= e.nbytes;
             if !e.pinned {
-                self.lru.remove(&e.used);
+                self.spillable -= 1;
             }
         }
         if let Some(d) = self.disk.remove(k) {
@@ -213,13 +232,19 @@ impl Store {
         let Some(dir) = self.dir.clone() else {
             return false;
         };
-        while let Some((_, k)) = self.lru.pop_first() {
-            let e = self.memory.get_mut(&k).expect("lru keys are in memory");
+        while let Some((tick, k)) = self.lru.pop_front() {
+            let Some(e) = self.memory.get_mut(&k) else {
+                continue; // stale: removed
+            };
+            if e.used != tick || e.pinned {
+                continue; // stale: used since, or pinned
+            }
             let payload = match Payload::from_value(&e.value) {
                 Ok(p) => p,
                 Err(err) => {
                     tracing::warn!(key = %k, error = %err, "a value does not encode: it stays in memory");
                     e.pinned = true;
+                    self.spillable -= 1;
                     continue;
                 }
             };
@@ -229,10 +254,12 @@ impl Store {
                 tracing::warn!(key = %k, path = %path.display(), error = %err, "spilling failed: the value stays in memory");
                 let _ = std::fs::remove_file(&path);
                 e.pinned = true;
+                self.spillable -= 1;
                 continue;
             }
             let e = self.memory.remove(&k).expect("present");
             self.in_memory -= e.nbytes;
+            self.spillable -= 1;
             self.on_disk += e.nbytes;
             self.disk.insert(
                 k,
