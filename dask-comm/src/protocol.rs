@@ -415,8 +415,8 @@ pub enum FromWorker {
         /// Given back.
         stolen: bool,
     },
-    /// Copies of values now held here: fetched as a task's dependencies, or asked for by
-    /// [`ToWorker::Acquire`] (with their sizes); and the keys of an `Acquire` no holder had.
+    /// Copies of values an [`ToWorker::Acquire`] asked for that are here now (with their
+    /// sizes), and the keys no holder had.
     Acquired {
         /// Keys now held here, with their sizes.
         keys: Vec<(Key, u64)>,

@@ -179,9 +179,9 @@ impl Core {
             .map(|(&w, _)| w)
     }
 
-    /// Worker `w` holds copies of values now (fetched for its tasks, or asked for by a
-    /// retirement), and could not fetch others it was asked for. A copy of a key that is not
-    /// in memory any more is freed.
+    /// Worker `w` holds copies it was asked for, and could not fetch others. A copy of a key
+    /// that is not in memory any more is freed (unless the key is being computed again on `w`
+    /// itself: `Free` would cancel that run).
     pub(super) fn acquired(
         &mut self,
         w: WorkerId,

@@ -555,10 +555,10 @@ fn a_retirement_whose_copy_target_dies_copies_elsewhere() {
     assert_eq!(t.core.who_has(&k("x")), vec![d]);
 }
 
-/// A worker that fetched a dependency says so: it becomes a holder (placement sees it), and
-/// its copy is freed with the key. A copy of a key already released is freed at once.
+/// A copy a worker reports (asked for by a retirement) makes it a holder, freed with the key;
+/// a copy of a key already released is freed at once.
 #[test]
-fn fetched_copies_are_holders_and_are_freed_with_their_key() {
+fn reported_copies_are_holders_and_are_freed_with_their_key() {
     let mut t = T::new();
     let c = t.client();
     let a = t.worker("a", 1);
@@ -599,7 +599,8 @@ fn fetched_copies_are_holders_and_are_freed_with_their_key() {
 
 /// A copy fetched before its holder died, reported while the key is being computed again on
 /// the same worker: the scheduler must not answer `Free` (it would cancel that run, and the
-/// task would stay processing forever: found by the chaos drill).
+/// task would stay processing forever: found by the chaos drill when every fetched copy was
+/// reported).
 #[test]
 fn a_late_copy_does_not_cancel_the_recomputation_on_its_worker() {
     let mut t = T::new();
