@@ -66,12 +66,16 @@ class Perftest:
     memory kept for them (`UCX_MM_ERROR_HANDLING=y`): the configuration ucx-rs always uses,
     under which UCX 1.13 picks other protocols (faster at 1 MiB, slower at 8 B)."""
 
-    def __init__(self, op="tag", peer_errors=False):
+    def __init__(self, op="tag", peer_errors=False, tls=None):
         self.test = PERFTEST_OPS[op]
         self.peer_errors = peer_errors
-        self.name = f"ucx_perftest {self.test}" + (" -e" if peer_errors else "")
+        self.tls = tls
+        self.name = f"ucx_perftest {self.test}" + (" -e" if peer_errors else "") + (
+            f" UCX_TLS={tls}" if tls else "")
 
     def latency(self, size, env):
+        if self.tls:
+            env = dict(env or os.environ, UCX_TLS=self.tls)
         if self.peer_errors:
             return perftest(self.test, size, iters_for(size), dict(env or os.environ, UCX_MM_ERROR_HANDLING="y"),
                             ("-e",))["lat_us"]
@@ -79,6 +83,8 @@ class Perftest:
 
     def stream(self, size, messages, env):
         """(MB/s, messages/s) of ucx_perftest -t tag_bw."""
+        if self.tls:
+            env = dict(env or os.environ, UCX_TLS=self.tls)
         r = perftest("tag_bw", size, messages, env)
         return r["bw_MiBps"] * (1 << 20) / 1e6, r["msgrate"]
 
@@ -109,12 +115,15 @@ class UcxRs:
 
 
 class Transport:
-    def __init__(self, scheme, mode="polling"):
-        self.scheme, self.mode = scheme, mode
-        self.name = f"transport {scheme}://" + (f" {mode}" if scheme == "ucx" else "")
+    def __init__(self, scheme, mode="polling", spin_us=0):
+        self.scheme, self.mode, self.spin_us = scheme, mode, spin_us
+        self.name = f"transport {scheme}://" + (f" {mode}" if scheme == "ucx" else "") + (
+            f" spin {spin_us} us" if spin_us else "")
 
     def latency(self, size, env):
         flags = ["--ucx-progress", self.mode] if self.scheme == "ucx" else []
+        if self.spin_us:
+            flags += ["--tcp-spin-us", str(self.spin_us)]
         out = pair(pin(SERVER_CPU, [TECHO, "server", "--listen", f"{self.scheme}://127.0.0.1:0", "--once", *flags]),
                    pin(CLIENT_CPU, [TECHO, "client", "--connect", "ADDR", "--sizes", str(size), "--iters",
                                     str(iters_for(size)), *flags]), env=env)
@@ -322,7 +331,8 @@ def main():
         impls = [base, Perftest(peer_errors=True)]
         for m in modes:
             impls += [UcxRs(m), UcxRs(m, direct=True)]
-        impls += [Transport("ucx", m) for m in modes] + [Transport("tcp")]
+        impls += [Transport("ucx", m) for m in modes] + [Transport("tcp"), Transport("tcp", spin_us=50),
+                                                         Perftest(tls="tcp")]
         if has_ucxx:
             impls.append(Ucxx(a.ucxx_python))
         else:

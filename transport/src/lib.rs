@@ -143,6 +143,11 @@ pub struct Options {
     /// [`tls`]). Other schemes ignore it.
     #[cfg(feature = "tls")]
     pub tls: Option<tls::TlsConfig>,
+    /// `tcp://`, `tls://`: before a receive parks on the event loop, poll the socket for this
+    /// long (a kernel wake-up costs tens of µs on a VM; polling costs a core while it spins).
+    /// Zero (the default): never spin. Like UCX's polling progress, for latency-bound peers
+    /// with cores to spare.
+    pub tcp_spin: Duration,
 }
 
 impl Default for Options {
@@ -154,6 +159,7 @@ impl Default for Options {
             secret: None,
             #[cfg(feature = "tls")]
             tls: None,
+            tcp_spin: Duration::ZERO,
         }
     }
 }

@@ -56,6 +56,8 @@ pub(crate) struct Conn {
     fd: RawFd,
     pub(crate) limits: crate::SharedLimits,
     state: Arc<CloseState>,
+    /// Poll the socket this long before parking a receive ([`Options::tcp_spin`]).
+    spin: std::time::Duration,
 }
 
 impl std::fmt::Debug for Conn {
@@ -275,6 +277,31 @@ impl Conn {
             fd,
             limits: crate::SharedLimits::new(opts.limits),
             state,
+            spin: opts.tcp_spin,
+        }
+    }
+
+    /// Polls the socket until a byte is there (or it ends, or fails), for at most `spin`:
+    /// the receive that follows then finds its event without the thread sleeping.
+    fn spin_for_data(&self) {
+        let deadline = std::time::Instant::now() + self.spin;
+        // SAFETY: the descriptor is the connection's socket, which its halves own and keep
+        // open while `self` lives; it is only borrowed for this call.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
+        let sock = socket2::SockRef::from(&fd);
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+        loop {
+            // Non-blocking (tokio's sockets are): MSG_PEEK leaves the data for the receive.
+            match sock.peek(&mut byte) {
+                Ok(_) => return, // data, or the end of the stream
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return, // the receive reports it
+            }
+            if std::time::Instant::now() >= deadline {
+                return;
+            }
+            std::hint::spin_loop();
         }
     }
 
@@ -324,6 +351,9 @@ impl Conn {
 
     pub(crate) async fn recv(&self) -> Result<(u32, Message)> {
         let mut r = self.reader.lock().await;
+        if !self.spin.is_zero() && r.buffer().is_empty() {
+            self.spin_for_data();
+        }
         let mut fixed = [0u8; frame::FIXED_LEN];
         match read_full(&mut *r, &mut fixed).await? {
             0 => {

@@ -323,3 +323,46 @@ async fn ucx_needs_its_feature() {
     assert!(matches!(e, TransportError::NotBuilt { .. }), "{e:?}");
     assert!(e.to_string().contains("`ucx` feature"), "{e}");
 }
+
+/// `Options::tcp_spin`: receives poll the socket before parking. Messages of every size still
+/// arrive whole and in order, both ways, and a close still ends a pending receive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_spin_receives_the_same() {
+    let opts = transport::Options {
+        tcp_spin: Duration::from_micros(200),
+        ..Default::default()
+    };
+    let (server, client) = common::pair_with("tcp://127.0.0.1:0", &opts).await;
+    tokio::time::timeout(STEP, async {
+        for i in 0..200u32 {
+            let size = (i as usize * 9973) % 300_000;
+            let msg = Message::from(vec![pattern(size, i as u8), pattern(i as usize, 3)]);
+            let (a, b) = if i % 2 == 0 {
+                (&client, &server)
+            } else {
+                (&server, &client)
+            };
+            let (sent, got) = tokio::join!(a.send(i, msg.clone()), b.recv());
+            sent.unwrap();
+            let (channel, got) = got.unwrap();
+            assert_eq!(channel, i);
+            assert_eq!(
+                got.to_host().unwrap(),
+                msg.to_host().unwrap(),
+                "message {i}"
+            );
+        }
+        let server = std::sync::Arc::new(server);
+        let s = std::sync::Arc::clone(&server);
+        let pending = tokio::spawn(async move { s.recv().await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        client.close().await.unwrap();
+        let r = pending.await.unwrap();
+        assert!(
+            matches!(r, Err(TransportError::Closed(CloseReason::PeerClosed))),
+            "{r:?}"
+        );
+    })
+    .await
+    .expect("in time");
+}

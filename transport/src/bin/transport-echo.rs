@@ -30,6 +30,7 @@ struct Args {
     intent: UcxIntent,
     tls_dir: Option<String>,
     secret_file: Option<String>,
+    tcp_spin: std::time::Duration,
 }
 
 fn usage() -> ! {
@@ -66,6 +67,7 @@ fn parse() -> Args {
         intent: UcxIntent::default(),
         tls_dir: None,
         secret_file: None,
+        tcp_spin: std::time::Duration::ZERO,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
@@ -86,6 +88,10 @@ fn parse() -> Args {
             "--ucx-progress" => a.intent.progress = val().parse().unwrap_or_else(|_| usage()),
             "--tls-dir" => a.tls_dir = Some(val()),
             "--secret-file" => a.secret_file = Some(val()),
+            "--tcp-spin-us" => {
+                a.tcp_spin =
+                    std::time::Duration::from_micros(val().parse().unwrap_or_else(|_| usage()))
+            }
             _ => usage(),
         }
     }
@@ -120,7 +126,10 @@ fn topology() -> Result<(), BoxError> {
 
 /// The connection options the security flags ask for.
 fn options(a: &Args) -> Result<Options, BoxError> {
-    let mut opts = Options::default();
+    let mut opts = Options {
+        tcp_spin: a.tcp_spin,
+        ..Options::default()
+    };
     if let Some(f) = &a.secret_file {
         let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
         opts.secret = Some(transport::auth::Secret::from_hex(&text)?);
