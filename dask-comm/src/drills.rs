@@ -142,6 +142,20 @@ pub fn chaos_graph(tag: &str, leaves: u32, splits: u32) -> (Graph, Key) {
     (g, total)
 }
 
+/// `n` tasks named `name` making `size`-byte blobs (`drill-blob`); returns their keys.
+fn blobs(g: &mut Graph, name: &str, n: u32, size: usize) -> Vec<Key> {
+    (0..n)
+        .map(|i| {
+            let k = Key::from((name, i));
+            g.insert(
+                k,
+                Task::new("drill-blob", [Arg::lit(i as i64), Arg::lit(size as i64)]),
+            );
+            k
+        })
+        .collect()
+}
+
 fn int(v: &Value) -> Result<i64> {
     v.downcast_ref::<i64>()
         .copied()
@@ -488,16 +502,7 @@ pub fn spill(
     let sampler = Sampler::start(cluster.worker_pids());
     let t0 = Instant::now();
     let mut g = Graph::new();
-    let blobs: Vec<Key> = (0..n)
-        .map(|i| {
-            let k = Key::from(("spill-blob", i));
-            g.insert(
-                k,
-                Task::new("drill-blob", [Arg::lit(i as i64), Arg::lit(chunk as i64)]),
-            );
-            k
-        })
-        .collect();
+    let blobs = blobs(&mut g, "spill-blob", n, chunk);
     let held = client.persist_blocking(g, &blobs)?;
     let mut peak_files = 0;
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -590,16 +595,7 @@ pub fn queuing(roots: u32, size: usize, queue: bool) -> Result<QueuingReport> {
     let sampler = Sampler::start(cluster.worker_pids());
     let t0 = Instant::now();
     let mut g = Graph::new();
-    let blobs: Vec<Key> = (0..roots)
-        .map(|i| {
-            let k = Key::from(("q-blob", i));
-            g.insert(
-                k,
-                Task::new("drill-blob", [Arg::lit(i as i64), Arg::lit(size as i64)]),
-            );
-            k
-        })
-        .collect();
+    let blobs = blobs(&mut g, "q-blob", roots, size);
     let sums: Vec<Key> = blobs
         .chunks(16)
         .enumerate()

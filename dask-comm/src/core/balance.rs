@@ -184,7 +184,7 @@ impl Core {
         self.recount(id);
         match thief.filter(|th| self.workers.get(th).is_some_and(|ws| ws.open())) {
             Some(th) if self.tasks[id].waiting_on == 0 => self.assign(id, th, comm),
-            _ if self.tasks[id].waiting_on == 0 => self.make_ready(id, comm),
+            // Placed anew (its thief is gone), or its lost inputs computed first.
             _ => self.compute(&[id], comm),
         }
         self.fill(victim, comm);

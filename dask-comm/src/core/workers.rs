@@ -119,17 +119,13 @@ impl Core {
             }
         }
         for id in rerun {
+            // Placed again, or its lost inputs computed first.
             if self
                 .tasks
                 .get(id)
                 .is_some_and(|t| t.status == Status::Waiting)
             {
-                self.recount(id);
-                if self.tasks[id].waiting_on == 0 {
-                    self.make_ready(id, comm);
-                } else {
-                    self.compute(&[id], comm);
-                }
+                self.compute(&[id], comm);
             }
         }
         // Slots freed elsewhere are filled as tasks finish; if none is busy, fill now.
@@ -302,12 +298,7 @@ impl Core {
             self.stats.retried += 1;
             tracing::info!(%key, error = %failure, retries_left = self.tasks[id].retries, "task erred: running it again");
             self.tasks[id].status = Status::Waiting;
-            self.recount(id);
-            if self.tasks[id].waiting_on == 0 {
-                self.make_ready(id, comm);
-            } else {
-                self.compute(&[id], comm);
-            }
+            self.compute(&[id], comm);
         } else {
             tracing::debug!(%key, error = %failure, "task erred");
             self.fail(id, Arc::new(failure), comm);
@@ -352,10 +343,7 @@ impl Core {
             .get(id)
             .is_some_and(|t| t.status == Status::Waiting)
         {
-            self.recount(id);
-            if self.tasks[id].waiting_on == 0 {
-                self.make_ready(id, comm);
-            }
+            self.compute(&[id], comm);
         }
         self.fill(w, comm);
     }
