@@ -5,11 +5,18 @@ Ping-pong over loopback, server and client pinned to two CPUs, one-way median la
 round trip), rounds interleaved A B C A B C so that drift on a shared machine hits all of
 them. Each result is printed with its ratio to ucx_perftest measured in the same run:
 
-  ucx_perftest -t tag_lat       the reference (system UCX); and with -e, peer error handling as
-                                ucx-rs always uses it (UCX then picks other protocols)
+  ucx_perftest -t tag_lat -e    the reference (system UCX) with peer error handling, as every
+                                ucx-rs endpoint has it: UCX 1.13 then uses the same lanes and
+                                rendezvous scheme for both (on one host sysv alone; without -e it
+                                adds CMA, which moves 1 MiB+ at about half the speed on this VM:
+                                docs/performance.md); plain ucx_perftest on the row below
   ucx-rs                        `ucx-echo`: client-server endpoint, and a direct (worker-address)
-                                endpoint as ucx_perftest uses, per progress mode (--modes)
-  transport ucx://, tcp://      `transport-echo` (one frame per message)
+                                endpoint as ucx_perftest uses, per progress mode (--modes); every
+                                round's payload is stamped afresh and checked
+  transport ucx://, tcp://      `transport-echo` (one frame per message); ucx:// on its
+                                client-server endpoint and with Options::ucx_direct ("direct")
+  tokio TCP ping-pong           `transport-echo --raw-tcp`: plain tokio sockets, no framing (the
+                                floor of what tokio's TCP does here)
   UCXX (Python)                 `python -m ucxx.benchmarks.send_recv`, its defaults (numpy,
                                 thread progress), UCX from its wheel; when installed
   async-ucx                     the published crate through scripts/async-ucx-bench (it bundles
@@ -115,15 +122,20 @@ class UcxRs:
 
 
 class Transport:
-    def __init__(self, scheme, mode="polling", spin_us=0):
-        self.scheme, self.mode, self.spin_us = scheme, mode, spin_us
-        self.name = f"transport {scheme}://" + (f" {mode}" if scheme == "ucx" else "") + (
-            f" spin {spin_us} us" if spin_us else "")
+    def __init__(self, scheme, mode="polling", spin_us=0, direct=False, raw=False):
+        self.scheme, self.mode, self.spin_us, self.direct, self.raw = scheme, mode, spin_us, direct, raw
+        self.name = "tokio TCP ping-pong (no framing)" if raw else (
+            f"transport {scheme}://" + (f" {mode}" if scheme == "ucx" else "") + (" direct" if direct else "") + (
+                f" spin {spin_us} us" if spin_us else ""))
 
     def latency(self, size, env):
         flags = ["--ucx-progress", self.mode] if self.scheme == "ucx" else []
         if self.spin_us:
             flags += ["--tcp-spin-us", str(self.spin_us)]
+        if self.direct:
+            flags += ["--ucx-direct"]
+        if self.raw:
+            flags += ["--raw-tcp"]
         out = pair(pin(SERVER_CPU, [TECHO, "server", "--listen", f"{self.scheme}://127.0.0.1:0", "--once", *flags]),
                    pin(CLIENT_CPU, [TECHO, "client", "--connect", "ADDR", "--sizes", str(size), "--iters",
                                     str(iters_for(size)), *flags]), env=env)
@@ -328,11 +340,14 @@ def main():
         impls = [UcxxToUcxx(a.ucxx_python, peer, penv), UcxxClientToRust(a.ucxx_python, peer, penv)]
         base = impls[0]
     else:
-        impls = [base, Perftest(peer_errors=True)]
+        # The reference: ucx_perftest with peer error handling, as every ucx-rs endpoint has it
+        # (UCX then picks the same lanes and rendezvous scheme); plain ucx_perftest beside it.
+        base = Perftest(peer_errors=True)
+        impls = [base, Perftest()]
         for m in modes:
             impls += [UcxRs(m), UcxRs(m, direct=True)]
-        impls += [Transport("ucx", m) for m in modes] + [Transport("tcp"), Transport("tcp", spin_us=50),
-                                                         Perftest(tls="tcp")]
+        impls += [Transport("ucx", m, direct=d) for m in modes for d in (False, True)]
+        impls += [Transport("tcp"), Transport("tcp", spin_us=50), Transport("tcp", raw=True), Perftest(tls="tcp")]
         if has_ucxx:
             impls.append(Ucxx(a.ucxx_python))
         else:

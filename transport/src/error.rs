@@ -210,6 +210,12 @@ pub enum ProtocolError {
         /// The frame's announced size.
         size: u64,
     },
+    /// `ucx://`: a message of the lanes exchange (after connecting) that is not one.
+    #[error("a {got}-byte message in the ucx:// lanes exchange")]
+    Lanes {
+        /// Bytes that arrived.
+        got: usize,
+    },
 }
 
 /// Why an outgoing message was refused before sending (see [`TransportError::Refused`]).

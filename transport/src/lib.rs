@@ -61,6 +61,8 @@ pub mod topology;
 mod ucx_backend;
 #[cfg(feature = "ucx")]
 pub mod ucx_config;
+#[cfg(feature = "ucx")]
+pub mod ucx_lanes;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -148,6 +150,14 @@ pub struct Options {
     /// Zero (the default): never spin. Like UCX's polling progress, for latency-bound peers
     /// with cores to spare.
     pub tcp_spin: Duration,
+    /// `ucx://`: after connecting, move to endpoints connected by the peers' worker addresses
+    /// (shared memory on one host, the fabric's own lanes across hosts; see [`ucx_lanes`]). A
+    /// client-server endpoint also carries the listener's TCP lanes, which cost latency and
+    /// bandwidth. Like [`Options::secret`], both sides must set it: a connector that sets it
+    /// against a listener that does not times out, and such a listener drops a connector that
+    /// does not within its time limit. Off by default: with UCX 1.13, a process whose moved
+    /// peers died may find later connects hang inside UCX (docs/transport.md).
+    pub ucx_direct: bool,
 }
 
 impl Default for Options {
@@ -160,6 +170,7 @@ impl Default for Options {
             #[cfg(feature = "tls")]
             tls: None,
             tcp_spin: Duration::ZERO,
+            ucx_direct: false,
         }
     }
 }
@@ -245,6 +256,15 @@ enum Accepted {
 }
 
 impl ListenerInner {
+    /// `ucx://` connections run the lanes exchange ([`ucx_lanes`]) before they are handed out.
+    fn is_ucx(&self) -> bool {
+        #[cfg(feature = "ucx")]
+        if matches!(self, ListenerInner::Ucx(..)) {
+            return true;
+        }
+        false
+    }
+
     fn is_tls(&self) -> bool {
         #[cfg(feature = "tls")]
         if matches!(self, ListenerInner::Tls(..)) {
@@ -254,8 +274,9 @@ impl ListenerInner {
     }
 }
 
-/// Sets an accepted connection up: the TLS handshake (within `opts.connect_timeout`), then
-/// the challenge if `opts` has a secret.
+/// Sets an accepted connection up: the TLS handshake (within `opts.connect_timeout`), the
+/// `ucx://` lanes exchange with [`Options::ucx_direct`] ([`ucx_lanes`]), then the challenge if
+/// `opts` has a secret.
 #[cfg_attr(not(feature = "tls"), allow(clippy::infallible_destructuring_match))]
 fn set_up(accepted: Accepted, opts: Options) -> SetUp {
     Box::pin(async move {
@@ -272,6 +293,15 @@ fn set_up(accepted: Accepted, opts: Options) -> SetUp {
                 }
             }
         };
+        #[cfg(feature = "ucx")]
+        if let (ConnInner::Ucx(c), true) = (&*conn.inner, opts.ucx_direct) {
+            let deadline = std::time::Instant::now() + opts.connect_timeout;
+            let settled = ucx_lanes::settle(c, ucx_lanes::Role::Acceptor, &opts, deadline).await;
+            if let Err(e) = settled {
+                let _ = conn.close().await;
+                return Err((conn.peer_addr().clone(), e));
+            }
+        }
         if let Some(secret) = &opts.secret {
             if let Err(e) = auth::accept(&conn, secret, opts.limits).await {
                 return Err((conn.peer_addr().clone(), e.into()));
@@ -537,6 +567,16 @@ pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> 
         .inspect_err(|e| tracing::debug!(peer = %addr, error = %e, "connect failed"))?;
     tracing::debug!(peer = %addr, "connected");
     let conn = Connection::new(inner, addr.clone(), state);
+    #[cfg(feature = "ucx")]
+    if let (ConnInner::Ucx(c), true) = (&*conn.inner, opts.ucx_direct) {
+        let deadline = started + opts.connect_timeout;
+        let settled = ucx_lanes::settle(c, ucx_lanes::Role::Connector, opts, deadline).await;
+        if let Err(e) = settled {
+            tracing::warn!(peer = %addr, error = %e, "the ucx:// lanes exchange failed");
+            let _ = conn.close().await;
+            return Err(e);
+        }
+    }
     if let Some(secret) = &opts.secret {
         // The challenge counts against the same time limit as connecting.
         let left = opts.connect_timeout.saturating_sub(started.elapsed());
@@ -560,7 +600,9 @@ impl Listener {
     /// those that fail are dropped and logged.
     pub async fn accept(&mut self) -> Result<Connection> {
         use futures::StreamExt;
-        let direct = self.opts.secret.is_none() && !self.inner.is_tls();
+        let direct = self.opts.secret.is_none()
+            && !self.inner.is_tls()
+            && !(self.opts.ucx_direct && self.inner.is_ucx());
         if direct {
             return match accept_raw(&mut self.inner, &self.opts, &self.local).await? {
                 Accepted::Ready(c) => Ok(c),
@@ -685,6 +727,26 @@ impl Connection {
             #[cfg(feature = "ucx")]
             ConnInner::Ucx(c) => c.limits.set(limits),
         }
+    }
+
+    /// `ucx://`: whether the connection moved to endpoints connected by worker address
+    /// ([`Options::ucx_direct`]); false on other schemes.
+    pub fn is_ucx_direct(&self) -> bool {
+        #[cfg(feature = "ucx")]
+        if let ConnInner::Ucx(c) = &*self.inner {
+            return c.is_direct();
+        }
+        false
+    }
+
+    /// `ucx://`: UCX's description of the endpoint the connection uses, its lanes and their
+    /// transports (`ucp_ep_print_info`); `None` on other schemes or once it is closed.
+    pub fn ucx_lanes(&self) -> Option<String> {
+        #[cfg(feature = "ucx")]
+        if let ConnInner::Ucx(c) = &*self.inner {
+            return c.transports().ok();
+        }
+        None
     }
 
     /// Whether the connection is closed, as far as this side knows (see [`Self::closed`]).

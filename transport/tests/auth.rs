@@ -133,6 +133,8 @@ backends!(inproc, "inproc://auth");
 backends!(tcp, "tcp://127.0.0.1:0");
 #[cfg(feature = "ucx")]
 backends!(ucx, "ucx://127.0.0.1:0");
+#[cfg(feature = "ucx")]
+backends!(ucx_direct, crate::common::UCX_DIRECT);
 #[cfg(feature = "tls")]
 backends!(tls, "tls://127.0.0.1:0");
 

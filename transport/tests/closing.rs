@@ -28,7 +28,10 @@ async fn close_is_told_from_failure(addr: &str) {
         assert!(client.is_closed());
         assert_eq!(client.close_reason(), Some(CloseReason::Local));
         for i in 0..10 {
-            let (ch, m) = server.recv().await.unwrap();
+            let (ch, m) = server
+                .recv()
+                .await
+                .unwrap_or_else(|e| panic!("{addr}: {i}: {e}"));
             assert_eq!((ch, m.len()), (i, 100 + i as usize), "{addr}");
         }
         let e = server.recv().await.unwrap_err();
@@ -137,6 +140,8 @@ backends!(tcp, "tcp://127.0.0.1:0");
 backends!(tls, "tls://127.0.0.1:0");
 #[cfg(feature = "ucx")]
 backends!(ucx, "ucx://127.0.0.1:0");
+#[cfg(feature = "ucx")]
+backends!(ucx_direct, crate::common::UCX_DIRECT);
 
 /// inproc:// enforces the receiver's limits too (the sender's may be looser), and each accepted
 /// connection has its own peer address.

@@ -146,3 +146,5 @@ backends!(tcp, "tcp://127.0.0.1:0");
 #[cfg(feature = "tls")]
 backends!(tls, "tls://127.0.0.1:0");
 backends!(ucx, "ucx://127.0.0.1:0");
+#[cfg(feature = "ucx")]
+backends!(ucx_direct, crate::common::UCX_DIRECT);

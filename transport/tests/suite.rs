@@ -167,6 +167,8 @@ suite!(tcp, "tcp://127.0.0.1:0");
 suite!(tls, "tls://127.0.0.1:0");
 #[cfg(feature = "ucx")]
 suite!(ucx, "ucx://127.0.0.1:0");
+#[cfg(feature = "ucx")]
+suite!(ucx_direct, crate::common::UCX_DIRECT);
 
 #[tokio::test(flavor = "current_thread")]
 async fn inproc_names_are_exclusive_and_free_again() {

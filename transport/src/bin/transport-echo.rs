@@ -3,9 +3,11 @@
 //! ```text
 //! transport-echo server --listen ucx://0.0.0.0:0 [--once] [UCX flags]
 //! transport-echo client --connect tcp://10.0.0.1:5000 [--sizes 8,1m,64m] [--iters N] [--frames K] [UCX flags]
+//! transport-echo server|client --raw-tcp ...     # tcp:// only: plain tokio sockets, no framing
 //! transport-echo topology                          # GPUs, NICs and what is near each GPU
 //! transport-echo tls-generate DIR [NAME...]        # a cluster certificate: DIR/cert.pem, DIR/key.pem
 //! UCX flags: --ucx-tcp --ucx-no-shm --ucx-net-devices DEV --ucx-progress polling|blocking|thread
+//!            --ucx-direct (move to endpoints by worker address: Options::ucx_direct, both sides)
 //! Security flags: --tls-dir DIR (tls://: DIR/cert.pem presented and trusted, DIR/key.pem)
 //!                 --secret-file F (64 hex digits: the shared-secret challenge on any scheme)
 //! ```
@@ -31,6 +33,8 @@ struct Args {
     tls_dir: Option<String>,
     secret_file: Option<String>,
     tcp_spin: std::time::Duration,
+    ucx_direct: bool,
+    raw_tcp: bool,
 }
 
 fn usage() -> ! {
@@ -38,7 +42,7 @@ fn usage() -> ! {
         "usage: transport-echo server --listen URI [--once] [UCX flags]\n\
          \x20      transport-echo client --connect URI [--sizes 8,1m,64m] [--iters N] [--frames K] [UCX flags]\n\
          \x20      transport-echo tls-generate DIR [NAME...]\n\
-         UCX flags: --ucx-tcp --ucx-no-shm --ucx-net-devices DEV --ucx-progress polling|blocking|thread\n\
+         UCX flags: --ucx-tcp --ucx-no-shm --ucx-net-devices DEV --ucx-progress polling|blocking|thread --ucx-direct\n\
          Security flags: --tls-dir DIR --secret-file FILE"
     );
     std::process::exit(2)
@@ -68,6 +72,8 @@ fn parse() -> Args {
         tls_dir: None,
         secret_file: None,
         tcp_spin: std::time::Duration::ZERO,
+        ucx_direct: false,
+        raw_tcp: false,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
@@ -85,6 +91,8 @@ fn parse() -> Args {
             "--ucx-tcp" => a.intent.tcp = true,
             "--ucx-no-shm" => a.intent.shared_memory = false,
             "--ucx-net-devices" => a.intent.net_devices = Some(val()),
+            "--ucx-direct" => a.ucx_direct = true,
+            "--raw-tcp" => a.raw_tcp = true,
             "--ucx-progress" => a.intent.progress = val().parse().unwrap_or_else(|_| usage()),
             "--tls-dir" => a.tls_dir = Some(val()),
             "--secret-file" => a.secret_file = Some(val()),
@@ -128,6 +136,7 @@ fn topology() -> Result<(), BoxError> {
 fn options(a: &Args) -> Result<Options, BoxError> {
     let mut opts = Options {
         tcp_spin: a.tcp_spin,
+        ucx_direct: a.ucx_direct,
         ..Options::default()
     };
     if let Some(f) = &a.secret_file {
@@ -194,6 +203,17 @@ fn main() {
         if matches!(addr, Address::Ucx { .. }) {
             eprintln!("UCX: {}", configure_ucx(a.intent.clone())?);
         }
+        if a.raw_tcp {
+            let Address::Tcp { host, port } = &addr else {
+                return Err("--raw-tcp needs a tcp:// address".into());
+            };
+            let at = format!("{host}:{port}");
+            return match a.cmd.as_str() {
+                "server" => raw::server(&at).await,
+                "client" => raw::client(&at, &a.sizes, a.iters).await,
+                _ => usage(),
+            };
+        }
         // Spawned: polling-mode UCX futures reschedule themselves cheaply as tasks.
         match a.cmd.as_str() {
             "server" => tokio::spawn(server(addr, opts, a.once)).await?,
@@ -259,19 +279,93 @@ async fn client(
                 rts.push(rt);
             }
         }
-        rts.sort_unstable();
-        let pick = |q: f64| rts[((rts.len() - 1) as f64 * q).round() as usize] / 2;
-        let median: Duration = pick(0.5);
-        println!(
-            "{{\"address\":\"{addr}\",\"bytes\":{},\"frames\":{},\"iters\":{},\"median_us\":{:.3},\"p99_us\":{:.3},\"mbps\":{:.1}}}",
-            per * frames.max(1),
-            frames.max(1),
-            rts.len(),
-            median.as_secs_f64() * 1e6,
-            pick(0.99).as_secs_f64() * 1e6,
-            (per * frames.max(1)) as f64 / median.as_secs_f64().max(1e-12) / 1e6
-        );
+        report(&addr.to_string(), per * frames.max(1), frames.max(1), rts);
     }
     conn.close().await?;
     Ok(())
+}
+
+/// Prints one size's JSON line from its round trips: median and p99 one-way latency (half a
+/// round trip) and bandwidth from the median.
+fn report(addr: &str, bytes: usize, frames: usize, mut rts: Vec<Duration>) {
+    rts.sort_unstable();
+    let pick = |q: f64| rts[((rts.len() - 1) as f64 * q).round() as usize] / 2;
+    let median: Duration = pick(0.5);
+    println!(
+        "{{\"address\":\"{addr}\",\"bytes\":{bytes},\"frames\":{frames},\"iters\":{},\"median_us\":{:.3},\"p99_us\":{:.3},\"mbps\":{:.1}}}",
+        rts.len(),
+        median.as_secs_f64() * 1e6,
+        pick(0.99).as_secs_f64() * 1e6,
+        bytes as f64 / median.as_secs_f64().max(1e-12) / 1e6
+    );
+}
+
+/// `--raw-tcp`: the floor of what tokio's TCP does on this machine, for the comparison. No
+/// framing: per size, the client announces the size (8 bytes, little-endian), then both sides
+/// move exactly that many bytes back and forth with `read_exact`/`write_all` (Nagle off).
+mod raw {
+    use std::io::Write;
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::BoxError;
+
+    /// The largest size a client may announce.
+    const MAX: u64 = 1 << 30;
+
+    pub async fn server(at: &str) -> Result<(), BoxError> {
+        let listener = tokio::net::TcpListener::bind(at).await?;
+        let local = listener.local_addr()?;
+        println!("LISTENING tcp://{}:{}", local.ip(), local.port());
+        std::io::stdout().flush()?;
+        let (mut s, _) = listener.accept().await?;
+        s.set_nodelay(true)?;
+        let mut announced = [0u8; 16];
+        while s.read_exact(&mut announced).await.is_ok() {
+            let size = u64::from_le_bytes(announced[..8].try_into().expect("8 bytes"));
+            let count = u64::from_le_bytes(announced[8..].try_into().expect("8 bytes"));
+            if size > MAX {
+                return Err(format!("a client announced {size} bytes (at most {MAX})").into());
+            }
+            let mut buf = vec![0u8; size as usize];
+            for _ in 0..count {
+                s.read_exact(&mut buf).await?;
+                s.write_all(&buf).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn client(at: &str, sizes: &[usize], iters: usize) -> Result<(), BoxError> {
+        let mut s = tokio::net::TcpStream::connect(at).await?;
+        s.set_nodelay(true)?;
+        for &size in sizes {
+            let warmup = iters.div_ceil(10).max(2);
+            let total = warmup + iters;
+            let announce = [(size as u64).to_le_bytes(), (total as u64).to_le_bytes()].concat();
+            s.write_all(&announce).await?;
+            let mut out: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+            let mut back = vec![0u8; size];
+            let mut rts = Vec::with_capacity(iters);
+            for i in 0..total {
+                // A fresh stamp every round, checked on its way back.
+                let stamp = (i as u64).to_le_bytes();
+                let k = size.min(8);
+                out[..k].copy_from_slice(&stamp[..k]);
+                let t0 = Instant::now();
+                s.write_all(&out).await?;
+                s.read_exact(&mut back).await?;
+                let rt = t0.elapsed();
+                if back[..k] != out[..k] || ((i == 0 || i + 1 == total) && back != out) {
+                    return Err(format!("the echo of {size} bytes came back different").into());
+                }
+                if i >= warmup {
+                    rts.push(rt);
+                }
+            }
+            super::report(&format!("tcp://{at}"), size, 1, rts);
+        }
+        Ok(())
+    }
 }

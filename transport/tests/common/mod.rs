@@ -26,9 +26,23 @@ pub fn unique(addr: &str) -> String {
     }
 }
 
+/// A `ucx://` listening address whose connections the helpers make with
+/// [`Options::ucx_direct`] on both sides (by name: the other suites use 127.0.0.1): suites run over it as
+/// one more backend.
+#[cfg(feature = "ucx")]
+#[allow(dead_code)] // not every test file uses every helper
+pub const UCX_DIRECT: &str = "ucx://localhost:0";
+
 /// `opts` with the test cluster's certificate for a `tls://` address that has none.
 #[allow(dead_code)] // not every test file uses every helper
 pub fn for_addr(addr: &str, opts: &Options) -> Options {
+    #[cfg(feature = "ucx")]
+    if addr.starts_with(UCX_DIRECT) {
+        return Options {
+            ucx_direct: true,
+            ..opts.clone()
+        };
+    }
     #[cfg(feature = "tls")]
     if addr.starts_with("tls://") && opts.tls.is_none() {
         return Options {
@@ -114,8 +128,14 @@ pub struct EchoProcess(pub std::process::Child);
 impl EchoProcess {
     /// Starts it and reads the address it prints.
     pub fn start(bin: &str, scheme: &str) -> (EchoProcess, Address) {
+        Self::start_with(bin, scheme, &[])
+    }
+
+    /// [`start`](Self::start) with more `transport-echo server` flags.
+    pub fn start_with(bin: &str, scheme: &str, flags: &[&str]) -> (EchoProcess, Address) {
         let mut cmd = std::process::Command::new(bin);
         cmd.args(["server", "--listen", &format!("{scheme}://127.0.0.1:0")]);
+        cmd.args(flags);
         #[cfg(feature = "tls")]
         if scheme == "tls" {
             cmd.arg("--tls-dir").arg(&test_tls().1);

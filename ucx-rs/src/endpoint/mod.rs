@@ -160,6 +160,26 @@ impl Endpoint {
         Ok(Endpoint::from_parts(shared, 0, 0))
     }
 
+    /// A second endpoint to this endpoint's peer, connected by the peer's worker address and
+    /// speaking this endpoint's tags: a message sent on either matches receives posted on
+    /// either (tags are matched per worker). A client-server endpoint carries the listener's
+    /// TCP lanes too; one connected by address uses what the two workers share (shared memory
+    /// on one host), so after a handshake two peers may exchange addresses and move their
+    /// traffic here. Each endpoint fails and closes on its own.
+    ///
+    /// # Safety
+    /// As for [`connect_address`](Self::connect_address): `address` must be the unmodified
+    /// bytes of some worker's [`Worker::address`]. (UCX's listeners unpack the address a
+    /// client sends in its connection request just as trustingly.)
+    pub unsafe fn connect_address_alike(&self, address: &[u8]) -> Result<Endpoint> {
+        // SAFETY: the caller vouches for the address.
+        let mut ep = unsafe { Endpoint::connect_address(&self.worker(), address) }?;
+        ep.send_base = self.send_base;
+        ep.recv_base = self.recv_base;
+        ep.max_message = self.max_message;
+        Ok(ep)
+    }
+
     fn from_parts(shared: Arc<EpShared>, send_base: u64, recv_base: u64) -> Endpoint {
         Endpoint {
             shared,
@@ -239,8 +259,17 @@ impl Endpoint {
         })
     }
 
-    /// Flushes outstanding sends, then closes. Pending receives fail with [`Error::Closed`].
+    /// Waits for sends still in flight, flushes, then closes. Pending receives fail with
+    /// [`Error::Closed`]. A send the peer never takes (a rendezvous it discarded) keeps this
+    /// waiting: bound it with a timeout; dropping the endpoint, or a close abandoned by its
+    /// timeout, then closes it forcibly, cancelling such sends.
     pub async fn close(&self) -> Result<()> {
+        for op in self.shared.sends_in_flight() {
+            if self.shared.ended_by().is_some() {
+                break; // UCX cancels them as the endpoint closes
+            }
+            crate::request::wait(&op, &self.shared.worker).await;
+        }
         let op = self
             .shared
             .start_close(&mut self.shared.worker.lock(), false);

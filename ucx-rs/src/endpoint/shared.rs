@@ -50,6 +50,11 @@ pub(crate) struct EpShared {
     /// In-flight receives, cancelled when the endpoint fails or closes. Weak: a finished
     /// operation (and a buffer parked in it) is freed as soon as UCX lets go of it.
     pending: Mutex<Vec<Weak<OpCore>>>,
+    /// Sends (and other send-type operations) that did not complete when posted. UCX 1.13
+    /// destroys an endpoint closed with a rendezvous send still waiting for its peer without
+    /// finishing the request (an assertion aborts the process), so a close with any of these
+    /// left forces the close, which cancels them.
+    sending: Mutex<Vec<Weak<OpCore>>>,
     pub(super) on_close: Mutex<Option<CloseCallback>>,
     pub(super) peer: Option<SocketAddr>,
 }
@@ -82,6 +87,7 @@ impl EpShared {
             recv_count: AtomicU64::new(0),
             close_after: AtomicU64::new(0),
             pending: Mutex::new(Vec::new()),
+            sending: Mutex::new(Vec::new()),
             on_close: Mutex::new(None),
             peer,
         });
@@ -173,11 +179,17 @@ impl EpShared {
 
     /// Remembers an in-flight receive, to cancel it when the endpoint ends.
     pub(crate) fn track(&self, op: &Arc<OpCore>) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if pending.len() >= 64 && pending.len().is_power_of_two() {
-            pending.retain(|o| o.upgrade().is_some_and(|o| !o.is_done()));
-        }
-        pending.push(Arc::downgrade(op));
+        remember(&self.pending, op);
+    }
+
+    /// The send-type operations still in flight.
+    pub(crate) fn sends_in_flight(&self) -> Vec<Arc<OpCore>> {
+        let sending = self.sending.lock().unwrap_or_else(|e| e.into_inner());
+        sending
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|o| !o.is_done())
+            .collect()
     }
 
     /// Cancels every in-flight receive (with the worker locked) and hands back the close callback
@@ -210,7 +222,7 @@ impl EpShared {
         // Receives of unknown size wait as probe waiters: wake them to see the close.
         let worker = Arc::clone(&self.worker);
         locked.defer(Box::new(move || worker.wake_probe_waiters()));
-        let force = force || self.ended_by().is_some();
+        let force = force || self.ended_by().is_some() || !self.sends_in_flight().is_empty();
         // SAFETY: `create` handed UCX one strong reference as the error handler's argument; the
         // endpoint pointer was non-null (swapped out above), so this is the one and only time it
         // is taken back. It is kept alive until the close completes (no callback after that).
@@ -250,9 +262,11 @@ impl EpShared {
     ) -> Result<Posted> {
         let locked = self.worker.lock();
         let ep = self.live(&locked)?;
-        Ok(post(&locked, CbKind::Send, memory_type, |param, _| {
-            op(ep, param)
-        }))
+        let posted = post(&locked, CbKind::Send, memory_type, |param, _| op(ep, param));
+        if let Posted::Pending(op) = &posted {
+            remember(&self.sending, op);
+        }
+        Ok(posted)
     }
 
     /// Posts a send-like operation of `buf` (tag, stream, active message) on the live
@@ -401,4 +415,13 @@ unsafe extern "C" fn ep_error_cb(arg: *mut c_void, _ep: sys::ucp_ep_h, status: s
     tracing::info!(peer = ?shared.peer, status = %Status(status), "UCX endpoint failed or closed by peer");
     let worker = Arc::clone(&shared.worker);
     worker.defer_failed(shared);
+}
+
+/// Adds `op` to a list of in-flight operations, pruning finished ones now and then.
+fn remember(list: &Mutex<Vec<Weak<OpCore>>>, op: &Arc<OpCore>) {
+    let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+    if list.len() >= 64 && list.len().is_power_of_two() {
+        list.retain(|o| o.upgrade().is_some_and(|o| !o.is_done()));
+    }
+    list.push(Arc::downgrade(op));
 }

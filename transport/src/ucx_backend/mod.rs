@@ -34,10 +34,12 @@ use bytes::Bytes;
 use tokio::sync::Mutex;
 
 use crate::frame;
+
+mod receive;
 use crate::{
     check_outgoing, close_marker, encode_header, header_metas, ucx_charge, Address, CloseReason,
     CloseState, Failure, Frame, Message, Options, ProtocolError, Result, TransportError,
-    CLOSE_CHANNEL, UCX_GRANT_EVERY,
+    UCX_GRANT_EVERY,
 };
 
 /// The tag every message and frame of a connection travels on (a UCXX user tag, so it is
@@ -48,12 +50,9 @@ pub const TAG: ucx::Tag = ucx::Tag::User(0x5455);
 /// plus the header. Larger messages send the header (in two parts if it is longer than this),
 /// then each frame. The receiver posts a receive of this size before the message arrives.
 pub const FIRST_MAX: usize = crate::UCX_FIRST_MAX;
-/// Host frames of at least this many bytes are probed before memory is set aside for them,
-/// and counted against the receive budget ([`crate::budget`]).
-/// (Probing first costs a wake-up; small frames, the latency-sensitive ones, are not probed.)
-const BUDGETED: u64 = 256 << 10;
-/// The most bytes of small frames whose receives are posted before their frames arrive.
-const POSTED_AHEAD: u64 = 4 << 20;
+/// How long a close waits for sends in flight (the peer taking rendezvous frames) before it
+/// forces the endpoint closed.
+const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The tag credit grants travel on (little-endian `u64`: bytes granted back).
 pub const CREDIT_TAG: ucx::Tag = ucx::Tag::User(0x5456);
 
@@ -86,21 +85,6 @@ fn worker() -> Result<ucx::Worker> {
     }
 }
 
-/// What a message's first UCX message held.
-enum First {
-    /// The whole message.
-    Inline(Vec<Frame>),
-    /// The header: the frames follow, one UCX message each.
-    Framed(Vec<frame::FrameMeta>),
-}
-
-/// A frame's receive buffer.
-enum RecvBuf {
-    Host(Vec<u8>),
-    #[cfg(feature = "cuda")]
-    Cuda(ucx::cuda::DeviceBuffer),
-}
-
 #[derive(Debug)]
 pub(crate) struct Listener {
     inner: ucx::Listener,
@@ -122,7 +106,18 @@ impl std::fmt::Debug for ParkedGrant {
 /// interrupted receive and resumes it.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    ep: std::sync::Arc<ucx::Endpoint>,
+    /// The endpoint the connection was made on (client-server: it carries the listener's TCP
+    /// lanes). Its traffic moves to `direct` when the peers agree ([`crate::ucx_lanes`]).
+    cs: Arc<ucx::Endpoint>,
+    /// The endpoint connected by the peer's worker address, once the peers moved to it.
+    direct: OnceLock<Arc<ucx::Endpoint>>,
+    /// Where a failure of the endpoint in use is recorded.
+    state: Arc<CloseState>,
+    /// Set when the client-server endpoint fails after the move without the peer's goodbye
+    /// (the peer died or cut the connection, which an endpoint on shared memory learns only
+    /// from UCX's keepalive, 20 s by default), or when this side cuts it off: the endpoint in
+    /// use is then aborted, and the errors of what was pending say why.
+    cut: Arc<Cut>,
     /// Held while posting a message's sends, so concurrent messages never interleave.
     send_order: std::sync::Mutex<()>,
     /// A small-message send buffer, reused.
@@ -232,27 +227,12 @@ impl Conn {
     fn new(ep: ucx::Endpoint, opts: &Options, state: Arc<CloseState>) -> Conn {
         let ep = Arc::new(ep);
         let receiving = Arc::new(AtomicBool::new(false));
-        // UCX's error handling notices a peer that fails while nothing is pending. A peer's
-        // close shows up there too (as a reset), after its marker: while a receive is posted
-        // (it takes the marker, or fails itself), or a message (perhaps the marker) waits to
-        // be received, the receive is left to tell which it was.
-        let (weak, posted) = (Arc::downgrade(&ep), Arc::clone(&receiving));
-        ep.on_close(move |reason| {
-            let Some(ucx::Error::Ucx(status)) = reason else {
-                return;
-            };
-            if posted.load(Ordering::Acquire) {
-                return;
-            }
-            let queued = weak
-                .upgrade()
-                .is_some_and(|ep| ep.tag_probe(TAG, false).is_some());
-            if !queued {
-                state.close(CloseReason::PeerFailed(Failure::Ucx(status)));
-            }
-        });
+        watch(&ep, &receiving, &state);
         Conn {
-            ep,
+            cs: ep,
+            direct: OnceLock::new(),
+            state,
+            cut: Arc::default(),
             send_order: std::sync::Mutex::new(()),
             send_buf: std::sync::Mutex::new(None),
             first_buf: std::sync::Mutex::new(Vec::new()),
@@ -265,7 +245,96 @@ impl Conn {
         }
     }
 
+    /// The endpoint the connection's traffic travels on.
+    fn ep(&self) -> &Arc<ucx::Endpoint> {
+        self.direct.get().unwrap_or(&self.cs)
+    }
+
+    /// The client-server endpoint the connection was made on (where [`crate::ucx_lanes`]
+    /// negotiates).
+    pub(crate) fn client_server(&self) -> &Arc<ucx::Endpoint> {
+        &self.cs
+    }
+
+    /// Whether the traffic moved to an endpoint connected by worker address.
+    pub(crate) fn is_direct(&self) -> bool {
+        self.direct.get().is_some()
+    }
+
+    /// UCX's description of the endpoint in use (`ucp_ep_print_info`).
+    pub(crate) fn transports(&self) -> Result<String> {
+        Ok(self.ep().transports()?)
+    }
+
+    /// Moves the connection's traffic to `ep` (an endpoint to the same peer, by its worker
+    /// address, with the same tags). Called once, before any message of the application moved:
+    /// the peer moves at the same point of the exchange. From here failures of `ep` are the
+    /// connection's; the client-server endpoint stays open, watched for the peer's death.
+    pub(crate) fn move_to(&self, ep: ucx::Endpoint) {
+        let ep = Arc::new(ep);
+        watch(&ep, &self.receiving, &self.state);
+        // The client-server endpoint's TCP connection still tells at once when the peer dies
+        // or cuts the connection. A graceful close sends a goodbye on it first, but UCX may
+        // report the endpoint's reset (on its connection manager's socket) before the goodbye
+        // (on a data lane) is taken in: the verdict waits for it a little ([`GOODBYE_GRACE`]).
+        let (weak, direct, state, cut) = (
+            Arc::downgrade(&self.cs),
+            Arc::downgrade(&ep),
+            Arc::clone(&self.state),
+            Arc::clone(&self.cut),
+        );
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        self.cs.on_close(move |reason| {
+            let (Some(ucx::Error::Ucx(status)), Some(runtime)) = (reason, runtime) else {
+                return;
+            };
+            runtime.spawn(async move {
+                let step = GOODBYE_GRACE / 20;
+                for _ in 0..20 {
+                    let Some(cs) = weak.upgrade() else { return };
+                    // Taken out of UCX's queue (and dropped: discarded) as it is found.
+                    if state.get().is_some() || cs.tag_probe(crate::ucx_lanes::LANES_TAG, true).is_some() {
+                        return;
+                    }
+                    drop(cs);
+                    tokio::time::sleep(step).await;
+                }
+                tracing::debug!(%status, "the client-server endpoint failed without a goodbye: the peer is gone");
+                let why = CloseReason::PeerFailed(Failure::Ucx(status));
+                state.close(why.clone());
+                cut.cut(why);
+                // Aborted: that ends every pending operation (their errors then say why),
+                // where a flushing close to a dead peer on shared memory would wait for UCX's
+                // keepalive.
+                if let Some(direct) = direct.upgrade() {
+                    direct.abort();
+                }
+            });
+        });
+        if self.direct.set(ep).is_err() {
+            unreachable!("a connection moves once");
+        }
+        tracing::debug!("ucx:// moved to an endpoint connected by worker address");
+    }
+
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
+        self.with_cut_reason(self.send_inner(channel, msg)).await
+    }
+
+    /// Runs `op`; once the connection is cut ([`Cut`], which also aborts the endpoint in use,
+    /// ending `op`), its error says why.
+    async fn with_cut_reason<T>(
+        &self,
+        op: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        op.await.map_err(|e| match self.cut.why.get() {
+            Some(CloseReason::Refused(p)) => TransportError::Protocol(p.clone()),
+            Some(why) => TransportError::Closed(why.clone()),
+            None => e,
+        })
+    }
+
+    async fn send_inner(&self, channel: u32, msg: Message) -> Result<()> {
         check_outgoing(channel, &msg, &self.limits.get())?;
         self.take_credit(ucx_charge(msg.len())).await?;
         // Post under the lock so another sender's header or frames never land between ours
@@ -289,7 +358,7 @@ impl Conn {
             for f in msg.frames.iter().filter_map(Frame::as_host) {
                 one.extend_from_slice(f);
             }
-            let (r, one) = self.post_in_order(self.ep.send(one, TAG)).await;
+            let (r, one) = self.post_in_order(self.ep().send(one, TAG)).await;
             *self.send_buf.lock().unwrap_or_else(|e| e.into_inner()) = Some(one);
             return r.map_err(closed_or);
         }
@@ -323,7 +392,7 @@ impl Conn {
             // the connection ends here.
             if !e.is_disconnect() {
                 tracing::warn!(error = %e, "a send failed part-way: closing the UCX connection");
-                self.ep.abort();
+                self.cut_off(CloseReason::Local);
             }
             return Err(closed_or(e));
         }
@@ -380,7 +449,7 @@ impl Conn {
             }
             tracing::trace!("waiting for the peer to take messages");
             let wait = parked.0.get_or_insert_with(|| {
-                let ep = Arc::clone(&self.ep);
+                let ep = Arc::clone(self.ep());
                 Box::pin(async move { ep.recv(vec![0u8; 8].into_boxed_slice(), CREDIT_TAG).await })
             });
             let (r, grant) = wait.as_mut().await;
@@ -407,7 +476,7 @@ impl Conn {
             return;
         }
         self.taken.fetch_sub(taken, Ordering::AcqRel);
-        let (r, _) = Box::pin(self.ep.send(taken.to_le_bytes().to_vec(), CREDIT_TAG)).await;
+        let (r, _) = Box::pin(self.ep().send(taken.to_le_bytes().to_vec(), CREDIT_TAG)).await;
         if let Err(e) = r {
             // The peer is gone or going: its next operation says so.
             tracing::debug!(error = %e, "a credit grant was not delivered");
@@ -433,281 +502,121 @@ impl Conn {
     /// Sends one frame (posted on the first poll).
     async fn send_frame(&self, f: Frame) -> ucx::Result<()> {
         match f {
-            Frame::Host(b) => self.ep.send(b, TAG).await.0,
+            Frame::Host(b) => self.ep().send(b, TAG).await.0,
             #[cfg(feature = "cuda")]
-            Frame::Cuda(d) => self.ep.send(d, TAG).await.0,
+            Frame::Cuda(d) => self.ep().send(d, TAG).await.0,
         }
     }
 
-    /// Where a frame as `m` describes it is received: device frames into device memory where a
-    /// GPU can be used (the crate's `cuda` module), everything else into (pooled) host memory.
-    fn recv_buffer(&self, m: &frame::FrameMeta) -> Result<RecvBuf> {
-        let size = m.size as usize;
-        #[cfg(feature = "cuda")]
-        if m.cuda {
-            if let Some(d) = crate::cuda::device_buffer(size)? {
-                return Ok(RecvBuf::Cuda(d));
-            }
+    /// Ends the connection without a close marker: the peer's operations fail. Before a move,
+    /// by aborting the endpoint. After it, by aborting both endpoints: the peer learns it from
+    /// the client-server endpoint's TCP connection, as from a death; this side's pending
+    /// operations end with `why`.
+    fn cut_off(&self, why: CloseReason) {
+        if let Some(direct) = self.direct.get() {
+            self.cut.cut(why);
+            direct.abort();
         }
-        crate::pool::try_take(size)
-            .map(RecvBuf::Host)
-            .ok_or(TransportError::Protocol(ProtocolError::FrameMemory {
-                size: m.size,
-            }))
-    }
-
-    /// Receives one frame into `buf` (posted on the first poll).
-    async fn recv_frame(&self, buf: RecvBuf) -> (ucx::Result<usize>, Frame) {
-        match buf {
-            RecvBuf::Host(v) => {
-                let (r, v) = self.ep.recv(v, TAG).await;
-                (r, Frame::Host(crate::pool::into_bytes(v)))
-            }
-            #[cfg(feature = "cuda")]
-            RecvBuf::Cuda(d) => {
-                let (r, d) = self.ep.recv(d, TAG).await;
-                (r, Frame::from(d))
-            }
-        }
-    }
-
-    pub(crate) async fn recv(&self) -> Result<(u32, Message)> {
-        self.receiving.store(true, Ordering::Release);
-        let _done = Receiving(&self.receiving);
-        // One receive at a time: `Connection::recv` holds its slot for the whole message.
-        // The first UCX message of every transport message fits FIRST_MAX bytes, so its receive
-        // is posted before it arrives, into a buffer kept for the connection (no probe, no
-        // allocation).
-        let mut buf =
-            std::mem::take(&mut *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()));
-        if buf.capacity() < FIRST_MAX {
-            buf = Vec::with_capacity(FIRST_MAX);
-        }
-        let (r, buf) = self.ep.recv(buf, TAG).await;
-        let got = match r {
-            Ok(n) => n,
-            Err(ucx::Error::Truncated { message, .. }) => {
-                return Err(self.refuse(ProtocolError::FirstMessage {
-                    got: message,
-                    max: FIRST_MAX,
-                }))
-            }
-            Err(e) => return Err(closed_or(e)),
-        };
-        let first = &buf[..got];
-        let result = self.parse_first(first).await;
-        *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()) = buf;
-        let (channel, metas) = match result? {
-            (CLOSE_CHANNEL, _) => return Err(TransportError::Closed(CloseReason::PeerClosed)),
-            (channel, First::Inline(frames)) => {
-                let msg = Message { frames };
-                self.took(ucx_charge(msg.len())).await;
-                return Ok((channel, msg));
-            }
-            (channel, First::Framed(metas)) => (channel, metas),
-        };
-        // Kept out of this future (boxed): every receive's state stays small, and large
-        // messages pay one allocation.
-        Box::pin(self.recv_frames(channel, metas)).await
-    }
-
-    /// Receives the frames of a message whose header announced `metas`.
-    ///
-    /// Memory follows what arrives, not what was announced. Small frames (under
-    /// [`BUDGETED`]) and device frames are received into buffers posted ahead, at most
-    /// [`POSTED_AHEAD`] bytes of them at a time. A large host frame is first probed: its buffer
-    /// is allocated once UCX reports the frame has arrived (for a rendezvous frame, that the
-    /// sender has started it), with its size checked against the header and taken from the
-    /// process's receive budget ([`crate::budget`]) until it has landed. Frames match their
-    /// receives in order, so the posted ones before a probed frame land first.
-    async fn recv_frames(
-        &self,
-        channel: u32,
-        metas: Vec<frame::FrameMeta>,
-    ) -> Result<(u32, Message)> {
-        let mut frames = Vec::with_capacity(metas.len());
-        let mut ahead = Vec::new();
-        let mut ahead_bytes = 0u64;
-        for m in &metas {
-            if m.cuda || m.size < BUDGETED {
-                if ahead_bytes + m.size > POSTED_AHEAD {
-                    self.land(std::mem::take(&mut ahead), &metas, &mut frames)
-                        .await?;
-                    ahead_bytes = 0;
-                }
-                match self.recv_buffer(m) {
-                    Ok(b) => ahead.push(self.recv_frame(b)),
-                    // No memory for this frame: the rest of the message cannot be received
-                    // in order any more, so the connection ends here.
-                    Err(e) if m.cuda => {
-                        return Err(self.refuse(ProtocolError::DeviceFrame(e.to_string())))
-                    }
-                    Err(_) => return Err(self.refuse(ProtocolError::FrameMemory { size: m.size })),
-                }
-                ahead_bytes += m.size;
-                continue;
-            }
-            self.land(std::mem::take(&mut ahead), &metas, &mut frames)
-                .await?;
-            ahead_bytes = 0;
-            let probed = self.ep.probe_message(TAG).await.map_err(closed_or)?;
-            let got = probed.info().length as u64;
-            if got != m.size {
-                // Dropping the probed message discards it.
-                return Err(self.refuse(ProtocolError::FrameSize {
-                    got,
-                    announced: m.size,
-                }));
-            }
-            let _reserved = crate::budget::reserve(got).await;
-            let Some(buf) = crate::pool::try_take(m.size as usize) else {
-                return Err(self.refuse(ProtocolError::FrameMemory { size: m.size }));
-            };
-            let (r, buf) = probed.recv(buf).await;
-            self.check_frame(r, m)?;
-            frames.push(Frame::Host(crate::pool::into_bytes(buf)));
-        }
-        self.land(ahead, &metas, &mut frames).await?;
-        let msg = Message { frames };
-        self.took(ucx_charge(msg.len())).await;
-        Ok((channel, msg))
-    }
-
-    /// Waits for receives posted ahead, the frames after those in `frames`, and appends them.
-    async fn land<F>(
-        &self,
-        posted: Vec<F>,
-        metas: &[frame::FrameMeta],
-        frames: &mut Vec<Frame>,
-    ) -> Result<()>
-    where
-        F: std::future::Future<Output = (ucx::Result<usize>, Frame)>,
-    {
-        if posted.is_empty() {
-            return Ok(());
-        }
-        let first = frames.len();
-        for ((r, f), m) in futures::future::join_all(posted)
-            .await
-            .into_iter()
-            .zip(&metas[first..])
-        {
-            self.check_frame(r, m)?;
-            frames.push(f);
-        }
-        Ok(())
-    }
-
-    /// A frame's receive ended with `r`: it must hold exactly the announced bytes.
-    fn check_frame(&self, r: ucx::Result<usize>, m: &frame::FrameMeta) -> Result<()> {
-        let n = match r {
-            Ok(n) => n,
-            Err(ucx::Error::Truncated { message, .. }) => {
-                return Err(self.refuse(ProtocolError::FrameSize {
-                    got: message as u64,
-                    announced: m.size,
-                }))
-            }
-            Err(e) => return Err(closed_or(e)),
-        };
-        if n as u64 != m.size {
-            return Err(self.refuse(ProtocolError::FrameSize {
-                got: n as u64,
-                announced: m.size,
-            }));
-        }
-        Ok(())
-    }
-
-    /// Reads a message's first UCX message (see [`frame::parse_first`]), receiving the rest
-    /// of a header longer than [`FIRST_MAX`]; an inlined message's frames are copied out.
-    async fn parse_first(&self, first: &[u8]) -> Result<(u32, First)> {
-        let limits = self.limits.get();
-        let mut parsed = frame::parse_first(first, None, &limits);
-        if let Ok(frame::First::Split { rest: want }) = parsed {
-            // `want` is bounded by the limits' frame count.
-            let (r, buf) = Box::pin(self.ep.recv(vec![0u8; want].into_boxed_slice(), TAG)).await;
-            let got = match r {
-                Ok(k) => k,
-                Err(ucx::Error::Truncated { message, .. }) => message,
-                Err(e) => return Err(closed_or(e)),
-            };
-            let mut rest = buf.into_vec();
-            rest.truncate(got);
-            parsed = frame::parse_first(first, Some(&rest), &limits);
-        }
-        let (channel, metas, bytes) = match parsed {
-            Ok(frame::First::Close) => return Ok((CLOSE_CHANNEL, First::Inline(Vec::new()))),
-            Ok(frame::First::Framed { channel, frames }) => {
-                return Ok((channel, First::Framed(frames)))
-            }
-            Ok(frame::First::Inline {
-                channel,
-                frames,
-                bytes,
-            }) => (channel, frames, bytes),
-            Ok(frame::First::Split { rest }) => {
-                return Err(self.refuse(ProtocolError::HeaderParts {
-                    frames: 0,
-                    got: FIRST_MAX + rest,
-                }))
-            }
-            Err(e) => return Err(self.refuse(e)),
-        };
-        let all = Bytes::copy_from_slice(bytes);
-        let mut at = 0;
-        let mut frames = Vec::with_capacity(metas.len());
-        for m in metas {
-            let f = all.slice(at..at + m.size as usize);
-            at += m.size as usize;
-            // A peer may inline a device frame too: it lands where device frames land.
-            #[cfg(feature = "cuda")]
-            if m.cuda {
-                match crate::cuda::from_host(f) {
-                    Ok(d) => frames.push(d),
-                    Err(e) => return Err(self.refuse(ProtocolError::DeviceFrame(e.to_string()))),
-                }
-                continue;
-            }
-            frames.push(Frame::Host(f));
-        }
-        Ok((channel, First::Inline(frames)))
+        self.cs.abort();
     }
 
     /// Closes the connection after the peer broke the wire format.
     fn refuse(&self, e: ProtocolError) -> TransportError {
         tracing::warn!(error = %e, "closing a UCX connection after a malformed message");
-        self.ep.abort();
+        self.cut_off(CloseReason::Refused(e.clone()));
         TransportError::Protocol(e)
     }
 
     pub(crate) async fn close(&self) -> Result<()> {
+        if self.cut.why.get().is_some() {
+            // The peer is gone (or was cut off): nothing more can be delivered, and sends it
+            // will never take are cancelled by a forced close.
+            self.ep().abort();
+            self.cs.abort();
+            return Ok(());
+        }
         // The marker first (outside the credits: it is the last message), so the peer knows
         // this is a close; a peer already gone does not make the close fail.
         let marker = close_marker();
-        let (r, _) = self.post_in_order(self.ep.send(marker, TAG)).await;
+        let (r, _) = self.post_in_order(self.ep().send(marker, TAG)).await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "the close marker was not delivered");
         }
-        match self.ep.close().await {
+        if self.is_direct() {
+            // The goodbye, on the client-server endpoint before its close: the peer then takes
+            // that close for a graceful one (the marker arrives on the other path).
+            let (r, _) = self.cs.send(vec![2u8], crate::ucx_lanes::LANES_TAG).await;
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "the goodbye was not delivered");
+            }
+        }
+        // UCX's close waits for sends still in flight (a rendezvous waits for the peer to take
+        // it): bounded, then forced (which cancels them).
+        let closed = match tokio::time::timeout(CLOSE_LIMIT, self.ep().close()).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(limit = ?CLOSE_LIMIT, "the peer took no sends in flight before the close's limit: aborting");
+                self.ep().abort();
+                Ok(())
+            }
+        };
+        if self.is_direct() {
+            // A goodbye of the peer's that crossed ours stays queued: discard it.
+            drop(self.cs.tag_probe(crate::ucx_lanes::LANES_TAG, true));
+            if let Err(e) = self.cs.close().await {
+                tracing::debug!(error = %e, "closing the client-server endpoint failed");
+            }
+        }
+        match closed {
             Err(e) if !e.is_disconnect() => Err(TransportError::Ucx(e)),
             _ => Ok(()),
         }
     }
 }
 
-/// Clears a connection's "receiving" flag when its receive ends (or is dropped).
-struct Receiving<'a>(&'a AtomicBool);
+/// How long a moved connection waits for the peer's goodbye after its client-server endpoint
+/// failed, before it takes the peer for gone ([`Conn::move_to`]).
+const GOODBYE_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 
-impl Drop for Receiving<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+/// A moved connection's "the peer is gone" signal ([`Conn::cut`]).
+#[derive(Debug, Default)]
+struct Cut {
+    why: OnceLock<CloseReason>,
+}
+
+impl Cut {
+    /// Records why; the caller then aborts the endpoint in use, which ends what is pending.
+    fn cut(&self, why: CloseReason) {
+        let _ = self.why.set(why);
     }
+}
+
+/// Records in `state` a failure of `ep` that no receive will report. UCX's error handling
+/// notices a peer that fails while nothing is pending. A peer's close shows up there too (as a
+/// reset), after its marker: while a receive is posted (it takes the marker, or fails itself),
+/// or a message (perhaps the marker) waits to be received, the receive is left to tell which
+/// it was.
+fn watch(ep: &Arc<ucx::Endpoint>, receiving: &Arc<AtomicBool>, state: &Arc<CloseState>) {
+    let (weak, posted, state) = (Arc::downgrade(ep), Arc::clone(receiving), Arc::clone(state));
+    ep.on_close(move |reason| {
+        let Some(ucx::Error::Ucx(status)) = reason else {
+            return;
+        };
+        if posted.load(Ordering::Acquire) {
+            return;
+        }
+        let queued = weak
+            .upgrade()
+            .is_some_and(|ep| ep.tag_probe(TAG, false).is_some());
+        if !queued {
+            state.close(CloseReason::PeerFailed(Failure::Ucx(status)));
+        }
+    });
 }
 
 /// A UCX error as the transport reports it: a peer that went away, or a local close, is a
 /// closed connection; anything else stays a UCX error.
-fn closed_or(e: ucx::Error) -> TransportError {
+pub(crate) fn closed_or(e: ucx::Error) -> TransportError {
     match e {
         ucx::Error::Closed => TransportError::Closed(CloseReason::Local),
         ucx::Error::Ucx(s) if s.is_peer_failure() => {
