@@ -40,7 +40,7 @@ timeout 300 cargo run -q -j2 --release -p dask-graph --example million -- 100000
 cargo run -q -j2 --features cuda --bin ucx-gpu-echo -- info
 echo "example gpu_echo (device buffers; says why it skips without a GPU):"
 timeout 300 cargo run -q -j2 --features cuda --example gpu_echo
-python3 -m py_compile scripts/compare.py scripts/runner.py scripts/gpu/proof.py
+python3 -m py_compile scripts/compare.py scripts/runner.py scripts/gpu/proof.py scripts/netns_compare.py
 # Interop with the real UCXX from PyPI, both directions (installs it into target/ucxx-venv once).
 bash tests/interop/run.sh
 # The comparison command works end to end (one short round at 8 B; its figures are not judged
@@ -48,6 +48,12 @@ bash tests/interop/run.sh
 cargo build -q -j2 --release -p ucx-stack --bin ucx-echo
 cargo build -q -j2 --release -p transport --bins
 timeout 600 python3 scripts/compare.py --rounds 1 --sizes 8 --ops stream,am --msgrate
+# Across two network namespaces (needs root and ip netns, as the netns test does).
+if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then
+    timeout 300 python3 scripts/netns_compare.py --rounds 1 --sizes 8 --modes polling
+else
+    echo "scripts/netns_compare.py skipped: needs root and ip netns"
+fi
 # UCXX's own client against its listener and ours.
 timeout 900 python3 scripts/compare.py --rounds 1 --sizes 8 --interop
 # The scheduler against Dask distributed from PyPI (into target/dask-venv), small workloads,

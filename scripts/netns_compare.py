@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Across two "hosts": ucx_perftest beside transport-echo, server and client in two network
+namespaces joined by a veth pair (as transport/tests/netns.rs builds them), UCX restricted to
+`self,tcp` so the bytes cross the link (namespaces do not isolate shared memory). Rounds are
+interleaved A B C A B C; one-way medians (half a round trip), the median over rounds, each
+with its ratio to ucx_perftest -t tag_lat from the same run.
+
+Rows: ucx_perftest; transport ucx:// in each progress mode (--modes), on its client-server
+endpoint and with Options::ucx_direct ("direct": endpoints by worker address, which across
+hosts carry the TCP lanes of the peers' worker addresses); transport tcp://.
+
+  cargo build --release -p transport --bins
+  sudo python3 scripts/netns_compare.py [--rounds 3] [--sizes 8,64k,4m] [--modes polling,blocking,thread]
+
+Needs root and `ip netns`; removes the namespaces when done.
+"""
+import argparse, os, statistics, subprocess, sys, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runner import (CLIENT_CPU, SERVER_CPU, json_rows, next_port, size_arg, size_name,  # noqa: E402
+                    start_server, stop)
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+TECHO = os.path.join(ROOT, "target", "release", "transport-echo")
+SERVER_IP, CLIENT_IP = "10.231.9.1", "10.231.9.2"
+UCX_TCP = ["--ucx-tcp", "--ucx-no-shm"]  # UCX_TLS=self,tcp
+
+
+def ip(*args):
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+class Hosts:
+    def __init__(self):
+        tag = os.getpid() % 100000
+        self.a, self.b = f"cmp-a{tag}", f"cmp-b{tag}"
+        va, vb = f"vcmpa{tag}", f"vcmpb{tag}"
+        ip("netns", "add", self.a)
+        ip("netns", "add", self.b)
+        ip("link", "add", va, "type", "veth", "peer", "name", vb)
+        for ns, dev, addr in ((self.a, va, SERVER_IP), (self.b, vb, CLIENT_IP)):
+            ip("link", "set", dev, "netns", ns)
+            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            ip("-n", ns, "link", "set", dev, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+
+    def on(self, ns, cpu, cmd):
+        return ["ip", "netns", "exec", ns, "taskset", "-c", cpu, *cmd]
+
+    def remove(self):
+        for ns in (self.a, self.b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def iters_for(size):
+    return 5000 if size <= 4096 else max(20, min(1000, (256 << 20) // size))
+
+
+class Perftest:
+    name = "ucx_perftest tag_lat"
+
+    def latency(self, hosts, size):
+        env = dict(os.environ, UCX_TLS="self,tcp")
+        p = next_port()
+        srv = subprocess.Popen(hosts.on(hosts.a, SERVER_CPU, ["ucx_perftest", "-p", p]), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(0.5)
+            out = subprocess.run(hosts.on(hosts.b, CLIENT_CPU, [
+                "ucx_perftest", SERVER_IP, "-p", p, "-t", "tag_lat", "-s", str(size), "-n", str(iters_for(size))]),
+                env=env, capture_output=True, text=True, timeout=300)
+        finally:
+            stop(srv)
+        final = [l for l in out.stdout.splitlines() if l.startswith("Final:")]
+        if not final:
+            raise RuntimeError(f"ucx_perftest -s {size}: no result: {out.stderr[-300:]}")
+        return float(final[0].split()[2])
+
+
+class Echo:
+    def __init__(self, scheme, mode=None, direct=False):
+        self.scheme, self.mode, self.direct = scheme, mode, direct
+        self.name = f"transport {scheme}://" + (f" {mode}" if mode else "") + (" direct" if direct else "")
+
+    def latency(self, hosts, size):
+        flags = UCX_TCP + ["--ucx-progress", self.mode] if self.scheme == "ucx" else []
+        if self.direct:
+            flags += ["--ucx-direct"]
+        srv, addr = start_server(hosts.on(hosts.a, SERVER_CPU, [
+            TECHO, "server", "--once", "--listen", f"{self.scheme}://{SERVER_IP}:0", *flags]))
+        try:
+            out = subprocess.run(hosts.on(hosts.b, CLIENT_CPU, [
+                TECHO, "client", "--connect", addr, "--sizes", str(size), "--iters", str(iters_for(size)), *flags]),
+                capture_output=True, text=True, timeout=300)
+            if out.returncode != 0:
+                raise RuntimeError(f"{self.name} {size}: {out.stderr.strip()[-300:]}")
+            return json_rows(out.stdout)[0]["median_us"]
+        finally:
+            stop(srv)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sizes", default="8,64k,4m")
+    ap.add_argument("--modes", default="polling,blocking,thread")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root (ip netns)")
+    if not os.path.exists(TECHO):
+        sys.exit(f"{TECHO} is missing: cargo build --release -p transport --bins")
+    sizes = [size_arg(s) for s in a.sizes.split(",")]
+    impls = [Perftest()]
+    for m in a.modes.split(","):
+        impls += [Echo("ucx", m), Echo("ucx", m, direct=True)]
+    impls.append(Echo("tcp"))
+    hosts = Hosts()
+    res, errors = {}, {}
+    try:
+        for r in range(a.rounds):
+            for size in sizes:
+                for i in impls:
+                    try:
+                        res.setdefault(i.name, {}).setdefault(size, []).append(i.latency(hosts, size))
+                    except Exception as e:  # a row that fails is reported, the others go on
+                        errors[i.name] = str(e)
+            print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+    finally:
+        hosts.remove()
+    base = {s: statistics.median(res[impls[0].name][s]) for s in sizes} if impls[0].name in res else {}
+    print(f"two namespaces over veth, UCX_TLS=self,tcp; {a.rounds} interleaved rounds; one-way medians (us) "
+          f"and ratio to ucx_perftest")
+    print(f"{'':34}" + "".join(f"{size_name(s):>22}" for s in sizes))
+    for i in impls:
+        cells = ""
+        for s in sizes:
+            v = res.get(i.name, {}).get(s)
+            if not v:
+                cells += f"{'failed':>22}"
+                continue
+            m = statistics.median(v)
+            ratio = f"{m / base[s]:.2f}x" if s in base else "-"
+            cells += f"{m:>13.1f} {ratio:>8}"
+        print(f"{i.name:34}{cells}")
+    for name, e in errors.items():
+        print(f"  {name}: {e}")
+    if errors:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
