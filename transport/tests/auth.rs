@@ -133,8 +133,23 @@ backends!(inproc, "inproc://auth");
 backends!(tcp, "tcp://127.0.0.1:0");
 #[cfg(feature = "ucx")]
 backends!(ucx, "ucx://127.0.0.1:0");
+/// With `Options::ucx_direct`. The strangers' part of `challenge` (a peer refused mid-message,
+/// then one dropped while silent) aborts the process about one run in three: UCX 1.13 asserts
+/// (`ucp_ep.c:437`, requests left on an endpoint being destroyed) while the endpoint by address
+/// closes. Known and unsolved (docs/transport.md): run it with `--ignored`.
 #[cfg(feature = "ucx")]
-backends!(ucx_direct, crate::common::UCX_DIRECT);
+mod ucx_direct {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "UCX 1.13 asserts while a refused peer's endpoint by address closes (docs/transport.md)"]
+    async fn challenge() {
+        super::challenge(crate::common::UCX_DIRECT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn listener_without_secret() {
+        super::listener_without_secret(crate::common::UCX_DIRECT).await;
+    }
+}
 #[cfg(feature = "tls")]
 backends!(tls, "tls://127.0.0.1:0");
 
