@@ -33,8 +33,11 @@ done
 echo "example delayed (dask-comm):"
 timeout 300 cargo run -q -j2 -p dask-comm --example delayed
 echo "example array_tour (dask-collections, small sizes):"
+# Built first, outside the time limit (a fresh optimised build of faer takes minutes).
+cargo build -q -j2 --release -p dask-collections --example array_tour
 timeout 300 cargo run -q -j2 --release -p dask-collections --example array_tour -- --small
 echo "example million (dask-graph, 100,000 tasks here):"
+cargo build -q -j2 --release -p dask-graph --example million
 timeout 300 cargo run -q -j2 --release -p dask-graph --example million -- 100000
 # Whether this machine ran the device tests, and if not why (they return early without a GPU).
 cargo run -q -j2 --features cuda --bin ucx-gpu-echo -- info
