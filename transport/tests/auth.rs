@@ -134,7 +134,7 @@ backends!(tcp, "tcp://127.0.0.1:0");
 #[cfg(feature = "ucx")]
 backends!(ucx, "ucx://127.0.0.1:0");
 /// With `Options::ucx_direct`. The strangers' part of `challenge` (a peer refused mid-message,
-/// then one dropped while silent) aborts the process about one run in three: UCX 1.13 asserts
+/// then one dropped while silent) aborts the process in 5 runs of 12: UCX 1.13 asserts
 /// (`ucp_ep.c:437`, requests left on an endpoint being destroyed) while the endpoint by address
 /// closes. Known and unsolved (docs/transport.md): run it with `--ignored`.
 #[cfg(feature = "ucx")]

@@ -56,6 +56,12 @@ async fn trial(scheme: &str, rng: &mut impl Rng) -> Result<(bool, Duration), Fai
     let conn = connect_with(&addr, &opts)
         .await
         .map_err(|e| Failed::Connect(e.to_string()))?;
+    if conn.is_ucx_direct() != direct {
+        return Err(Failed::Detection(format!(
+            "the connection moved: {}, asked: {direct}",
+            conn.is_ucx_direct()
+        )));
+    }
     let size = 1usize << rng.gen_range(0..=24);
     // Somewhere within about twice the echo's time on loopback (1 GB/s, 50 µs at least).
     let delay = Duration::from_nanos(rng.gen_range(0..50_000 + 2 * size as u64));

@@ -117,7 +117,7 @@ pub(crate) struct Conn {
     /// (the peer died or cut the connection, which an endpoint on shared memory learns only
     /// from UCX's keepalive, 20 s by default), or when this side cuts it off: the endpoint in
     /// use is then aborted, and the errors of what was pending say why.
-    cut: Arc<Cut>,
+    cut: Arc<OnceLock<CloseReason>>,
     /// Held while posting a message's sends, so concurrent messages never interleave.
     send_order: std::sync::Mutex<()>,
     /// A small-message send buffer, reused.
@@ -302,7 +302,7 @@ impl Conn {
                 tracing::debug!(%status, "the client-server endpoint failed without a goodbye: the peer is gone");
                 let why = CloseReason::PeerFailed(Failure::Ucx(status));
                 state.close(why.clone());
-                cut.cut(why);
+                let _ = cut.set(why);
                 // Aborted: that ends every pending operation (their errors then say why),
                 // where a flushing close to a dead peer on shared memory would wait for UCX's
                 // keepalive.
@@ -321,13 +321,13 @@ impl Conn {
         self.with_cut_reason(self.send_inner(channel, msg)).await
     }
 
-    /// Runs `op`; once the connection is cut ([`Cut`], which also aborts the endpoint in use,
-    /// ending `op`), its error says why.
+    /// Runs `op`; once the connection is cut (`cut` set, and the endpoint in use aborted,
+    /// which ends `op`), its error says why.
     async fn with_cut_reason<T>(
         &self,
         op: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
-        op.await.map_err(|e| match self.cut.why.get() {
+        op.await.map_err(|e| match self.cut.get() {
             Some(CloseReason::Refused(p)) => TransportError::Protocol(p.clone()),
             Some(why) => TransportError::Closed(why.clone()),
             None => e,
@@ -514,7 +514,7 @@ impl Conn {
     /// operations end with `why`.
     fn cut_off(&self, why: CloseReason) {
         if let Some(direct) = self.direct.get() {
-            self.cut.cut(why);
+            let _ = self.cut.set(why);
             direct.abort();
         }
         self.cs.abort();
@@ -528,7 +528,7 @@ impl Conn {
     }
 
     pub(crate) async fn close(&self) -> Result<()> {
-        if self.cut.why.get().is_some() {
+        if self.cut.get().is_some() {
             // The peer is gone (or was cut off): nothing more can be delivered, and sends it
             // will never take are cancelled by a forced close.
             self.ep().abort();
@@ -577,19 +577,6 @@ impl Conn {
 /// How long a moved connection waits for the peer's goodbye after its client-server endpoint
 /// failed, before it takes the peer for gone ([`Conn::move_to`]).
 const GOODBYE_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// A moved connection's "the peer is gone" signal ([`Conn::cut`]).
-#[derive(Debug, Default)]
-struct Cut {
-    why: OnceLock<CloseReason>,
-}
-
-impl Cut {
-    /// Records why; the caller then aborts the endpoint in use, which ends what is pending.
-    fn cut(&self, why: CloseReason) {
-        let _ = self.why.set(why);
-    }
-}
 
 /// Records in `state` a failure of `ep` that no receive will report. UCX's error handling
 /// notices a peer that fails while nothing is pending. A peer's close shows up there too (as a

@@ -85,7 +85,16 @@ pub async fn pair_with(addr: &str, opts: &Options) -> (Connection, Connection) {
     })
     .await
     .expect("connect in time");
-    (s.unwrap(), c.unwrap())
+    let (s, c) = (s.unwrap(), c.unwrap());
+    // Both sides moved exactly when the options asked for it (a silent fallback would leave
+    // the ucx_direct suites testing the client-server endpoint).
+    assert_eq!(
+        s.is_ucx_direct(),
+        opts.ucx_direct && addr.starts_with("ucx://"),
+        "{addr}"
+    );
+    assert_eq!(c.is_ucx_direct(), s.is_ucx_direct(), "{addr}");
+    (s, c)
 }
 
 /// A raw TCP socket connected to the TCP listener `l`, with the connection `l` accepted: for

@@ -192,6 +192,15 @@ impl EpShared {
             .collect()
     }
 
+    /// Whether any send-type operation is still in flight.
+    fn has_sends_in_flight(&self) -> bool {
+        let sending = self.sending.lock().unwrap_or_else(|e| e.into_inner());
+        sending
+            .iter()
+            .filter_map(Weak::upgrade)
+            .any(|o| !o.is_done())
+    }
+
     /// Cancels every in-flight receive (with the worker locked) and hands back the close callback
     /// to run once the lock is released.
     pub(crate) fn fail_pending(&self, locked: &Locked<'_>) -> Option<Box<dyn FnOnce() + Send>> {
@@ -222,7 +231,7 @@ impl EpShared {
         // Receives of unknown size wait as probe waiters: wake them to see the close.
         let worker = Arc::clone(&self.worker);
         locked.defer(Box::new(move || worker.wake_probe_waiters()));
-        let force = force || self.ended_by().is_some() || !self.sends_in_flight().is_empty();
+        let force = force || self.ended_by().is_some() || self.has_sends_in_flight();
         // SAFETY: `create` handed UCX one strong reference as the error handler's argument; the
         // endpoint pointer was non-null (swapped out above), so this is the one and only time it
         // is taken back. It is kept alive until the close completes (no callback after that).
