@@ -31,7 +31,10 @@ Options that add or change tables:
                         ucp_put_lat and ucp_get (ours: put = put + flush, get = one blocking get,
                         both full round trips; perftest's put_lat needs none and ucp_get streams)
   --stream              streamed sends (64 in flight, acknowledged at the end) beside
-                        ucx_perftest -t tag_bw: bandwidth, and messages per second below 64 KiB
+                        ucx_perftest -t tag_bw: bandwidth, and messages per second below 64 KiB;
+                        for ucx-rs and transport ucx://, tcp:// also in batches of 64
+                        ("batched": send_batch, two batches in flight; ucx-rs's receiver posts
+                        recv_batch of 64 too; transport's receiver takes them one by one)
   --msgrate             --stream at 8 B only (message rate)
   --ab OLD NEW          A/B of two ucx-echo builds instead (latency, client-server and direct;
                         with --msgrate the message rate too)
@@ -97,11 +100,12 @@ class Perftest:
 
 
 class UcxRs:
-    def __init__(self, mode="polling", direct=False, op="tag", binary=ECHO, label=None):
-        self.mode, self.op, self.binary = mode, op, binary
+    def __init__(self, mode="polling", direct=False, op="tag", binary=ECHO, label=None, batch=False):
+        self.mode, self.op, self.binary, self.batch = mode, op, binary, batch
         self.direct = ["--direct"] if direct else []
         who = label or "ucx-rs"
-        self.name = f"{who} {op + ' ' if op != 'tag' else ''}{mode}{' direct' if direct else ''}"
+        self.name = (f"{who} {op + ' ' if op != 'tag' else ''}{mode}{' direct' if direct else ''}"
+                     f"{' batched' if batch else ''}")
 
     def _run(self, size, iters, extra, env):
         return json_rows(pair(
@@ -117,18 +121,19 @@ class UcxRs:
         return 2 * us if self.op in ("put", "get") and size >= SMALL else us
 
     def stream(self, size, messages, env):
-        r = self._run(size, messages, ["--bw", "--window", "64"], env)
+        r = self._run(size, messages, ["--bw", "--window", "64"] + (["--batch"] if self.batch else []), env)
         return r["stream_MBps"], r["stream_msgs_per_s"]
 
 
 class Transport:
-    def __init__(self, scheme, mode="polling", spin_us=0, direct=False, raw=False):
+    def __init__(self, scheme, mode="polling", spin_us=0, direct=False, raw=False, batch=False):
         self.scheme, self.mode, self.spin_us, self.direct, self.raw = scheme, mode, spin_us, direct, raw
+        self.batch = batch
         self.name = "tokio TCP ping-pong (no framing)" if raw else (
             f"transport {scheme}://" + (f" {mode}" if scheme == "ucx" else "") + (" direct" if direct else "") + (
-                f" spin {spin_us} us" if spin_us else ""))
+                f" spin {spin_us} us" if spin_us else "") + (" batched" if batch else ""))
 
-    def latency(self, size, env):
+    def _flags(self):
         flags = ["--ucx-progress", self.mode] if self.scheme == "ucx" else []
         if self.spin_us:
             flags += ["--tcp-spin-us", str(self.spin_us)]
@@ -136,10 +141,23 @@ class Transport:
             flags += ["--ucx-direct"]
         if self.raw:
             flags += ["--raw-tcp"]
+        return flags
+
+    def _run(self, client_args, env):
+        flags = self._flags()
         out = pair(pin(SERVER_CPU, [TECHO, "server", "--listen", f"{self.scheme}://127.0.0.1:0", "--once", *flags]),
-                   pin(CLIENT_CPU, [TECHO, "client", "--connect", "ADDR", "--sizes", str(size), "--iters",
-                                    str(iters_for(size)), *flags]), env=env)
-        return json_rows(out)[0]["median_us"]
+                   pin(CLIENT_CPU, [TECHO, "client", "--connect", "ADDR", *client_args, *flags]), env=env)
+        return json_rows(out)[0]
+
+    def latency(self, size, env):
+        return self._run(["--sizes", str(size), "--iters", str(iters_for(size))], env)["median_us"]
+
+    def stream(self, size, messages, env):
+        """(MB/s, messages/s) of `transport-echo client --stream`: 64 sends in flight, or
+        batches of 64 (two in flight)."""
+        how = ["--batch", "64"] if self.batch else ["--window", "64"]
+        r = self._run(["--stream", "--sizes", str(size), "--count", str(messages), *how], env)
+        return r["stream_MBps"], r["msgs_per_s"]
 
 
 def ucxx_send_recv(python, size, iters, server_cmd, env=None, ucxx_server=True):
@@ -387,6 +405,10 @@ def main():
             ref = Perftest()
             ref.name = "ucx_perftest tag_bw"
             streamers = [ref] + [i for i in impls if isinstance(i, UcxRs) and i.op == "tag"]
+            streamers += [UcxRs(m, d, batch=True) for m in modes for d in (False, True)]
+            streamers += [Transport("ucx", m, direct=d, batch=b) for m in modes for d in (False, True)
+                          for b in (False, True)]
+            streamers += [Transport("tcp", batch=b) for b in (False, True)]
             sres, serrors = interleave(
                 streamers, stream_sizes, a.rounds,
                 lambda i, s: i.stream(s, 1_000_000 if isinstance(i, Perftest) and s < SMALL else

@@ -30,6 +30,8 @@ const STREAM_ECHO: u64 = 7;
 /// Expose a `size`-byte region: send its packed key on CTRL_TAG, wait for a CTRL_TAG message
 /// (the client flushed its puts), answer with the region's contents on DATA_TAG.
 const RMA_REGION: u64 = 8;
+/// As [`SINK`], with receives posted in batches ([`Endpoint::recv_batch`]).
+pub const SINK_BATCH: u64 = 9;
 /// Longest worker address accepted.
 const MAX_ADDRESS: u64 = 64 << 10;
 /// Largest message the server accepts in a command (guards its allocation).
@@ -37,6 +39,8 @@ pub const MAX_SIZE: u64 = 1 << 30;
 /// Receive buffers the server rotates through while sinking a stream (reused, so that UCX's
 /// registration cache and the page tables are warm, as in `ucx_perftest`).
 pub const SINK_WINDOW: usize = 4;
+/// Receives per batch of [`SINK_BATCH`] below 64 KiB (from there, [`SINK_WINDOW`]).
+pub const SINK_BATCH_LEN: usize = 64;
 
 /// One command of the echo protocol: 24 bytes on [`CTRL_TAG`], `kind`, `size` and `count` as
 /// native-endian `u64`s, in that order. `ucx-echo` and `ucx-gpu-echo` speak the same layout.
@@ -165,6 +169,25 @@ async fn serve_inner(ep: Endpoint) -> Result<u64> {
                 let (r, _) = ep.send(vec![1u8], CTRL_TAG).await;
                 r?;
             }
+            SINK_BATCH => {
+                let per = if size < 64 << 10 {
+                    SINK_BATCH_LEN
+                } else {
+                    SINK_WINDOW
+                };
+                let mut bufs: Vec<Vec<u8>> = (0..per).map(|_| vec![0u8; size]).collect();
+                let mut left = count as usize;
+                while left > 0 {
+                    bufs.truncate(left);
+                    let n = bufs.len();
+                    let (r, b) = ep.recv_batch(bufs, DATA_TAG).await;
+                    r?;
+                    bufs = b;
+                    left -= n;
+                }
+                let (r, _) = ep.send(vec![1u8], CTRL_TAG).await;
+                r?;
+            }
             AM_ECHO => {
                 for _ in 0..count {
                     let msg = ep.am_recv().await?;
@@ -261,16 +284,20 @@ pub async fn pingpong(ep: &Endpoint, size: usize, warmup: usize, iters: usize) -
 /// Streams `count` messages of `size` bytes with `window` sends in flight, all from one buffer
 /// (shared `Bytes`, as `ucx_perftest -t tag_bw` reuses its buffer); returns bytes per second
 /// until the server acknowledged the last one. A short untimed stream warms up first.
+///
+/// With `batched`, the sends go in batches of `window` ([`Endpoint::send_batch`], two batches
+/// in flight) and the server posts its receives in batches too ([`SINK_BATCH`]).
 pub async fn stream_bandwidth(
     ep: &Endpoint,
     size: usize,
     count: usize,
     window: usize,
+    batched: bool,
 ) -> Result<f64> {
     let data = bytes::Bytes::from(vec![7u8; size]);
-    stream_once(ep, &data, (2 * window).max(4), window).await?;
+    stream_once(ep, &data, (2 * window).max(4), window, batched).await?;
     let t0 = Instant::now();
-    stream_once(ep, &data, count, window).await?;
+    stream_once(ep, &data, count, window, batched).await?;
     let secs = t0.elapsed().as_secs_f64().max(1e-9);
     Ok((size * count) as f64 / secs)
 }
@@ -280,12 +307,46 @@ async fn stream_once(
     data: &bytes::Bytes,
     count: usize,
     window: usize,
+    batched: bool,
 ) -> Result<()> {
-    Command::new(SINK, data.len(), count).send(ep).await?;
+    let kind = if batched { SINK_BATCH } else { SINK };
+    Command::new(kind, data.len(), count).send(ep).await?;
     let ack = ep.recv(vec![0u8; 1], CTRL_TAG);
-    send_window(ep, vec![data.clone(); window.max(1)], count).await?;
+    if batched {
+        send_batches(ep, data, count, window).await?;
+    } else {
+        send_window(ep, vec![data.clone(); window.max(1)], count).await?;
+    }
     let (r, _) = ack.await;
     r.map(drop)
+}
+
+/// Sends `count` copies of `data` on [`DATA_TAG`] in batches of `window`
+/// ([`Endpoint::send_batch`]), with two batches in flight.
+pub async fn send_batches(
+    ep: &Endpoint,
+    data: &bytes::Bytes,
+    count: usize,
+    window: usize,
+) -> Result<()> {
+    let window = window.max(1);
+    let mut inflight = futures::stream::FuturesOrdered::new();
+    let mut spare: Vec<Vec<bytes::Bytes>> = Vec::new();
+    let mut left = count;
+    while left > 0 || !inflight.is_empty() {
+        while left > 0 && inflight.len() < 2 {
+            let n = left.min(window);
+            let mut batch = spare.pop().unwrap_or_default();
+            batch.clear();
+            batch.extend(std::iter::repeat_n(data, n).cloned());
+            inflight.push_back(ep.send_batch(batch, DATA_TAG));
+            left -= n;
+        }
+        let (r, batch) = inflight.next().await.expect("batches in flight");
+        r?;
+        spare.push(batch);
+    }
+    Ok(())
 }
 
 /// Receives `count` messages on [`DATA_TAG`], keeping one receive posted per buffer in `free`

@@ -1,5 +1,5 @@
-//! The first UCX message of a `ucx://` message: inlined whole, a header whose frames follow, or
-//! a long header split in two. The input is the first message, optionally followed by a
+//! The first UCX message of a `ucx://` message: inlined whole (perhaps with more bundled
+//! behind it), a header whose frames follow, or a long header split in two. The input is the first message, optionally followed by a
 //! second part (the first two bytes say where the first message ends).
 #![no_main]
 
@@ -31,13 +31,17 @@ fuzz_target!(|data: &[u8]| {
             channel,
             frames,
             bytes,
+            more,
         }) => {
             let total: u64 = frames.iter().map(|f| f.size).sum();
             assert_eq!(total, bytes.len() as u64);
             if second.is_none() {
                 let mut again = encode(channel, &frames);
                 again.extend_from_slice(bytes);
+                again.extend_from_slice(more);
                 assert_eq!(again, first);
+            } else {
+                assert!(more.is_empty());
             }
         }
         Ok(First::Framed { frames, .. }) => {

@@ -41,13 +41,14 @@ struct Args {
     json: bool,
     direct: bool,
     window: usize,
+    batch: bool,
     op: echo::Op,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]\n\
-         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N] [--bw] [--window N] [--json] [--direct] [--test tag|stream|am|put|get]\n\
+         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N] [--bw] [--window N] [--batch] [--json] [--direct] [--test tag|stream|am|put|get]\n\
          \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M] [--direct]"
     );
     std::process::exit(2)
@@ -70,6 +71,7 @@ fn parse() -> Args {
         json: false,
         direct: false,
         window: 16,
+        batch: false,
         op: echo::Op::Tag,
     };
     while let Some(flag) = it.next() {
@@ -93,6 +95,7 @@ fn parse() -> Args {
             "--direct" => a.direct = true,
             "--test" => a.op = echo::Op::parse(&val()).unwrap_or_else(|| usage()),
             "--window" => a.window = val().parse().unwrap_or_else(|_| usage()),
+            "--batch" => a.batch = true,
             _ => usage(),
         }
     }
@@ -217,7 +220,7 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), BoxError> {
             Some(
                 tokio::time::timeout(
                     echo::STEP_LIMIT,
-                    echo::stream_bandwidth(ep, size, count, a.window),
+                    echo::stream_bandwidth(ep, size, count, a.window, a.batch),
                 )
                 .await
                 .map_err(|_| "bandwidth run timed out")??,

@@ -210,6 +210,13 @@ pub enum ProtocolError {
         /// The frame's announced size.
         size: u64,
     },
+    /// `ucx://`: a bundle (messages of a batched send in one UCX message) holding something
+    /// other than whole inlined messages.
+    #[error("a bundled message that is not whole ({at} bytes into the bundle)")]
+    Bundled {
+        /// Where in the UCX message the part starts.
+        at: usize,
+    },
     /// `ucx://`: a message of the lanes exchange (after connecting) that is not one.
     #[error("a {got}-byte message in the ucx:// lanes exchange")]
     Lanes {

@@ -185,22 +185,32 @@ pub enum First<'a> {
         frames: Vec<FrameMeta>,
         /// The frames' bytes.
         bytes: &'a [u8],
+        /// What follows: more whole messages bundled into the same UCX message by a batched
+        /// send, each laid out the same way (parse it with `parse_first` again); empty for a
+        /// message sent alone.
+        more: &'a [u8],
     },
 }
 
 /// Parses the first UCX message of a `ucx://` message (at most [`crate::UCX_FIRST_MAX`]
-/// bytes): the whole message inlined, or its header (split in two UCX messages when longer
-/// than `UCX_FIRST_MAX`: pass the second part as `rest`). Checks everything against `limits`;
-/// allocates only the frame list, which the limits bound.
+/// bytes): the whole message inlined (perhaps with more whole messages bundled behind it), or
+/// its header (split in two UCX messages when longer than `UCX_FIRST_MAX`: pass the second
+/// part as `rest`). Checks everything against `limits`; allocates only the frame list, which
+/// the limits bound.
 ///
 /// ```
 /// use transport::frame::{encode, parse_first, First, FrameMeta, Limits};
 /// let l = Limits::default();
 /// let mut m = encode(3, &[FrameMeta { size: 2, cuda: false }]);
 /// m.extend_from_slice(b"hi");
-/// let Ok(First::Inline { channel: 3, bytes, .. }) = parse_first(&m, None, &l) else { panic!() };
-/// assert_eq!(bytes, b"hi");
+/// let Ok(First::Inline { channel: 3, bytes, more, .. }) = parse_first(&m, None, &l) else { panic!() };
+/// assert_eq!((bytes, more), (&b"hi"[..], &b""[..]));
 /// assert!(parse_first(&m[..m.len() - 1], None, &l).is_err());
+/// // A bundle: two whole messages in one UCX message.
+/// let one = m.clone();
+/// m.extend_from_slice(&one);
+/// let Ok(First::Inline { bytes, more, .. }) = parse_first(&m, None, &l) else { panic!() };
+/// assert_eq!((bytes, more), (&b"hi"[..], &one[..]));
 /// ```
 pub fn parse_first<'a>(
     first: &'a [u8],
@@ -234,6 +244,7 @@ pub fn parse_first<'a>(
                         channel,
                         frames,
                         bytes: &[],
+                        more: &[],
                     }
                 } else {
                     First::Framed { channel, frames }
@@ -247,21 +258,24 @@ pub fn parse_first<'a>(
         let entries = &first[FIXED_LEN..entries_end];
         let total = check_entries(entries, limits)?;
         let frames = iter_entries(entries).collect();
-        let bytes = &first[entries_end..];
-        if bytes.is_empty() && total > 0 {
+        let after = &first[entries_end..];
+        if after.is_empty() && total > 0 {
             return Ok(First::Framed { channel, frames });
         }
-        // An inlined message: the frames' bytes follow the entries, exactly.
-        if bytes.len() as u64 != total {
+        // An inlined message: the frames' bytes follow the entries; after them, only more
+        // messages of a bundle.
+        if (after.len() as u64) < total {
             return Err(Inline {
-                got: bytes.len(),
+                got: after.len(),
                 announced: total,
             });
         }
+        let (bytes, more) = after.split_at(total as usize);
         Ok(First::Inline {
             channel,
             frames,
             bytes,
+            more,
         })
     }
 }

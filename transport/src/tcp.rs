@@ -20,13 +20,15 @@ use tokio::sync::Mutex;
 
 use crate::frame;
 use crate::{
-    check_outgoing, close_marker, encode_header, Address, CloseReason, CloseState, Failure, Frame,
-    Message, Options, ProtocolError, Result, TransportError, CLOSE_CHANNEL,
+    check_outgoing, close_marker, encode_header, header_metas, Address, CloseReason, CloseState,
+    Failure, Frame, Message, Options, ProtocolError, Result, TransportError, CLOSE_CHANNEL,
 };
 
 /// Messages up to this size (header and frames) are copied into one buffer and written at
 /// once; larger ones are written frame by frame, without a copy.
 const COALESCE: usize = 16 << 10;
+/// The most bytes [`Conn::send_batch`] gathers for one write.
+const BATCH_WRITE: usize = 64 << 10;
 /// The receive side reads through a buffer this large, so a small message's header, entries
 /// and frames take one system call; a frame at least this large bypasses it.
 const READ_BUFFER: usize = 64 << 10;
@@ -341,6 +343,44 @@ impl Conn {
                     Some(b) => w.write_all(b).await?,
                     None => w.write_all(&staged[i]).await?,
                 }
+            }
+            w.flush().await
+        };
+        let r = written.await;
+        guard.0 = None;
+        Ok(r?)
+    }
+
+    /// Small host-memory messages are written together, up to [`BATCH_WRITE`] bytes a write,
+    /// under one hold of the writer; a batch with any other message sends each as
+    /// [`Self::send`] does.
+    pub(crate) async fn send_batch(&self, channel: u32, msgs: Vec<Message>) -> Result<()> {
+        let limits = self.limits.get();
+        for m in &msgs {
+            check_outgoing(channel, m, &limits)?;
+        }
+        let small =
+            |m: &Message| !m.has_cuda() && frame::header_len(m.frames.len()) + m.len() <= COALESCE;
+        if !msgs.iter().all(small) {
+            for m in msgs {
+                self.send(channel, m).await?;
+            }
+            return Ok(());
+        }
+        let mut locked = self.writer.lock().await;
+        let Writer { half: w, scratch } = &mut *locked;
+        let mut guard = ShutdownOnDrop(Some(self.fd), &self.state);
+        let written = async {
+            let mut msgs = msgs.iter().peekable();
+            while msgs.peek().is_some() {
+                scratch.clear();
+                while let Some(m) = msgs.next_if(|_| scratch.len() < BATCH_WRITE) {
+                    frame::encode_into(scratch, channel, header_metas(m));
+                    for b in m.frames.iter().filter_map(Frame::as_host) {
+                        scratch.extend_from_slice(b);
+                    }
+                }
+                w.write_all(scratch).await?;
             }
             w.flush().await
         };

@@ -128,6 +128,105 @@ async fn close_ends_pending_recv(addr: &str) {
     );
 }
 
+/// `send_batch`: order within a batch and with single sends around it, every shape of
+/// message in one batch, a batch larger than the credit window, and a batch with one message
+/// over the limits refused before anything is sent.
+async fn batches(addr: &str) {
+    let (server, client) = pair(addr).await;
+    tokio::time::timeout(STEP, async {
+        let shapes: [&[usize]; 7] = [
+            &[8],
+            &[],
+            &[0, 3],
+            &[100_000, 5],
+            &[1 << 20],
+            &[transport::UCX_FIRST_MAX - 21],
+            &[1; 909],
+        ];
+        let batch: Vec<Message> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Message::from(s.iter().map(|&n| pattern(n, i as u8)).collect::<Vec<_>>()))
+            .collect();
+        let expect = batch.clone();
+        let send = async {
+            client
+                .send(4, Message::from(vec![b"before".to_vec()]))
+                .await
+                .unwrap();
+            client.send_batch(4, batch).await.unwrap();
+            client
+                .send(4, Message::from(vec![b"after".to_vec()]))
+                .await
+                .unwrap();
+        };
+        let recv = async {
+            let (_, m) = server.recv().await.unwrap();
+            assert_eq!(m.host(0), Some(&b"before"[..]), "{addr}");
+            for (i, want) in expect.iter().enumerate() {
+                let (ch, m) = server.recv().await.unwrap();
+                assert_eq!(ch, 4, "{addr}");
+                assert_eq!(
+                    m.to_host().unwrap(),
+                    want.to_host().unwrap(),
+                    "{addr}: message {i}"
+                );
+            }
+            let (_, m) = server.recv().await.unwrap();
+            assert_eq!(m.host(0), Some(&b"after"[..]), "{addr}");
+        };
+        tokio::join!(send, recv);
+        // More small messages than the credit window holds (ucx://: several runs, with waits
+        // for the receiver's grants in between).
+        const MANY: u32 = 20_000;
+        let many: Vec<Message> = (0..MANY)
+            .map(|i| Message::from(vec![i.to_le_bytes().to_vec()]))
+            .collect();
+        let send = async { client.send_batch(9, many).await.unwrap() };
+        let recv = async {
+            // One by one, and many at a time (what has arrived, at most a few).
+            let mut i = 0u32;
+            while i < MANY {
+                let got = if i.is_multiple_of(2) {
+                    vec![server.recv().await.unwrap()]
+                } else {
+                    let most = 1 + (i as usize % 300);
+                    let got = server.recv_many(most).await.unwrap();
+                    assert!(!got.is_empty() && got.len() <= most, "{addr}");
+                    got
+                };
+                for (ch, m) in got {
+                    assert_eq!((ch, m.host(0)), (9, Some(&i.to_le_bytes()[..])), "{addr}");
+                    i += 1;
+                }
+            }
+        };
+        tokio::join!(send, recv);
+        // One message over the limits: the whole batch is refused, nothing of it is sent.
+        let too_many_frames = Message::from(vec![Vec::new(); 100_000]);
+        let r = client
+            .send_batch(5, vec![Message::from(vec![b"x".to_vec()]), too_many_frames])
+            .await;
+        assert!(
+            matches!(r, Err(TransportError::Refused(_))),
+            "{addr}: {r:?}"
+        );
+        let (sent, got) = tokio::join!(
+            client.send(6, Message::from(vec![b"next".to_vec()])),
+            server.recv()
+        );
+        sent.unwrap();
+        let (ch, m) = got.unwrap();
+        assert_eq!(
+            (ch, m.host(0)),
+            (6, Some(&b"next"[..])),
+            "{addr}: part of a refused batch was sent"
+        );
+    })
+    .await
+    .expect("batches in time");
+}
+
 macro_rules! suite {
     ($name:ident, $addr:expr) => {
         mod $name {
@@ -141,6 +240,11 @@ macro_rules! suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn concurrent() {
                 concurrent_senders($addr).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batch() {
+                batches($addr).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,6 +390,28 @@ async fn ucx_garbage_closes_the_connection() {
                 }],
             );
             h.extend_from_slice(&[1, 2, 3]);
+            h
+        }),
+        // Bundles (a batched send's UCX message) hold whole inlined messages only.
+        ("a bundle ending in a close marker", {
+            let mut h = transport::frame::encode(0, &[]);
+            h.extend_from_slice(&transport::frame::encode(transport::CLOSE_CHANNEL, &[]));
+            h
+        }),
+        ("a bundle ending in a header whose frames follow", {
+            let mut h = transport::frame::encode(0, &[]);
+            h.extend_from_slice(&transport::frame::encode(
+                0,
+                &[transport::frame::FrameMeta {
+                    size: 10,
+                    cuda: false,
+                }],
+            ));
+            h
+        }),
+        ("a bundle ending in half a header", {
+            let mut h = transport::frame::encode(0, &[]);
+            h.extend_from_slice(&transport::frame::encode(0, &[])[..5]);
             h
         }),
     ] {

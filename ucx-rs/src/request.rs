@@ -43,6 +43,8 @@ pub(crate) struct OpCore {
     length: AtomicUsize,
     sender_tag: AtomicU64,
     req: AtomicPtr<c_void>,
+    /// Batches ([`post_sends`]): the sends not yet finished, plus one while posting.
+    remaining: AtomicUsize,
     waker: AtomicWaker,
     parked: Mutex<Option<Box<dyn Any + Send>>>,
 }
@@ -68,6 +70,23 @@ impl OpCore {
         self.waker.wake();
     }
 
+    /// One send of a batch finished: the batch keeps its first failure and is done when the
+    /// last one finishes.
+    fn one_done(&self, status: sys::ucs_status_t) {
+        if status != sys::UCS_OK {
+            let _ = self.status.compare_exchange(
+                sys::UCS_OK as i32,
+                i32::from(status),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.done.store(true, Ordering::Release);
+            self.waker.wake();
+        }
+    }
+
     /// Keeps `value` alive until the operation completes (it is dropped with the last reference).
     pub(crate) fn park(&self, value: Box<dyn Any + Send>) {
         let mut slot = self.parked.lock().unwrap_or_else(|e| e.into_inner());
@@ -84,6 +103,142 @@ impl OpCore {
                 unsafe { sys::ucp_request_cancel(locked.handle(), req) };
             }
         }
+    }
+}
+
+/// An operation in flight that an ending endpoint cancels.
+pub(crate) trait Cancel: Send + Sync {
+    /// What completes (and keeps parked buffers) for it.
+    fn core(&self) -> &OpCore;
+    /// Whether it finished.
+    fn is_done(&self) -> bool;
+    /// Cancels what is still in flight. Must be called with the worker locked.
+    fn cancel(&self, locked: &Locked<'_>);
+}
+
+impl Cancel for OpCore {
+    fn core(&self) -> &OpCore {
+        self
+    }
+    fn is_done(&self) -> bool {
+        OpCore::is_done(self)
+    }
+    fn cancel(&self, locked: &Locked<'_>) {
+        OpCore::cancel(self, locked)
+    }
+}
+
+/// One receive of a [`RecvBatch`]; UCX's `user_data` points at it.
+#[derive(Default)]
+struct RecvSlot {
+    /// The batch, which holds this slot (set before the receive is posted).
+    owner: AtomicPtr<RecvBatch>,
+    done: AtomicBool,
+    status: AtomicI32,
+    length: AtomicUsize,
+    req: AtomicPtr<c_void>,
+}
+
+/// Tag receives posted as one ([`post_recvs`]): one allocation for the batch, one
+/// completion (`core` is done when every receive is), each receive's outcome in its slot.
+pub(crate) struct RecvBatch {
+    core: OpCore,
+    slots: Box<[RecvSlot]>,
+}
+
+impl RecvBatch {
+    /// How receive `i` ended (once the batch is done).
+    pub(crate) fn completion(&self, i: usize) -> Completion {
+        let s = &self.slots[i];
+        Completion {
+            status: s.status.load(Ordering::Relaxed) as sys::ucs_status_t,
+            length: s.length.load(Ordering::Relaxed),
+            sender_tag: 0,
+        }
+    }
+}
+
+impl Cancel for RecvBatch {
+    fn core(&self) -> &OpCore {
+        &self.core
+    }
+    fn is_done(&self) -> bool {
+        self.core.is_done()
+    }
+    fn cancel(&self, locked: &Locked<'_>) {
+        for s in self.slots.iter() {
+            if s.done.load(Ordering::Acquire) {
+                continue;
+            }
+            let req = s.req.load(Ordering::Relaxed);
+            if !req.is_null() {
+                // SAFETY: the receive is not done, checked under the worker lock that every
+                // callback also runs under, so UCX has not freed `req` yet.
+                unsafe { sys::ucp_request_cancel(locked.handle(), req) };
+            }
+        }
+    }
+}
+
+/// Posts `n` tag receives as one batch: `post(i, param)` makes the `i`th UCX call, in order,
+/// with the prepared parameters. Immediate completion is denied (as for every tag receive, see
+/// [`ImmediateInfo::for_tag`]), so each receive reports through its slot.
+pub(crate) fn post_recvs(
+    locked: &Locked<'_>,
+    memory_type: sys::ucs_memory_type_t,
+    n: usize,
+    mut post: impl FnMut(usize, &mut sys::ucp_request_param_t) -> sys::ucs_status_ptr_t,
+) -> Arc<RecvBatch> {
+    let batch = Arc::new(RecvBatch {
+        core: OpCore::default(),
+        slots: (0..n).map(|_| RecvSlot::default()).collect(),
+    });
+    let owner = Arc::as_ptr(&batch);
+    batch.core.remaining.store(1, Ordering::Relaxed);
+    let mut in_flight = false;
+    for (i, slot) in batch.slots.iter().enumerate() {
+        slot.owner.store(owner.cast_mut(), Ordering::Relaxed);
+        batch.core.remaining.fetch_add(1, Ordering::AcqRel);
+        // One strong reference per receive, given back by its callback.
+        // SAFETY: `owner` comes from a live Arc (`batch`).
+        unsafe { Arc::increment_strong_count(owner) };
+        let mut param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA
+                | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE
+                | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+            user_data: (slot as *const RecvSlot).cast_mut().cast(),
+            memory_type,
+            ..Default::default()
+        };
+        param.cb.recv = Some(batch_recv_cb);
+        let ret = post(i, &mut param);
+        // SAFETY: UCS_PTR_* only inspect the pointer value.
+        if unsafe { sys::ucxrs_ptr_is_ptr(ret) } != 0 {
+            slot.req.store(ret, Ordering::Relaxed);
+            in_flight = true;
+            continue;
+        }
+        // Refused at once (no callback will come): its reference comes back here.
+        // SAFETY: taken above for this receive, not given to UCX.
+        unsafe { Arc::decrement_strong_count(owner) };
+        // SAFETY: only inspects the value.
+        let status = unsafe { sys::ucxrs_ptr_status(ret) };
+        slot.finish(status, 0);
+        batch.core.one_done(status);
+    }
+    if in_flight {
+        locked.posted();
+    }
+    batch.core.one_done(sys::UCS_OK);
+    batch
+}
+
+impl RecvSlot {
+    fn finish(&self, status: sys::ucs_status_t, length: usize) {
+        self.status.store(i32::from(status), Ordering::Relaxed);
+        self.length.store(length, Ordering::Relaxed);
+        self.done.store(true, Ordering::Release);
     }
 }
 
@@ -156,6 +311,60 @@ pub(crate) fn post(
     }
 }
 
+/// Posts `n` send-type operations as one: `post(i, param)` makes the `i`th UCX call, in order,
+/// with the prepared parameters (all share one `OpCore`, which holds one reference per send
+/// in flight). Sends that complete at once cost no allocation; the batch is done when the last
+/// send is, with the first failure as its status. Posting stops at the first send that fails
+/// at once (later ones are not posted).
+pub(crate) fn post_sends(
+    locked: &Locked<'_>,
+    memory_type: sys::ucs_memory_type_t,
+    n: usize,
+    mut post: impl FnMut(usize, &mut sys::ucp_request_param_t) -> sys::ucs_status_ptr_t,
+) -> Posted {
+    let op = Arc::new(OpCore::default());
+    // The poster's own hold: the batch cannot finish while it is being posted.
+    op.remaining.store(1, Ordering::Relaxed);
+    let mut in_flight = false;
+    for i in 0..n {
+        op.remaining.fetch_add(1, Ordering::AcqRel);
+        let user_data = Arc::into_raw(Arc::clone(&op)) as *mut c_void;
+        let mut param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA
+                | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+            user_data,
+            memory_type,
+            ..Default::default()
+        };
+        param.cb.send = Some(batch_send_cb);
+        let ret = post(i, &mut param);
+        // SAFETY: UCS_PTR_* only inspect the pointer value.
+        if unsafe { sys::ucxrs_ptr_is_ptr(ret) } != 0 {
+            in_flight = true;
+            continue;
+        }
+        // SAFETY: completed at once, so UCX will not call the callback: this send's reference
+        // comes back here, exactly once.
+        drop(unsafe { Arc::from_raw(user_data as *const OpCore) });
+        // SAFETY: as above, only inspects the value.
+        let status = unsafe { sys::ucxrs_ptr_status(ret) };
+        op.one_done(status);
+        if status != sys::UCS_OK {
+            break;
+        }
+    }
+    if in_flight {
+        locked.posted();
+    }
+    op.one_done(sys::UCS_OK);
+    if op.is_done() {
+        Posted::Done(op.completion())
+    } else {
+        Posted::Pending(op)
+    }
+}
+
 /// Out-parameters UCX fills when a receive completes immediately.
 #[derive(Default)]
 pub(crate) struct ImmediateInfo {
@@ -208,6 +417,39 @@ unsafe extern "C" fn send_cb(
     unsafe { complete(request, user_data, status, 0, 0) }
 }
 
+unsafe extern "C" fn batch_send_cb(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    user_data: *mut c_void,
+) {
+    // SAFETY: UCX passes back the user_data `post_sends` registered for this request, which
+    // carries one strong reference for this send.
+    let op = unsafe { Arc::from_raw(user_data as *const OpCore) };
+    // SAFETY: the request is live and nobody uses it after this.
+    unsafe { sys::ucp_request_free(request) };
+    op.one_done(status);
+}
+
+unsafe extern "C" fn batch_recv_cb(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    info: *const sys::ucp_tag_recv_info_t,
+    user_data: *mut c_void,
+) {
+    // SAFETY: user_data is the slot `post_recvs` registered, inside a batch kept alive by the
+    // strong reference taken for this receive, which comes back here.
+    let slot = unsafe { &*(user_data as *const RecvSlot) };
+    // SAFETY: as above: the owner pointer carries one strong reference for this receive.
+    let batch = unsafe { Arc::from_raw(slot.owner.load(Ordering::Relaxed).cast_const()) };
+    // SAFETY: when non-null, UCX's info points to a valid record for the duration of the call.
+    let length = unsafe { info.as_ref() }.map_or(0, |i| i.length);
+    // SAFETY: the request is live and nobody uses it after this (the slot is marked done
+    // below, under the same lock).
+    unsafe { sys::ucp_request_free(request) };
+    slot.finish(status, length);
+    batch.core.one_done(sys::UCS_OK);
+}
+
 unsafe extern "C" fn tag_recv_cb(
     request: *mut c_void,
     status: sys::ucs_status_t,
@@ -231,20 +473,16 @@ unsafe extern "C" fn stream_recv_cb(
 }
 
 /// Owns an in-flight operation's buffer until the operation completes; see the module docs.
-pub(crate) struct InFlight<'w, B: Send + 'static> {
-    op: Arc<OpCore>,
+/// `T` is the operation: one ([`OpCore`]) or a batch of receives ([`RecvBatch`]).
+pub(crate) struct InFlight<'w, B: Send + 'static, T: Cancel + ?Sized = OpCore> {
+    op: Arc<T>,
     buf: Option<B>,
     worker: &'w WorkerShared,
     cancel_on_drop: bool,
 }
 
-impl<'w, B: Send + 'static> InFlight<'w, B> {
-    pub(crate) fn new(
-        op: Arc<OpCore>,
-        buf: B,
-        worker: &'w WorkerShared,
-        cancel_on_drop: bool,
-    ) -> Self {
+impl<'w, B: Send + 'static, T: Cancel + ?Sized> InFlight<'w, B, T> {
+    pub(crate) fn new(op: Arc<T>, buf: B, worker: &'w WorkerShared, cancel_on_drop: bool) -> Self {
         InFlight {
             op,
             buf: Some(buf),
@@ -253,15 +491,23 @@ impl<'w, B: Send + 'static> InFlight<'w, B> {
         }
     }
 
-    /// Waits for completion and gives the buffer back.
-    pub(crate) async fn finish(mut self) -> (Completion, B) {
-        wait(&self.op, self.worker).await;
+    /// Waits for completion and gives the operation and the buffer back.
+    pub(crate) async fn done(mut self) -> (Arc<T>, B) {
+        wait(self.op.core(), self.worker).await;
         let buf = self.buf.take().expect("buffer present until finish");
-        (self.op.completion(), buf)
+        (Arc::clone(&self.op), buf)
     }
 }
 
-impl<B: Send + 'static> Drop for InFlight<'_, B> {
+impl<B: Send + 'static> InFlight<'_, B> {
+    /// Waits for completion and gives the buffer back.
+    pub(crate) async fn finish(self) -> (Completion, B) {
+        let (op, buf) = self.done().await;
+        (op.completion(), buf)
+    }
+}
+
+impl<B: Send + 'static, T: Cancel + ?Sized> Drop for InFlight<'_, B, T> {
     fn drop(&mut self) {
         let Some(buf) = self.buf.take() else { return };
         if self.op.is_done() {
@@ -272,7 +518,7 @@ impl<B: Send + 'static> Drop for InFlight<'_, B> {
             return;
         }
         tracing::trace!("operation dropped in flight: parking its buffer until UCX completes it");
-        self.op.park(Box::new(buf));
+        self.op.core().park(Box::new(buf));
         if self.cancel_on_drop {
             self.op.cancel(&locked);
         }

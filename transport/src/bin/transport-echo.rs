@@ -3,6 +3,7 @@
 //! ```text
 //! transport-echo server --listen ucx://0.0.0.0:0 [--once] [UCX flags]
 //! transport-echo client --connect tcp://10.0.0.1:5000 [--sizes 8,1m,64m] [--iters N] [--frames K] [UCX flags]
+//! transport-echo client --connect ... --stream [--window W] [--batch B] [--sizes ...] [--count N]
 //! transport-echo server|client --raw-tcp ...     # tcp:// only: plain tokio sockets, no framing
 //! transport-echo topology                          # GPUs, NICs and what is near each GPU
 //! transport-echo tls-generate DIR [NAME...]        # a cluster certificate: DIR/cert.pem, DIR/key.pem
@@ -11,9 +12,14 @@
 //! Security flags: --tls-dir DIR (tls://: DIR/cert.pem presented and trusted, DIR/key.pem)
 //!                 --secret-file F (64 hex digits: the shared-secret challenge on any scheme)
 //! ```
-//! The server prints `LISTENING <address>` and echoes every message on its channel. The client
-//! prints one JSON line per size: median and p99 one-way latency (half a round trip) and
-//! bandwidth from the median, after checking the first and last echo byte for byte.
+//! The server prints `LISTENING <address>` and echoes every message on its channel, except on
+//! [`SINK`], whose messages it counts, and [`COUNT`], which it answers with that count. The
+//! client prints one JSON line per size: median and p99 one-way latency (half a round trip) and
+//! bandwidth from the median, after checking the first and last echo byte for byte. With
+//! `--stream` it sends `N` messages of each size to the sink instead (default: 4 × iters, at
+//! most 2 GiB of them, at least 20) (`W` sends in flight, or batches
+//! of `B` through `Connection::send_batch`, two in flight), asks for the count, checks it, and
+//! prints messages per second and bandwidth.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -21,6 +27,12 @@ use std::time::{Duration, Instant};
 use transport::{configure_ucx, connect_with, listen_with, Address, Message, Options, UcxIntent};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Channel whose messages the server counts instead of echoing.
+const SINK: u32 = 0xFFFF_0001;
+/// Channel on which the server answers with the count of [`SINK`] messages so far (8 bytes,
+/// little-endian), and resets it.
+const COUNT: u32 = 0xFFFF_0002;
 
 struct Args {
     cmd: String,
@@ -35,6 +47,10 @@ struct Args {
     tcp_spin: std::time::Duration,
     ucx_direct: bool,
     raw_tcp: bool,
+    stream: bool,
+    window: usize,
+    batch: usize,
+    count: Option<usize>,
 }
 
 fn usage() -> ! {
@@ -74,6 +90,10 @@ fn parse() -> Args {
         tcp_spin: std::time::Duration::ZERO,
         ucx_direct: false,
         raw_tcp: false,
+        stream: false,
+        window: 16,
+        batch: 0,
+        count: None,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
@@ -93,6 +113,10 @@ fn parse() -> Args {
             "--ucx-net-devices" => a.intent.net_devices = Some(val()),
             "--ucx-direct" => a.ucx_direct = true,
             "--raw-tcp" => a.raw_tcp = true,
+            "--stream" => a.stream = true,
+            "--window" => a.window = val().parse().unwrap_or_else(|_| usage()),
+            "--batch" => a.batch = val().parse().unwrap_or_else(|_| usage()),
+            "--count" => a.count = Some(val().parse().unwrap_or_else(|_| usage())),
             "--ucx-progress" => a.intent.progress = val().parse().unwrap_or_else(|_| usage()),
             "--tls-dir" => a.tls_dir = Some(val()),
             "--secret-file" => a.secret_file = Some(val()),
@@ -217,6 +241,15 @@ fn main() {
         // Spawned: polling-mode UCX futures reschedule themselves cheaply as tasks.
         match a.cmd.as_str() {
             "server" => tokio::spawn(server(addr, opts, a.once)).await?,
+            "client" if a.stream => {
+                let s = Stream {
+                    window: a.window.max(1),
+                    batch: a.batch,
+                    count: a.count,
+                    iters: a.iters,
+                };
+                tokio::spawn(stream(addr, opts, a.sizes, s)).await?
+            }
             "client" => tokio::spawn(client(addr, opts, a.sizes, a.iters, a.frames)).await?,
             _ => usage(),
         }
@@ -234,9 +267,25 @@ async fn server(addr: Address, opts: Options, once: bool) -> Result<(), BoxError
     loop {
         let conn = listener.accept().await?;
         let serve = async move {
-            while let Ok((channel, msg)) = conn.recv().await {
-                if conn.send(channel, msg).await.is_err() {
-                    break;
+            let mut sunk = 0u64;
+            // Whatever has arrived at once (one call for a burst of small messages).
+            while let Ok(batch) = conn.recv_many(256).await {
+                for (channel, msg) in batch {
+                    let r = match channel {
+                        SINK => {
+                            sunk += 1;
+                            Ok(())
+                        }
+                        COUNT => {
+                            let n = std::mem::take(&mut sunk);
+                            conn.send(COUNT, Message::from(vec![n.to_le_bytes().to_vec()]))
+                                .await
+                        }
+                        _ => conn.send(channel, msg).await,
+                    };
+                    if r.is_err() {
+                        return;
+                    }
                 }
             }
         };
@@ -282,6 +331,86 @@ async fn client(
         report(&addr.to_string(), per * frames.max(1), frames.max(1), rts);
     }
     conn.close().await?;
+    Ok(())
+}
+
+/// How `--stream` sends.
+struct Stream {
+    /// Sends in flight (single sends).
+    window: usize,
+    /// Messages per `send_batch` (0: single sends).
+    batch: usize,
+    /// Messages per size (`None`: from `iters`).
+    count: Option<usize>,
+    iters: usize,
+}
+
+/// `--stream`: per size, messages to the server's sink after a short untimed run, then the
+/// count asked back and checked; prints messages per second and bandwidth.
+async fn stream(
+    addr: Address,
+    opts: Options,
+    sizes: Vec<usize>,
+    how: Stream,
+) -> Result<(), BoxError> {
+    let conn = connect_with(&addr, &opts).await?;
+    for size in sizes {
+        let msg = Message::from(vec![(0..size)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>()]);
+        let count = how
+            .count
+            .unwrap_or_else(|| (4 * how.iters).min((2usize << 30) / size.max(1)).max(20));
+        sink(&conn, &msg, (4 * how.window).max(64), &how).await?;
+        let t0 = Instant::now();
+        sink(&conn, &msg, count, &how).await?;
+        let secs = t0.elapsed().as_secs_f64().max(1e-9);
+        println!(
+            "{{\"address\":\"{addr}\",\"bytes\":{size},\"messages\":{count},\"batch\":{},\"window\":{},\"msgs_per_s\":{:.0},\"stream_MBps\":{:.1}}}",
+            how.batch,
+            how.window,
+            count as f64 / secs,
+            (size * count) as f64 / secs / 1e6
+        );
+    }
+    conn.close().await?;
+    Ok(())
+}
+
+/// Sends `count` copies of `msg` to the sink, then checks the server counted them all.
+async fn sink(
+    conn: &transport::Connection,
+    msg: &Message,
+    count: usize,
+    how: &Stream,
+) -> Result<(), BoxError> {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let mut inflight = FuturesUnordered::new();
+    let mut left = count;
+    let per = if how.batch > 0 { how.batch } else { 1 };
+    let most = if how.batch > 0 { 2 } else { how.window };
+    while left > 0 || !inflight.is_empty() {
+        while left > 0 && inflight.len() < most {
+            let n = left.min(per);
+            left -= n;
+            inflight.push(async move {
+                if how.batch > 0 {
+                    conn.send_batch(SINK, vec![msg.clone(); n]).await
+                } else {
+                    conn.send(SINK, msg.clone()).await
+                }
+            });
+        }
+        inflight.next().await.expect("sends in flight")?;
+    }
+    conn.send(COUNT, Message::from(Vec::<Vec<u8>>::new()))
+        .await?;
+    let (channel, back) = conn.recv().await?;
+    let got = back.to_host()?.concat();
+    let n = <[u8; 8]>::try_from(&got[..]).ok().map(u64::from_le_bytes);
+    if channel != COUNT || n != Some(count as u64) {
+        return Err(format!("the server counted {n:?} of {count} messages").into());
+    }
     Ok(())
 }
 

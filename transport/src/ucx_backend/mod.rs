@@ -53,6 +53,8 @@ pub const FIRST_MAX: usize = crate::UCX_FIRST_MAX;
 /// How long a close waits for sends in flight (the peer taking rendezvous frames) before it
 /// forces the endpoint closed.
 const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The most UCX messages (bundles) in one UCX batch of [`Conn::send_batch`].
+const MAX_RUN: usize = 64;
 /// The tag credit grants travel on (little-endian `u64`: bytes granted back).
 pub const CREDIT_TAG: ucx::Tag = ucx::Tag::User(0x5456);
 
@@ -124,6 +126,9 @@ pub(crate) struct Conn {
     send_buf: std::sync::Mutex<Option<Vec<u8>>>,
     /// The buffer first messages are received into, kept between receives.
     first_buf: std::sync::Mutex<Vec<u8>>,
+    /// UCX messages on [`TAG`] taken ahead, in order, that the receive has not read yet
+    /// (see `receive.rs`): they come before anything still in UCX.
+    ahead: Arc<std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>>,
     /// Bytes (charged) this side may still send before it needs a grant from the peer.
     credits: AtomicU64,
     /// The window: what `credits` starts at and never exceeds.
@@ -136,6 +141,9 @@ pub(crate) struct Conn {
     pub(crate) limits: crate::SharedLimits,
     /// A receive is in progress (perhaps parked by `Connection`, still posted in UCX).
     receiving: Arc<AtomicBool>,
+    /// Something was sent since the last receive started (the receive then does not read
+    /// ahead: see `receive.rs`).
+    sent: AtomicBool,
 }
 
 fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
@@ -227,7 +235,8 @@ impl Conn {
     fn new(ep: ucx::Endpoint, opts: &Options, state: Arc<CloseState>) -> Conn {
         let ep = Arc::new(ep);
         let receiving = Arc::new(AtomicBool::new(false));
-        watch(&ep, &receiving, &state);
+        let ahead = Arc::default();
+        watch(&ep, &receiving, &ahead, &state);
         Conn {
             cs: ep,
             direct: OnceLock::new(),
@@ -236,12 +245,14 @@ impl Conn {
             send_order: std::sync::Mutex::new(()),
             send_buf: std::sync::Mutex::new(None),
             first_buf: std::sync::Mutex::new(Vec::new()),
+            ahead,
             credits: AtomicU64::new(opts.credit_bytes),
             window: opts.credit_bytes,
             refill: Mutex::new(ParkedGrant(None)),
             taken: AtomicU64::new(0),
             limits: crate::SharedLimits::new(opts.limits),
             receiving,
+            sent: AtomicBool::new(false),
         }
     }
 
@@ -272,7 +283,7 @@ impl Conn {
     /// connection's; the client-server endpoint stays open, watched for the peer's death.
     pub(crate) fn move_to(&self, ep: ucx::Endpoint) {
         let ep = Arc::new(ep);
-        watch(&ep, &self.receiving, &self.state);
+        watch(&ep, &self.receiving, &self.ahead, &self.state);
         // The client-server endpoint's TCP connection still tells at once when the peer dies
         // or cuts the connection. A graceful close sends a goodbye on it first, but UCX may
         // report the endpoint's reset (on its connection manager's socket) before the goodbye
@@ -318,6 +329,7 @@ impl Conn {
     }
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
+        self.sent.store(true, Ordering::Relaxed);
         self.with_cut_reason(self.send_inner(channel, msg)).await
     }
 
@@ -331,6 +343,71 @@ impl Conn {
             Some(CloseReason::Refused(p)) => TransportError::Protocol(p.clone()),
             Some(why) => TransportError::Closed(why.clone()),
             None => e,
+        })
+    }
+
+    pub(crate) async fn send_batch(&self, channel: u32, msgs: Vec<Message>) -> Result<()> {
+        self.sent.store(true, Ordering::Relaxed);
+        self.with_cut_reason(self.send_batch_inner(channel, msgs))
+            .await
+    }
+
+    /// Small messages are bundled: as many whole inlined messages as fit [`FIRST_MAX`] go in
+    /// one UCX message, which the receiver unpacks in order; runs of bundles go as one
+    /// [`ucx::Endpoint::send_batch`] (posted in one pass, one completion) under one take of
+    /// credit. Larger messages go between them as [`Self::send`] sends them. Every message is
+    /// checked before anything is sent.
+    async fn send_batch_inner(&self, channel: u32, msgs: Vec<Message>) -> Result<()> {
+        let limits = self.limits.get();
+        for m in &msgs {
+            check_outgoing(channel, m, &limits)?;
+        }
+        let mut run: Vec<Vec<u8>> = Vec::new();
+        let mut charge = 0;
+        for msg in msgs {
+            let len = frame::header_len(msg.frames.len()) + msg.len();
+            if len > FIRST_MAX || msg.has_cuda() {
+                self.send_run(std::mem::take(&mut run), std::mem::take(&mut charge))
+                    .await?;
+                self.send_inner(channel, msg).await?;
+                continue;
+            }
+            let c = ucx_charge(msg.len());
+            // A run takes no more credit than one message may (UCX_CHARGE_CAP), so a batch
+            // cannot wait for more than the window holds.
+            if charge + c > crate::UCX_CHARGE_CAP || run.len() == MAX_RUN {
+                self.send_run(std::mem::take(&mut run), std::mem::take(&mut charge))
+                    .await?;
+            }
+            match run.last_mut() {
+                Some(bundle) if bundle.len() + len <= FIRST_MAX => {
+                    encode_inline(bundle, channel, &msg)
+                }
+                _ => {
+                    let mut bundle = Vec::with_capacity(FIRST_MAX.min(len * 64));
+                    encode_inline(&mut bundle, channel, &msg);
+                    run.push(bundle);
+                }
+            }
+            charge += c;
+        }
+        self.send_run(run, charge).await
+    }
+
+    /// Sends inlined messages as one UCX batch, after taking their credit.
+    async fn send_run(&self, run: Vec<Vec<u8>>, charge: u64) -> Result<()> {
+        if run.is_empty() {
+            return Ok(());
+        }
+        self.take_credit(charge).await?;
+        let (r, _) = self.post_in_order(self.ep().send_batch(run, TAG)).await;
+        r.map_err(|e| {
+            // Part of the run may be on the wire: the peer's stream is out of step.
+            if !e.is_disconnect() {
+                tracing::warn!(error = %e, "a batch failed part-way: closing the UCX connection");
+                self.cut_off(CloseReason::Local);
+            }
+            closed_or(e)
         })
     }
 
@@ -583,8 +660,14 @@ const GOODBYE_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 /// reset), after its marker: while a receive is posted (it takes the marker, or fails itself),
 /// or a message (perhaps the marker) waits to be received, the receive is left to tell which
 /// it was.
-fn watch(ep: &Arc<ucx::Endpoint>, receiving: &Arc<AtomicBool>, state: &Arc<CloseState>) {
+fn watch(
+    ep: &Arc<ucx::Endpoint>,
+    receiving: &Arc<AtomicBool>,
+    ahead: &Arc<std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>>,
+    state: &Arc<CloseState>,
+) {
     let (weak, posted, state) = (Arc::downgrade(ep), Arc::clone(receiving), Arc::clone(state));
+    let ahead = Arc::downgrade(ahead);
     ep.on_close(move |reason| {
         let Some(ucx::Error::Ucx(status)) = reason else {
             return;
@@ -592,9 +675,13 @@ fn watch(ep: &Arc<ucx::Endpoint>, receiving: &Arc<AtomicBool>, state: &Arc<Close
         if posted.load(Ordering::Acquire) {
             return;
         }
-        let queued = weak
+        let taken = ahead
             .upgrade()
-            .is_some_and(|ep| ep.tag_probe(TAG, false).is_some());
+            .is_some_and(|a| !a.lock().unwrap_or_else(|e| e.into_inner()).is_empty());
+        let queued = taken
+            || weak
+                .upgrade()
+                .is_some_and(|ep| ep.tag_probe(TAG, false).is_some());
         if !queued {
             state.close(CloseReason::PeerFailed(Failure::Ucx(status)));
         }
@@ -610,5 +697,13 @@ pub(crate) fn closed_or(e: ucx::Error) -> TransportError {
             TransportError::Closed(CloseReason::PeerFailed(Failure::Ucx(s)))
         }
         e => TransportError::Ucx(e),
+    }
+}
+
+/// Appends `msg` on `channel` inlined (header, then the frames' bytes; host frames only).
+fn encode_inline(buf: &mut Vec<u8>, channel: u32, msg: &Message) {
+    frame::encode_into(buf, channel, header_metas(msg));
+    for f in msg.frames.iter().filter_map(Frame::as_host) {
+        buf.extend_from_slice(f);
     }
 }

@@ -15,6 +15,8 @@ use crate::{
 /// and counted against the receive budget ([`crate::budget`]).
 /// (Probing first costs a wake-up; small frames, the latency-sensitive ones, are not probed.)
 const BUDGETED: u64 = 256 << 10;
+/// The most UCX messages a receive takes ahead in one pass when none is waiting in its queue.
+const READ_AHEAD: usize = 64;
 /// The most bytes of small frames whose receives are posted before their frames arrive.
 const POSTED_AHEAD: u64 = 4 << 20;
 /// What a message's first UCX message held.
@@ -65,48 +67,174 @@ impl Conn {
         }
     }
 
-    pub(crate) async fn recv(&self) -> Result<(u32, Message)> {
+    pub(crate) async fn recv(&self) -> Result<crate::Received> {
         self.with_cut_reason(self.recv_inner()).await
     }
 
-    async fn recv_inner(&self) -> Result<(u32, Message)> {
+    /// The next message, and the messages behind it that arrived with it (bundled in the
+    /// same UCX message, or taken ahead and whole).
+    async fn recv_inner(&self) -> Result<crate::Received> {
         self.receiving.store(true, Ordering::Release);
         let _done = Receiving(&self.receiving);
-        // One receive at a time: `Connection::recv` holds its slot for the whole message.
-        // The first UCX message of every transport message fits FIRST_MAX bytes, so its receive
-        // is posted before it arrives, into a buffer kept for the connection (no probe, no
-        // allocation).
-        let mut buf =
-            std::mem::take(&mut *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()));
-        if buf.capacity() < FIRST_MAX {
-            buf = Vec::with_capacity(FIRST_MAX);
+        let (first, mut more) = self.recv_one().await?;
+        while let Some(msgs) = self.whole_ahead() {
+            self.took(charge(&msgs)).await;
+            more.extend(msgs);
         }
-        let (r, buf) = self.ep().recv(buf, TAG).await;
-        let got = match r {
-            Ok(n) => n,
-            Err(ucx::Error::Truncated { message, .. }) => {
-                return Err(self.refuse(ProtocolError::FirstMessage {
-                    got: message,
-                    max: FIRST_MAX,
-                }))
+        Ok((first, more))
+    }
+
+    /// The next UCX message taken ahead, if any.
+    fn pop_ahead(&self) -> Option<Vec<u8>> {
+        self.ahead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+
+    /// Takes the small messages that have already arrived on [`TAG`] (one pass, nothing
+    /// posted ahead) into the queue the receive reads first.
+    async fn read_ahead(&self) {
+        match self.ep().recv_arrived(TAG, READ_AHEAD, FIRST_MAX).await {
+            Ok(taken) => self
+                .ahead
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(taken),
+            // The posted receive that follows reports what went wrong.
+            Err(e) => tracing::trace!(error = %e, "nothing taken ahead"),
+        }
+    }
+
+    /// The messages of the UCX message at the head of the queue taken ahead, if they are
+    /// whole there: taken off the queue. Anything else (a header whose frames follow, the
+    /// close marker, bytes the wire format does not allow) stays for the next receive.
+    fn whole_ahead(&self) -> Option<Vec<(u32, Message)>> {
+        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        let msgs = self.whole(ahead.front()?).ok()??;
+        ahead.pop_front();
+        Some(msgs)
+    }
+
+    /// The messages in a UCX message that holds only whole ones (one inlined message, or a
+    /// bundle of them from a batched send), copied out in one piece; `None` if it is something
+    /// else (the close marker, the header of a message whose frames follow).
+    fn whole(
+        &self,
+        ucx_msg: &[u8],
+    ) -> std::result::Result<Option<Vec<(u32, Message)>>, ProtocolError> {
+        let limits = self.limits.get();
+        let mut rest = ucx_msg;
+        let mut out = Vec::new();
+        let mut all = Bytes::new();
+        while !rest.is_empty() || out.is_empty() {
+            let at = ucx_msg.len() - rest.len();
+            let (channel, metas, bytes, more) = match frame::parse_first(rest, None, &limits)? {
+                frame::First::Inline {
+                    channel,
+                    frames,
+                    bytes,
+                    more,
+                } if channel != CLOSE_CHANNEL => (channel, frames, bytes, more),
+                _ if out.is_empty() => return Ok(None),
+                _ => return Err(ProtocolError::Bundled { at }),
+            };
+            if out.is_empty() {
+                // One copy for the whole bundle; every frame is a slice of it.
+                all = Bytes::copy_from_slice(ucx_msg);
             }
-            Err(e) => return Err(closed_or(e)),
+            let mut from = ucx_msg.len() - bytes.len() - more.len();
+            let mut frames = Vec::with_capacity(metas.len());
+            for m in metas {
+                let f = all.slice(from..from + m.size as usize);
+                from += m.size as usize;
+                // A peer may inline a device frame too: it lands where device frames land.
+                #[cfg(feature = "cuda")]
+                if m.cuda {
+                    frames.push(
+                        crate::cuda::from_host(f)
+                            .map_err(|e| ProtocolError::DeviceFrame(e.to_string()))?,
+                    );
+                    continue;
+                }
+                frames.push(Frame::Host(f));
+            }
+            out.push((channel, Message { frames }));
+            rest = more;
+        }
+        Ok(Some(out))
+    }
+
+    /// The next message (and any bundled behind it): from what was taken ahead, or from UCX.
+    async fn recv_one(&self) -> Result<crate::Received> {
+        // Read ahead when receiving twice in a row (a stream); after a send, the answer is
+        // usually still on its way (a ping-pong), and the posted receive is the quick path.
+        let answering = self.sent.swap(false, Ordering::Relaxed);
+        if !answering
+            && self
+                .ahead
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+        {
+            self.read_ahead().await;
+        }
+        let (taken, kept) = match self.pop_ahead() {
+            Some(first) => (first, None),
+            None => {
+                // One receive at a time: `Connection::recv` holds its slot for the whole
+                // message. The first UCX message of every transport message fits FIRST_MAX
+                // bytes, so its receive is posted before it arrives, into a buffer kept for
+                // the connection (no probe, no allocation).
+                let mut buf =
+                    std::mem::take(&mut *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()));
+                if buf.capacity() < FIRST_MAX {
+                    buf = Vec::with_capacity(FIRST_MAX);
+                }
+                let (r, buf) = self.ep().recv(buf, TAG).await;
+                match r {
+                    Ok(_) => (Vec::new(), Some(buf)),
+                    Err(ucx::Error::Truncated { message, .. }) => {
+                        return Err(self.refuse(ProtocolError::FirstMessage {
+                            got: message,
+                            max: FIRST_MAX,
+                        }))
+                    }
+                    Err(e) => return Err(closed_or(e)),
+                }
+            }
         };
-        let first = &buf[..got];
-        let result = self.parse_first(first).await;
-        *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()) = buf;
-        let (channel, metas) = match result? {
+        let first: &[u8] = kept.as_deref().unwrap_or(&taken);
+        let whole = self.whole(first);
+        let result = match &whole {
+            Ok(None) => Some(self.parse_first(first).await),
+            _ => None,
+        };
+        if let Some(buf) = kept {
+            *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()) = buf;
+        }
+        match whole {
+            Ok(Some(mut msgs)) => {
+                self.took(charge(&msgs)).await;
+                let first = msgs.remove(0);
+                return Ok((first, msgs));
+            }
+            Err(e) => return Err(self.refuse(e)),
+            Ok(None) => {}
+        }
+        let (channel, metas) = match result.expect("parsed when not whole")? {
             (CLOSE_CHANNEL, _) => return Err(TransportError::Closed(CloseReason::PeerClosed)),
             (channel, First::Inline(frames)) => {
                 let msg = Message { frames };
                 self.took(ucx_charge(msg.len())).await;
-                return Ok((channel, msg));
+                return Ok(((channel, msg), Vec::new()));
             }
             (channel, First::Framed(metas)) => (channel, metas),
         };
         // Kept out of this future (boxed): every receive's state stays small, and large
         // messages pay one allocation.
-        Box::pin(self.recv_frames(channel, metas)).await
+        let msg = Box::pin(self.recv_frames(channel, metas)).await?;
+        Ok((msg, Vec::new()))
     }
 
     /// Receives the frames of a message whose header announced `metas`.
@@ -124,9 +252,14 @@ impl Conn {
         metas: Vec<frame::FrameMeta>,
     ) -> Result<(u32, Message)> {
         let mut frames = Vec::with_capacity(metas.len());
+        // Frames taken ahead come first, in order.
+        for m in &metas {
+            let Some(taken) = self.pop_ahead() else { break };
+            frames.push(self.frame_taken_ahead(taken, m)?);
+        }
         let mut ahead = Vec::new();
         let mut ahead_bytes = 0u64;
-        for m in &metas {
+        for m in &metas[frames.len()..] {
             if m.cuda || m.size < BUDGETED {
                 if ahead_bytes + m.size > POSTED_AHEAD {
                     self.land(std::mem::take(&mut ahead), &metas, &mut frames)
@@ -169,6 +302,23 @@ impl Conn {
         let msg = Message { frames };
         self.took(ucx_charge(msg.len())).await;
         Ok((channel, msg))
+    }
+
+    /// A frame that was taken ahead (into host memory): it must hold the announced bytes; a
+    /// device frame is copied where device frames land.
+    fn frame_taken_ahead(&self, taken: Vec<u8>, m: &frame::FrameMeta) -> Result<Frame> {
+        if taken.len() as u64 != m.size {
+            return Err(self.refuse(ProtocolError::FrameSize {
+                got: taken.len() as u64,
+                announced: m.size,
+            }));
+        }
+        #[cfg(feature = "cuda")]
+        if m.cuda {
+            return crate::cuda::from_host(Bytes::from(taken))
+                .map_err(|e| self.refuse(ProtocolError::DeviceFrame(e.to_string())));
+        }
+        Ok(Frame::Host(Bytes::from(taken)))
     }
 
     /// Waits for receives posted ahead, the frames after those in `frames`, and appends them.
@@ -223,15 +373,22 @@ impl Conn {
         let limits = self.limits.get();
         let mut parsed = frame::parse_first(first, None, &limits);
         if let Ok(frame::First::Split { rest: want }) = parsed {
-            // `want` is bounded by the limits' frame count.
-            let (r, buf) = Box::pin(self.ep().recv(vec![0u8; want].into_boxed_slice(), TAG)).await;
-            let got = match r {
-                Ok(k) => k,
-                Err(ucx::Error::Truncated { message, .. }) => message,
-                Err(e) => return Err(closed_or(e)),
+            let rest = match self.pop_ahead() {
+                Some(taken) => taken,
+                None => {
+                    // `want` is bounded by the limits' frame count.
+                    let (r, buf) =
+                        Box::pin(self.ep().recv(vec![0u8; want].into_boxed_slice(), TAG)).await;
+                    let got = match r {
+                        Ok(k) => k,
+                        Err(ucx::Error::Truncated { message, .. }) => message,
+                        Err(e) => return Err(closed_or(e)),
+                    };
+                    let mut rest = buf.into_vec();
+                    rest.truncate(got);
+                    rest
+                }
             };
-            let mut rest = buf.into_vec();
-            rest.truncate(got);
             parsed = frame::parse_first(first, Some(&rest), &limits);
         }
         let (channel, metas, bytes) = match parsed {
@@ -243,7 +400,13 @@ impl Conn {
                 channel,
                 frames,
                 bytes,
+                more: [],
             }) => (channel, frames, bytes),
+            Ok(frame::First::Inline { bytes, .. }) => {
+                return Err(self.refuse(ProtocolError::Bundled {
+                    at: first.len() - bytes.len(),
+                }))
+            }
             Ok(frame::First::Split { rest }) => {
                 return Err(self.refuse(ProtocolError::HeaderParts {
                     frames: 0,
@@ -280,4 +443,9 @@ impl Drop for Receiving<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
     }
+}
+
+/// What the sender charged for `msgs` (see [`ucx_charge`]).
+fn charge(msgs: &[(u32, Message)]) -> u64 {
+    msgs.iter().map(|(_, m)| ucx_charge(m.len())).sum()
 }

@@ -1,7 +1,9 @@
 //! Endpoints: connecting, the UCXX handshake, closing. The operations an endpoint carries
-//! live with their concept: tagged messages and the stream in [`tagged`], active messages in
+//! live with their concept: tagged messages and the stream in [`tagged`], batches of them in
+//! [`batch`], active messages in
 //! [`crate::am`], multi-buffer messages in [`crate::multi`], RMA in [`crate::rma`].
 
+mod batch;
 mod shared;
 mod tagged;
 

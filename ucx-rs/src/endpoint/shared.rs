@@ -15,7 +15,7 @@ use ucx_sys as sys;
 use crate::buffer::{IoBuf, IoBufMut};
 use crate::error::{completed, Error, Result, Status};
 use crate::ops::{self, Landing};
-use crate::request::{post, CbKind, Completion, OpCore, Posted};
+use crate::request::{post, post_sends, Cancel, CbKind, Completion, OpCore, Posted};
 use crate::worker::{as_void, Locked, ProgressMode, WorkerShared};
 
 type CloseCallback = Box<dyn FnOnce(Option<Error>) + Send>;
@@ -49,7 +49,7 @@ pub(crate) struct EpShared {
     pub(super) close_after: AtomicU64,
     /// In-flight receives, cancelled when the endpoint fails or closes. Weak: a finished
     /// operation (and a buffer parked in it) is freed as soon as UCX lets go of it.
-    pending: Mutex<Vec<Weak<OpCore>>>,
+    pending: Mutex<Vec<Weak<dyn Cancel>>>,
     /// Sends (and other send-type operations) that did not complete when posted. UCX 1.13
     /// destroys an endpoint closed with a rendezvous send still waiting for its peer without
     /// finishing the request (an assertion aborts the process), so a close with any of these
@@ -177,8 +177,9 @@ impl EpShared {
         ops::filled(c, buf, cap, self.ended_by())
     }
 
-    /// Remembers an in-flight receive, to cancel it when the endpoint ends.
-    pub(crate) fn track(&self, op: &Arc<OpCore>) {
+    /// Remembers an in-flight receive (or batch of them), to cancel it when the endpoint ends.
+    pub(crate) fn track<T: Cancel + 'static>(&self, op: &Arc<T>) {
+        let op: Weak<dyn Cancel> = Arc::downgrade(op) as Weak<dyn Cancel>;
         remember(&self.pending, op);
     }
 
@@ -273,7 +274,24 @@ impl EpShared {
         let ep = self.live(&locked)?;
         let posted = post(&locked, CbKind::Send, memory_type, |param, _| op(ep, param));
         if let Posted::Pending(op) = &posted {
-            remember(&self.sending, op);
+            remember(&self.sending, Arc::downgrade(op));
+        }
+        Ok(posted)
+    }
+
+    /// Posts `n` send-type operations as one batch ([`post_sends`]) on the live endpoint,
+    /// under the worker lock: `op(ep, i, param)` makes the `i`th UCX call.
+    pub(crate) fn post_live_batch(
+        &self,
+        memory_type: sys::ucs_memory_type_t,
+        n: usize,
+        mut op: impl FnMut(sys::ucp_ep_h, usize, &mut sys::ucp_request_param_t) -> sys::ucs_status_ptr_t,
+    ) -> Result<Posted> {
+        let locked = self.worker.lock();
+        let ep = self.live(&locked)?;
+        let posted = post_sends(&locked, memory_type, n, |i, param| op(ep, i, param));
+        if let Posted::Pending(op) = &posted {
+            remember(&self.sending, Arc::downgrade(op));
         }
         Ok(posted)
     }
@@ -427,10 +445,10 @@ unsafe extern "C" fn ep_error_cb(arg: *mut c_void, _ep: sys::ucp_ep_h, status: s
 }
 
 /// Adds `op` to a list of in-flight operations, pruning finished ones now and then.
-fn remember(list: &Mutex<Vec<Weak<OpCore>>>, op: &Arc<OpCore>) {
+fn remember<T: Cancel + ?Sized>(list: &Mutex<Vec<Weak<T>>>, op: Weak<T>) {
     let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
     if list.len() >= 64 && list.len().is_power_of_two() {
         list.retain(|o| o.upgrade().is_some_and(|o| !o.is_done()));
     }
-    list.push(Arc::downgrade(op));
+    list.push(op);
 }

@@ -34,6 +34,18 @@ impl EpShared {
                 unsafe { ops::tag_recv(locked, landing, tag, u64::MAX) }
             })
             .await;
+        self.rescue_queued(r, buf, tag).await
+    }
+
+    /// After a receive on `tag` ended with `r`: one refused (or cancelled) with the peer's
+    /// failure takes a message still waiting in UCX's queue, if there is one; a receive that
+    /// succeeded is counted.
+    pub(crate) async fn rescue_queued<B: IoBufMut>(
+        &self,
+        r: Result<usize>,
+        buf: B,
+        tag: u64,
+    ) -> (Result<usize>, B) {
         let (r, buf) = match r {
             Err(Error::Ucx(s)) if self.ended_by() == Some(s) => {
                 match crate::probe::probe_raw(&self.worker, tag, u64::MAX, true)

@@ -1,0 +1,316 @@
+//! Batches of tagged messages: many sends (or receives) posted in one pass under the worker
+//! lock and awaited as one, for control traffic whose cost is the call, not the bytes.
+//!
+//! A batch of sends shares one completion: sends that UCX finishes at once (every eager
+//! message) allocate nothing, and the batch's future is ready without a progress call. A
+//! batch of receives posts every receive before any is awaited. Buffers in device memory take
+//! the one-message path, still posted in order.
+
+use futures::future::join_all;
+use ucx_sys as sys;
+
+use super::{Endpoint, EpShared};
+use crate::buffer::{IoBuf, IoBufMut, MemoryType};
+use crate::error::Result;
+use crate::request::{post_recvs, Cancel, InFlight};
+
+impl EpShared {
+    pub(crate) async fn tag_send_batch<B: IoBuf>(
+        &self,
+        bufs: Vec<B>,
+        tag: u64,
+    ) -> (Result<()>, Vec<B>) {
+        if bufs.iter().any(|b| b.memory_type() != MemoryType::Host) {
+            // join_all polls in order, so the sends are posted in order.
+            let done = join_all(bufs.into_iter().map(|b| self.tag_send(b, tag))).await;
+            let mut first = Ok(());
+            let bufs = done
+                .into_iter()
+                .map(|(r, b)| {
+                    if first.is_ok() {
+                        first = r;
+                    }
+                    b
+                })
+                .collect();
+            return (first, bufs);
+        }
+        // Scoped so that no raw pointer is held across the await (futures stay Send).
+        let posted = {
+            let parts: Vec<(*const u8, usize)> = bufs
+                .iter()
+                .map(|b| (b.stable_ptr(), b.bytes_init()))
+                .collect();
+            self.post_live_batch(MemoryType::Host.to_ucs(), parts.len(), |ep, i, param| {
+                let (p, n) = parts[i];
+                // SAFETY: ep is live under the worker lock; each buffer stays alive and in
+                // place until the batch completes (owned by the `InFlight` guard below, or
+                // parked in the operation if the future is dropped).
+                unsafe { sys::ucp_tag_send_nbx(ep, p.cast(), n, tag, param) }
+            })
+        };
+        match posted {
+            Ok(posted) => {
+                let (c, bufs) = self.complete(posted, bufs, false).await;
+                (self.outcome(&c), bufs)
+            }
+            Err(e) => (Err(e), bufs),
+        }
+    }
+
+    pub(crate) async fn tag_recv_batch<B: IoBufMut>(
+        &self,
+        bufs: Vec<B>,
+        tag: u64,
+    ) -> (Result<usize>, Vec<B>) {
+        if bufs.iter().any(|b| b.memory_type() != MemoryType::Host) {
+            let done = join_all(bufs.into_iter().map(|b| self.tag_recv(b, tag))).await;
+            return gather(done.into_iter());
+        }
+        let caps: Vec<usize> = bufs.iter().map(|b| b.bytes_total()).collect();
+        let mut bufs = bufs;
+        let guard = {
+            let locked = self.worker.lock();
+            if let Err(e) = self.live(&locked) {
+                return (Err(e), bufs);
+            }
+            let targets: Vec<(*mut u8, usize)> = bufs
+                .iter_mut()
+                .map(|b| (b.stable_mut_ptr(), b.bytes_total()))
+                .collect();
+            let batch = post_recvs(
+                &locked,
+                MemoryType::Host.to_ucs(),
+                bufs.len(),
+                |i, param| {
+                    let (p, cap) = targets[i];
+                    // SAFETY: the worker is locked; each buffer has `cap` writable bytes and stays
+                    // alive and in place until the batch completes (owned by the guard made right
+                    // below, before the lock is released, or parked in the batch by its drop).
+                    unsafe {
+                        sys::ucp_tag_recv_nbx(locked.handle(), p.cast(), cap, tag, u64::MAX, param)
+                    }
+                },
+            );
+            if !batch.is_done() {
+                self.track(&batch);
+            }
+            InFlight::new(batch, bufs, &self.worker, true)
+        };
+        let (batch, bufs) = guard.done().await;
+        let mut out = Vec::with_capacity(bufs.len());
+        for (i, (mut b, cap)) in bufs.into_iter().zip(caps).enumerate() {
+            match self.received(&batch.completion(i), &mut b, cap) {
+                Ok(n) => {
+                    self.count_recv();
+                    out.push((Ok(n), b));
+                }
+                Err(e) => out.push(self.rescue_queued(Err(e), b, tag).await),
+            }
+        }
+        gather(out.into_iter())
+    }
+
+    /// Receives the messages on `tag` that have already arrived, in order, without waiting
+    /// for more: at most `most`, stopping before the first longer than `largest` (left for a
+    /// later receive). Each lands in a buffer of exactly its size.
+    pub(crate) async fn tag_recv_arrived(
+        &self,
+        tag: u64,
+        most: usize,
+        largest: usize,
+    ) -> Result<Vec<Vec<u8>>> {
+        let (guard, lengths) = {
+            let locked = self.worker.lock();
+            self.live(&locked)?;
+            let mut found: Vec<(sys::ucp_tag_message_h, usize)> = Vec::new();
+            while found.len() < most {
+                let mut info = sys::ucp_tag_recv_info_t::default();
+                // SAFETY: the worker is locked; info is a valid out-pointer. remove = 0 only
+                // looks at the first matching message.
+                let next =
+                    unsafe { sys::ucp_tag_probe_nb(locked.handle(), tag, u64::MAX, 0, &mut info) };
+                if next.is_null() || info.length > largest {
+                    break;
+                }
+                // SAFETY: as above; with the lock held and no progress since the look, this
+                // takes the same message out of the queue.
+                let taken =
+                    unsafe { sys::ucp_tag_probe_nb(locked.handle(), tag, u64::MAX, 1, &mut info) };
+                debug_assert_eq!(taken, next);
+                found.push((taken, info.length));
+            }
+            if found.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut bufs: Vec<Vec<u8>> =
+                found.iter().map(|&(_, n)| Vec::with_capacity(n)).collect();
+            let targets: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
+            let batch = post_recvs(
+                &locked,
+                MemoryType::Host.to_ucs(),
+                found.len(),
+                |i, param| {
+                    let (msg, n) = found[i];
+                    // SAFETY: each message was taken out of the queue by the probe above and is
+                    // received exactly once, here; each buffer has `n` writable bytes and stays in
+                    // place until the batch completes (owned by the guard made right below, before
+                    // the lock is released, or parked in the batch by its drop).
+                    unsafe {
+                        sys::ucp_tag_msg_recv_nbx(locked.handle(), targets[i].cast(), n, msg, param)
+                    }
+                },
+            );
+            if !batch.is_done() {
+                self.track(&batch);
+            }
+            let lengths: Vec<usize> = found.iter().map(|&(_, n)| n).collect();
+            (InFlight::new(batch, bufs, &self.worker, true), lengths)
+        };
+        let (batch, mut bufs) = guard.done().await;
+        for (i, (b, n)) in bufs.iter_mut().zip(lengths).enumerate() {
+            let mut c = batch.completion(i);
+            // ucp_tag_msg_recv_nbx may not report the length; the probe told it.
+            c.length = n;
+            self.received(&c, b, n)?;
+            self.count_recv();
+        }
+        Ok(bufs)
+    }
+}
+
+/// The buffers in order, and how many were received (or the first failure).
+fn gather<B>(done: impl Iterator<Item = (Result<usize>, B)>) -> (Result<usize>, Vec<B>) {
+    let mut first: Result<usize> = Ok(0);
+    let bufs = done
+        .map(|(r, b)| {
+            match (&mut first, r) {
+                (Ok(n), Ok(_)) => *n += 1,
+                (Ok(_), Err(e)) => first = Err(e),
+                (Err(_), _) => {}
+            }
+            b
+        })
+        .collect();
+    (first, bufs)
+}
+
+/// Batches of tagged messages.
+impl Endpoint {
+    /// Sends each buffer as one tagged message on `tag`, in order, posted in one pass and
+    /// completed as one: the call a runtime makes for a burst of small control messages (UCX
+    /// finishes eager sends at once, so a batch of them allocates nothing and needs no
+    /// progress). Gives the buffers back in order.
+    ///
+    /// If a send fails, the batch reports the first failure; sends after one that failed when
+    /// posted are not posted (the endpoint has failed or closed).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> ucx::Result<()> {
+    /// use ucx::{Context, Endpoint, Listener, ProgressMode, Worker};
+    /// let ctx = Context::new()?;
+    /// let worker = Worker::new(&ctx, ProgressMode::Polling)?;
+    /// let mut listener = Listener::bind(&worker, "127.0.0.1:0".parse().unwrap())?;
+    /// let addr = listener.local_addr();
+    /// let (server, client) = tokio::join!(listener.accept(), Endpoint::connect(&worker, addr));
+    /// let (server, client) = (server?, client?);
+    /// let msgs: Vec<Vec<u8>> = (0u8..16).map(|i| vec![i; 8]).collect();
+    /// let bufs = (0..16).map(|_| Vec::with_capacity(8)).collect();
+    /// let ((sent, _), (got, bufs)) = tokio::join!(client.send_batch(msgs, 3), server.recv_batch(bufs, 3));
+    /// sent?;
+    /// assert_eq!(got?, 16);
+    /// assert!(bufs.iter().enumerate().all(|(i, b)| *b == vec![i as u8; 8]));
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_batch<B: IoBuf>(
+        &self,
+        bufs: Vec<B>,
+        tag: impl Into<crate::Tag>,
+    ) -> (Result<()>, Vec<B>) {
+        let (t, _) = self.tag_pair(tag.into());
+        self.shared.tag_send_batch(bufs, t).await
+    }
+
+    /// Receives one tagged message on `tag` into each buffer, in order (each buffer's length
+    /// is set to its message's size, as [`recv`](Self::recv) does): every receive is posted in
+    /// one pass, then they are awaited in turn. Returns how many were received, all of them,
+    /// or the first failure (buffers before the failing one hold their messages).
+    ///
+    /// Messages that arrived before the peer failed or closed are still delivered.
+    pub async fn recv_batch<B: IoBufMut>(
+        &self,
+        bufs: Vec<B>,
+        tag: impl Into<crate::Tag>,
+    ) -> (Result<usize>, Vec<B>) {
+        let (_, t) = self.tag_pair(tag.into());
+        self.shared.tag_recv_batch(bufs, t).await
+    }
+}
+
+/// Messages that have arrived.
+impl Endpoint {
+    /// Receives the messages on `tag` that have already arrived, in order, without waiting for
+    /// more: at most `most`, stopping before the first longer than `largest`, which is left
+    /// for a later receive. Each lands in a buffer of exactly its size, so memory follows what
+    /// arrived. Returns an empty list when nothing has (or the first waiting message is too
+    /// long).
+    ///
+    /// The call for a reader that drains a burst of small messages: one pass under the worker
+    /// lock, no receive posted in advance. It does not progress the worker: "arrived" means
+    /// seen by UCX, which the progress thread or task does in the other modes, and in polling
+    /// mode any pending operation's wait or [`Worker::progress`](crate::Worker::progress).
+    /// (A message still on its way by rendezvous is waited for once taken.)
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> ucx::Result<()> {
+    /// use ucx::{Context, Endpoint, Listener, ProgressMode, Worker};
+    /// let ctx = Context::new()?;
+    /// let worker = Worker::new(&ctx, ProgressMode::Polling)?;
+    /// let mut listener = Listener::bind(&worker, "127.0.0.1:0".parse().unwrap())?;
+    /// let addr = listener.local_addr();
+    /// let (server, client) = tokio::join!(listener.accept(), Endpoint::connect(&worker, addr));
+    /// let (server, client) = (server?, client?);
+    /// client.send_batch(vec![vec![1u8; 8], vec![2u8; 100], vec![3u8; 8]], 3).await.0?;
+    /// let mut got = Vec::new();
+    /// while got.is_empty() {
+    ///     worker.progress(); // polling mode: this thread moves what arrives
+    ///     got = server.recv_arrived(3, 16, 64).await?;
+    /// }
+    /// assert_eq!(got, vec![vec![1u8; 8]]); // the 100-byte message stopped it
+    /// assert_eq!(server.recv_vec(3).await?, vec![2u8; 100]);
+    /// let mut got = Vec::new();
+    /// while got.is_empty() {
+    ///     worker.progress();
+    ///     got = server.recv_arrived(3, 16, 64).await?;
+    /// }
+    /// assert_eq!(got, vec![vec![3u8; 8]]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn recv_arrived(
+        &self,
+        tag: impl Into<crate::Tag>,
+        most: usize,
+        largest: usize,
+    ) -> Result<Vec<Vec<u8>>> {
+        let (_, t) = self.tag_pair(tag.into());
+        self.shared.tag_recv_arrived(t, most, largest).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    #[test]
+    fn gather_counts_until_the_first_failure() {
+        let done = vec![(Ok(8), 1), (Err(Error::Closed), 2), (Ok(8), 3)];
+        let (r, bufs) = gather(done.into_iter());
+        assert!(matches!(r, Err(Error::Closed)));
+        assert_eq!(bufs, vec![1, 2, 3]);
+        let (r, _) = gather(vec![(Ok(1), ()), (Ok(2), ())].into_iter());
+        assert_eq!(r.ok(), Some(2));
+    }
+}
