@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use transport::frame::{encode, parse_first, First, Limits};
+use transport::frame::{encode, next_inline, parse_first, First, Limits};
 use transport::UCX_FIRST_MAX;
 
 fuzz_target!(|data: &[u8]| {
@@ -42,6 +42,18 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(again, first);
             } else {
                 assert!(more.is_empty());
+            }
+            // A bundle: the receiver walks what follows, one whole message at a time.
+            let mut rest = more;
+            while !rest.is_empty() {
+                match next_inline(rest, &limits) {
+                    Ok(Some(i)) => {
+                        assert!(i.more.len() < rest.len(), "no progress through the bundle");
+                        assert_eq!(i.frames().map(|f| f.size).sum::<u64>(), i.bytes.len() as u64);
+                        rest = i.more;
+                    }
+                    Ok(None) | Err(_) => break,
+                }
             }
         }
         Ok(First::Framed { frames, .. }) => {

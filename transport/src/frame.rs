@@ -217,7 +217,7 @@ pub fn parse_first<'a>(
     rest: Option<&[u8]>,
     limits: &Limits,
 ) -> Result<First<'a>, crate::ProtocolError> {
-    use crate::ProtocolError::{HeaderParts, Inline};
+    use crate::ProtocolError::HeaderParts;
     let got = first.len() + rest.map_or(0, <[u8]>::len);
     let Some(fixed) = first.first_chunk::<FIXED_LEN>() else {
         return Err(HeaderParts { frames: 0, got });
@@ -255,29 +255,91 @@ pub fn parse_first<'a>(
         if rest.is_some() {
             return Err(HeaderParts { frames: n, got });
         }
-        let entries = &first[FIXED_LEN..entries_end];
-        let total = check_entries(entries, limits)?;
-        let frames = iter_entries(entries).collect();
-        let after = &first[entries_end..];
-        if after.is_empty() && total > 0 {
-            return Ok(First::Framed { channel, frames });
-        }
-        // An inlined message: the frames' bytes follow the entries; after them, only more
-        // messages of a bundle.
-        if (after.len() as u64) < total {
-            return Err(Inline {
-                got: after.len(),
-                announced: total,
+        if let Some(i) = next_inline(first, limits)? {
+            return Ok(First::Inline {
+                channel,
+                frames: i.frames().collect(),
+                bytes: i.bytes,
+                more: i.more,
             });
         }
-        let (bytes, more) = after.split_at(total as usize);
-        Ok(First::Inline {
+        // Not inlined: a header with nothing after it, whose frames follow.
+        let entries = &first[FIXED_LEN..entries_end];
+        check_entries(entries, limits)?;
+        Ok(First::Framed {
             channel,
-            frames,
-            bytes,
-            more,
+            frames: iter_entries(entries).collect(),
         })
     }
+}
+
+/// An inlined message at the start of a UCX message, as [`next_inline`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inlined<'a> {
+    /// The message's channel.
+    pub channel: u32,
+    /// Its frame entries (checked).
+    pub entries: &'a [u8],
+    /// The frames' bytes.
+    pub bytes: &'a [u8],
+    /// What follows in the UCX message: more whole messages of a bundle, or nothing.
+    pub more: &'a [u8],
+}
+
+impl Inlined<'_> {
+    /// The message's frames.
+    pub fn frames(&self) -> impl ExactSizeIterator<Item = FrameMeta> + '_ {
+        iter_entries(self.entries)
+    }
+}
+
+/// The whole inlined message at the start of `buf` (see [`parse_first`]), found without
+/// allocating: `None` if `buf` starts with something else (the close marker, a header whose
+/// frames follow, a header longer than `buf`). Checks everything against `limits`.
+///
+/// ```
+/// use transport::frame::{encode, next_inline, FrameMeta, Limits};
+/// let mut m = encode(3, &[FrameMeta { size: 2, cuda: false }]);
+/// m.extend_from_slice(b"hi!");
+/// let i = next_inline(&m, &Limits::default()).unwrap().unwrap();
+/// assert_eq!((i.channel, i.bytes, i.more), (3, &b"hi"[..], &b"!"[..]));
+/// ```
+pub fn next_inline<'a>(
+    buf: &'a [u8],
+    limits: &Limits,
+) -> Result<Option<Inlined<'a>>, crate::ProtocolError> {
+    let Some(fixed) = buf.first_chunk::<FIXED_LEN>() else {
+        return Err(crate::ProtocolError::HeaderParts {
+            frames: 0,
+            got: buf.len(),
+        });
+    };
+    let (channel, n) = decode_fixed(fixed, limits)?;
+    let entries_end = header_len(n as usize);
+    if channel == crate::CLOSE_CHANNEL || buf.len() < entries_end {
+        return Ok(None);
+    }
+    let entries = &buf[FIXED_LEN..entries_end];
+    let total = check_entries(entries, limits)?;
+    let after = &buf[entries_end..];
+    if after.is_empty() && total > 0 {
+        return Ok(None);
+    }
+    // An inlined message: the frames' bytes follow the entries; after them, only more
+    // messages of a bundle.
+    if (after.len() as u64) < total {
+        return Err(crate::ProtocolError::Inline {
+            got: after.len(),
+            announced: total,
+        });
+    }
+    let (bytes, more) = after.split_at(total as usize);
+    Ok(Some(Inlined {
+        channel,
+        entries,
+        bytes,
+        more,
+    }))
 }
 
 fn entry_size(e: &[u8]) -> u64 {

@@ -43,7 +43,8 @@ pub(crate) struct OpCore {
     length: AtomicUsize,
     sender_tag: AtomicU64,
     req: AtomicPtr<c_void>,
-    /// Batches ([`post_sends`]): the sends not yet finished, plus one while posting.
+    /// Batches ([`post_sends`], [`post_recvs`]): the parts not yet finished, plus one while
+    /// posting. Read and written under the worker lock only.
     remaining: AtomicUsize,
     waker: AtomicWaker,
     parked: Mutex<Option<Box<dyn Any + Send>>>,
@@ -70,9 +71,11 @@ impl OpCore {
         self.waker.wake();
     }
 
-    /// One send of a batch finished: the batch keeps its first failure and is done when the
-    /// last one finishes.
-    fn one_done(&self, status: sys::ucs_status_t) {
+    /// One part of a batch finished: the batch keeps its first failure, and is done when its
+    /// last part is (returns true then). Called with the worker locked only (by the poster, and
+    /// by UCX's callbacks, which run under the lock), so `remaining` needs no atomic
+    /// read-modify-write.
+    fn part_done(&self, status: sys::ucs_status_t) -> bool {
         if status != sys::UCS_OK {
             let _ = self.status.compare_exchange(
                 sys::UCS_OK as i32,
@@ -81,10 +84,13 @@ impl OpCore {
                 Ordering::Relaxed,
             );
         }
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let left = self.remaining.load(Ordering::Relaxed) - 1;
+        self.remaining.store(left, Ordering::Relaxed);
+        if left == 0 {
             self.done.store(true, Ordering::Release);
             self.waker.wake();
         }
+        left == 0
     }
 
     /// Keeps `value` alive until the operation completes (it is dropped with the last reference).
@@ -193,15 +199,13 @@ pub(crate) fn post_recvs(
         core: OpCore::default(),
         slots: (0..n).map(|_| RecvSlot::default()).collect(),
     });
-    let owner = Arc::as_ptr(&batch);
-    batch.core.remaining.store(1, Ordering::Relaxed);
+    // Every receive, plus the poster's own part. UCX holds one reference for the whole
+    // batch, given back by whoever finishes its last part.
+    batch.core.remaining.store(n + 1, Ordering::Relaxed);
+    let hold = Arc::into_raw(Arc::clone(&batch));
     let mut in_flight = false;
     for (i, slot) in batch.slots.iter().enumerate() {
-        slot.owner.store(owner.cast_mut(), Ordering::Relaxed);
-        batch.core.remaining.fetch_add(1, Ordering::AcqRel);
-        // One strong reference per receive, given back by its callback.
-        // SAFETY: `owner` comes from a live Arc (`batch`).
-        unsafe { Arc::increment_strong_count(owner) };
+        slot.owner.store(hold.cast_mut(), Ordering::Relaxed);
         let mut param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
                 | sys::UCP_OP_ATTR_FIELD_USER_DATA
@@ -219,18 +223,20 @@ pub(crate) fn post_recvs(
             in_flight = true;
             continue;
         }
-        // Refused at once (no callback will come): its reference comes back here.
-        // SAFETY: taken above for this receive, not given to UCX.
-        unsafe { Arc::decrement_strong_count(owner) };
+        // Refused at once: no callback will come. Not the last part (the poster's is left).
         // SAFETY: only inspects the value.
         let status = unsafe { sys::ucxrs_ptr_status(ret) };
         slot.finish(status, 0);
-        batch.core.one_done(status);
+        batch.core.part_done(status);
     }
     if in_flight {
         locked.posted();
     }
-    batch.core.one_done(sys::UCS_OK);
+    if batch.core.part_done(sys::UCS_OK) {
+        // SAFETY: the batch's last part finished here, so no callback will use UCX's
+        // reference: it comes back, once.
+        drop(unsafe { Arc::from_raw(hold) });
+    }
     batch
 }
 
@@ -312,10 +318,11 @@ pub(crate) fn post(
 }
 
 /// Posts `n` send-type operations as one: `post(i, param)` makes the `i`th UCX call, in order,
-/// with the prepared parameters (all share one `OpCore`, which holds one reference per send
-/// in flight). Sends that complete at once cost no allocation; the batch is done when the last
-/// send is, with the first failure as its status. Posting stops at the first send that fails
-/// at once (later ones are not posted).
+/// with the prepared parameters. All share one `OpCore`, of which UCX holds one reference for
+/// the whole batch, given back by whoever finishes its last part; sends that complete at once
+/// cost no allocation and no atomic read-modify-write. The batch is done when the last send
+/// is, with the first failure as its status. Posting stops at the first send that fails at
+/// once (later ones are not posted).
 pub(crate) fn post_sends(
     locked: &Locked<'_>,
     memory_type: sys::ucs_memory_type_t,
@@ -323,46 +330,50 @@ pub(crate) fn post_sends(
     mut post: impl FnMut(usize, &mut sys::ucp_request_param_t) -> sys::ucs_status_ptr_t,
 ) -> Posted {
     let op = Arc::new(OpCore::default());
-    // The poster's own hold: the batch cannot finish while it is being posted.
-    op.remaining.store(1, Ordering::Relaxed);
+    // Every send, plus the poster's own part: the batch cannot finish while it is posted.
+    op.remaining.store(n + 1, Ordering::Relaxed);
+    let hold = Arc::into_raw(Arc::clone(&op));
+    let mut posted = 0;
     let mut in_flight = false;
     for i in 0..n {
-        op.remaining.fetch_add(1, Ordering::AcqRel);
-        let user_data = Arc::into_raw(Arc::clone(&op)) as *mut c_void;
         let mut param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
                 | sys::UCP_OP_ATTR_FIELD_USER_DATA
                 | sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-            user_data,
+            user_data: hold.cast_mut().cast(),
             memory_type,
             ..Default::default()
         };
         param.cb.send = Some(batch_send_cb);
         let ret = post(i, &mut param);
+        posted += 1;
         // SAFETY: UCS_PTR_* only inspect the pointer value.
         if unsafe { sys::ucxrs_ptr_is_ptr(ret) } != 0 {
             in_flight = true;
             continue;
         }
-        // SAFETY: completed at once, so UCX will not call the callback: this send's reference
-        // comes back here, exactly once.
-        drop(unsafe { Arc::from_raw(user_data as *const OpCore) });
         // SAFETY: as above, only inspects the value.
         let status = unsafe { sys::ucxrs_ptr_status(ret) };
-        op.one_done(status);
+        // Completed at once: no callback will come. Not the last part (the poster's is left).
+        op.part_done(status);
         if status != sys::UCS_OK {
             break;
         }
     }
+    // Sends never posted are finished too.
+    for _ in posted..n {
+        op.part_done(sys::UCS_OK);
+    }
     if in_flight {
         locked.posted();
     }
-    op.one_done(sys::UCS_OK);
-    if op.is_done() {
-        Posted::Done(op.completion())
-    } else {
-        Posted::Pending(op)
+    if op.part_done(sys::UCS_OK) {
+        // SAFETY: the batch's last part finished here, so no callback will use UCX's
+        // reference: it comes back, once.
+        drop(unsafe { Arc::from_raw(hold) });
+        return Posted::Done(op.completion());
     }
+    Posted::Pending(op)
 }
 
 /// Out-parameters UCX fills when a receive completes immediately.
@@ -422,12 +433,16 @@ unsafe extern "C" fn batch_send_cb(
     status: sys::ucs_status_t,
     user_data: *mut c_void,
 ) {
-    // SAFETY: UCX passes back the user_data `post_sends` registered for this request, which
-    // carries one strong reference for this send.
-    let op = unsafe { Arc::from_raw(user_data as *const OpCore) };
+    let raw = user_data as *const OpCore;
+    // SAFETY: user_data is the batch `post_sends` registered, kept alive by UCX's reference
+    // until its last part finishes.
+    let op = unsafe { &*raw };
     // SAFETY: the request is live and nobody uses it after this.
     unsafe { sys::ucp_request_free(request) };
-    op.one_done(status);
+    if op.part_done(status) {
+        // SAFETY: the last part finished: UCX's reference comes back, once.
+        drop(unsafe { Arc::from_raw(raw) });
+    }
 }
 
 unsafe extern "C" fn batch_recv_cb(
@@ -436,18 +451,22 @@ unsafe extern "C" fn batch_recv_cb(
     info: *const sys::ucp_tag_recv_info_t,
     user_data: *mut c_void,
 ) {
-    // SAFETY: user_data is the slot `post_recvs` registered, inside a batch kept alive by the
-    // strong reference taken for this receive, which comes back here.
+    // SAFETY: user_data is a slot `post_recvs` registered, inside a batch kept alive by UCX's
+    // reference until its last part finishes.
     let slot = unsafe { &*(user_data as *const RecvSlot) };
-    // SAFETY: as above: the owner pointer carries one strong reference for this receive.
-    let batch = unsafe { Arc::from_raw(slot.owner.load(Ordering::Relaxed).cast_const()) };
+    let owner = slot.owner.load(Ordering::Relaxed).cast_const();
+    // SAFETY: as above.
+    let batch = unsafe { &*owner };
     // SAFETY: when non-null, UCX's info points to a valid record for the duration of the call.
     let length = unsafe { info.as_ref() }.map_or(0, |i| i.length);
     // SAFETY: the request is live and nobody uses it after this (the slot is marked done
     // below, under the same lock).
     unsafe { sys::ucp_request_free(request) };
     slot.finish(status, length);
-    batch.core.one_done(sys::UCS_OK);
+    if batch.core.part_done(sys::UCS_OK) {
+        // SAFETY: the last part finished: UCX's reference comes back, once.
+        drop(unsafe { Arc::from_raw(owner) });
+    }
 }
 
 unsafe extern "C" fn tag_recv_cb(

@@ -129,23 +129,18 @@ impl Conn {
         let mut all = Bytes::new();
         while !rest.is_empty() || out.is_empty() {
             let at = ucx_msg.len() - rest.len();
-            let (channel, metas, bytes, more) = match frame::parse_first(rest, None, &limits)? {
-                frame::First::Inline {
-                    channel,
-                    frames,
-                    bytes,
-                    more,
-                } if channel != CLOSE_CHANNEL => (channel, frames, bytes, more),
-                _ if out.is_empty() => return Ok(None),
-                _ => return Err(ProtocolError::Bundled { at }),
+            let one = match frame::next_inline(rest, &limits)? {
+                Some(one) => one,
+                None if out.is_empty() => return Ok(None),
+                None => return Err(ProtocolError::Bundled { at }),
             };
             if out.is_empty() {
                 // One copy for the whole bundle; every frame is a slice of it.
                 all = Bytes::copy_from_slice(ucx_msg);
             }
-            let mut from = ucx_msg.len() - bytes.len() - more.len();
-            let mut frames = Vec::with_capacity(metas.len());
-            for m in metas {
+            let mut from = ucx_msg.len() - one.bytes.len() - one.more.len();
+            let mut frames = Vec::with_capacity(one.frames().len());
+            for m in one.frames() {
                 let f = all.slice(from..from + m.size as usize);
                 from += m.size as usize;
                 // A peer may inline a device frame too: it lands where device frames land.
@@ -159,8 +154,8 @@ impl Conn {
                 }
                 frames.push(Frame::Host(f));
             }
-            out.push((channel, Message { frames }));
-            rest = more;
+            out.push((one.channel, Message { frames }));
+            rest = one.more;
         }
         Ok(Some(out))
     }
