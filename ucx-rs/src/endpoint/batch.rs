@@ -67,48 +67,64 @@ impl EpShared {
             let done = join_all(bufs.into_iter().map(|b| self.tag_recv(b, tag))).await;
             return gather(done.into_iter());
         }
-        let caps: Vec<usize> = bufs.iter().map(|b| b.bytes_total()).collect();
         let mut bufs = bufs;
         let guard = {
             let locked = self.worker.lock();
             if let Err(e) = self.live(&locked) {
                 return (Err(e), bufs);
             }
-            let targets: Vec<(*mut u8, usize)> = bufs
-                .iter_mut()
-                .map(|b| (b.stable_mut_ptr(), b.bytes_total()))
-                .collect();
-            let batch = post_recvs(
-                &locked,
-                MemoryType::Host.to_ucs(),
-                bufs.len(),
-                |i, param| {
-                    let (p, cap) = targets[i];
-                    // SAFETY: the worker is locked; each buffer has `cap` writable bytes and stays
-                    // alive and in place until the batch completes (owned by the guard made right
-                    // below, before the lock is released, or parked in the batch by its drop).
-                    unsafe {
-                        sys::ucp_tag_recv_nbx(locked.handle(), p.cast(), cap, tag, u64::MAX, param)
-                    }
-                },
-            );
+            let n = bufs.len();
+            let batch = post_recvs(&locked, MemoryType::Host.to_ucs(), n, |i, param| {
+                let b = &mut bufs[i];
+                let (p, cap) = (b.stable_mut_ptr(), b.bytes_total());
+                // SAFETY: the worker is locked; each buffer has `cap` writable bytes and stays
+                // alive and in place until the batch completes (owned by the guard made right
+                // below, before the lock is released, or parked in the batch by its drop).
+                unsafe {
+                    sys::ucp_tag_recv_nbx(locked.handle(), p.cast(), cap, tag, u64::MAX, param)
+                }
+            });
             if !batch.is_done() {
                 self.track(&batch);
             }
             InFlight::new(batch, bufs, &self.worker, true)
         };
-        let (batch, bufs) = guard.done().await;
-        let mut out = Vec::with_capacity(bufs.len());
-        for (i, (mut b, cap)) in bufs.into_iter().zip(caps).enumerate() {
-            match self.received(&batch.completion(i), &mut b, cap) {
-                Ok(n) => {
-                    self.count_recv();
-                    out.push((Ok(n), b));
-                }
-                Err(e) => out.push(self.rescue_queued(Err(e), b, tag).await),
+        let (batch, mut bufs) = guard.done().await;
+        // In place while every receive succeeded (the usual case).
+        let mut failed = None;
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let cap = b.bytes_total();
+            if let Err(e) = self.received(&batch.completion(i), b, cap) {
+                failed = Some((i, e));
+                break;
             }
         }
-        gather(out.into_iter())
+        let Some((at, e)) = failed else {
+            self.count_recvs(bufs.len());
+            return (Ok(bufs.len()), bufs);
+        };
+        self.count_recvs(at);
+        // From the first failure on: what arrived before the peer failed is still delivered.
+        let rest = bufs.split_off(at);
+        let mut first = Some(e);
+        let mut done: Vec<(Result<usize>, B)> = bufs.into_iter().map(|b| (Ok(0), b)).collect();
+        for (i, mut b) in rest.into_iter().enumerate() {
+            let r = match first.take() {
+                Some(e) => Err(e),
+                None => {
+                    let cap = b.bytes_total();
+                    self.received(&batch.completion(at + i), &mut b, cap)
+                }
+            };
+            done.push(match r {
+                Ok(n) => {
+                    self.count_recv();
+                    (Ok(n), b)
+                }
+                Err(e) => self.rescue_queued(Err(e), b, tag).await,
+            });
+        }
+        gather(done.into_iter())
     }
 
     /// Receives the messages on `tag` that have already arrived, in order, without waiting
@@ -173,8 +189,8 @@ impl EpShared {
             // ucp_tag_msg_recv_nbx may not report the length; the probe told it.
             c.length = n;
             self.received(&c, b, n)?;
-            self.count_recv();
         }
+        self.count_recvs(bufs.len());
         Ok(bufs)
     }
 }

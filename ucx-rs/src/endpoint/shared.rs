@@ -391,8 +391,17 @@ impl EpShared {
     /// Counts a completed receive (the handshake's stream receive does not count) and closes
     /// the endpoint when `close_after_n_recv` says so.
     pub(crate) fn count_recv(&self) {
-        let done = self.recv_count.fetch_add(1, Ordering::AcqRel) + 1;
-        if done == self.close_after.load(Ordering::Acquire) {
+        self.count_recvs(1);
+    }
+
+    /// Counts `n` completed receives at once (see [`Self::count_recv`]).
+    pub(crate) fn count_recvs(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let done = self.recv_count.fetch_add(n as u64, Ordering::AcqRel) + n as u64;
+        let after = self.close_after.load(Ordering::Acquire);
+        if after != 0 && (done + 1 - n as u64..=done).contains(&after) {
             tracing::debug!(peer = ?self.peer, receives = done, "closing after n receives");
             self.start_close(&mut self.worker.lock(), false);
         }
