@@ -14,7 +14,8 @@
 //!    senders are safe (a message's header and frames are never interleaved with another's),
 //!    and `recv` is cancel-safe. A `send` dropped part-way through a message closes a `tcp://`
 //!    connection (what is on the wire cannot be taken back); on `ucx://` and `inproc://` a
-//!    posted message is delivered whole;
+//!    posted message is delivered whole. For bursts of small messages,
+//!    [`Connection::send_batch`] and [`Connection::recv_many`];
 //! 3. [`Connection::close`]: the peer's `recv` then fails with
 //!    [`CloseReason::PeerClosed`], after everything sent before. A peer that goes away without
 //!    closing is [`CloseReason::PeerFailed`], one that breaks the wire format

@@ -8,6 +8,9 @@
 //!    `send_obj`/`recv_obj`, the stream API →
 //! 5. [`Endpoint::close`].
 //!
+//! Many small messages at once: [`Endpoint::send_batch`], [`Endpoint::recv_batch`] and
+//! [`Endpoint::recv_arrived`] (one pass under the worker lock, one completion).
+//!
 //! Beyond tagged messages: [`Endpoint::send_multi`]/[`Endpoint::recv_multi`] (UCXX's
 //! multi-buffer format, [`multi`]), [`Endpoint::am_send`]/[`Endpoint::am_recv`] (active
 //! messages, [`am`]), probes ([`Endpoint::tag_probe`], [`Worker::tag_recv`]), RMA
