@@ -146,17 +146,6 @@ impl Conn {
         tx.send((channel, msg)).await.map_err(|_| self.peer_end())
     }
 
-    pub(crate) async fn send_batch(&self, channel: u32, msgs: Vec<Message>) -> Result<()> {
-        let limits = self.limits.get();
-        for m in &msgs {
-            check_outgoing(channel, m, &limits)?;
-        }
-        for m in msgs {
-            self.send(channel, m).await?;
-        }
-        Ok(())
-    }
-
     pub(crate) async fn recv(&self) -> Result<Item> {
         let (channel, msg) = self
             .rx

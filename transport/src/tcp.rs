@@ -20,7 +20,7 @@ use tokio::sync::Mutex;
 
 use crate::frame;
 use crate::{
-    check_outgoing, close_marker, encode_header, header_metas, Address, CloseReason, CloseState,
+    check_outgoing, close_marker, encode_header, encode_whole, Address, CloseReason, CloseState,
     Failure, Frame, Message, Options, ProtocolError, Result, TransportError, CLOSE_CHANNEL,
 };
 
@@ -353,12 +353,8 @@ impl Conn {
 
     /// Small host-memory messages are written together, up to [`BATCH_WRITE`] bytes a write,
     /// under one hold of the writer; a batch with any other message sends each as
-    /// [`Self::send`] does.
+    /// [`Self::send`] does. The caller checked every message against the limits.
     pub(crate) async fn send_batch(&self, channel: u32, msgs: Vec<Message>) -> Result<()> {
-        let limits = self.limits.get();
-        for m in &msgs {
-            check_outgoing(channel, m, &limits)?;
-        }
         let small =
             |m: &Message| !m.has_cuda() && frame::header_len(m.frames.len()) + m.len() <= COALESCE;
         if !msgs.iter().all(small) {
@@ -375,10 +371,7 @@ impl Conn {
             while msgs.peek().is_some() {
                 scratch.clear();
                 while let Some(m) = msgs.next_if(|_| scratch.len() < BATCH_WRITE) {
-                    frame::encode_into(scratch, channel, header_metas(m));
-                    for b in m.frames.iter().filter_map(Frame::as_host) {
-                        scratch.extend_from_slice(b);
-                    }
+                    encode_whole(scratch, channel, m);
                 }
                 w.write_all(scratch).await?;
             }

@@ -117,7 +117,9 @@ pub(crate) trait Cancel: Send + Sync {
     /// What completes (and keeps parked buffers) for it.
     fn core(&self) -> &OpCore;
     /// Whether it finished.
-    fn is_done(&self) -> bool;
+    fn is_done(&self) -> bool {
+        self.core().is_done()
+    }
     /// Cancels what is still in flight. Must be called with the worker locked.
     fn cancel(&self, locked: &Locked<'_>);
 }
@@ -125,9 +127,6 @@ pub(crate) trait Cancel: Send + Sync {
 impl Cancel for OpCore {
     fn core(&self) -> &OpCore {
         self
-    }
-    fn is_done(&self) -> bool {
-        OpCore::is_done(self)
     }
     fn cancel(&self, locked: &Locked<'_>) {
         OpCore::cancel(self, locked)
@@ -167,9 +166,6 @@ impl RecvBatch {
 impl Cancel for RecvBatch {
     fn core(&self) -> &OpCore {
         &self.core
-    }
-    fn is_done(&self) -> bool {
-        self.core.is_done()
     }
     fn cancel(&self, locked: &Locked<'_>) {
         for s in self.slots.iter() {
@@ -360,10 +356,9 @@ pub(crate) fn post_sends(
             break;
         }
     }
-    // Sends never posted are finished too.
-    for _ in posted..n {
-        op.part_done(sys::UCS_OK);
-    }
+    // Sends never posted are finished too (the poster's part is left: not the last).
+    let left = op.remaining.load(Ordering::Relaxed) - (n - posted);
+    op.remaining.store(left, Ordering::Relaxed);
     if in_flight {
         locked.posted();
     }
@@ -510,19 +505,24 @@ impl<'w, B: Send + 'static, T: Cancel + ?Sized> InFlight<'w, B, T> {
         }
     }
 
+    /// Waits for completion, then takes the buffer back.
+    async fn take_when_done(&mut self) -> B {
+        wait(self.op.core(), self.worker).await;
+        self.buf.take().expect("buffer present until finish")
+    }
+
     /// Waits for completion and gives the operation and the buffer back.
     pub(crate) async fn done(mut self) -> (Arc<T>, B) {
-        wait(self.op.core(), self.worker).await;
-        let buf = self.buf.take().expect("buffer present until finish");
+        let buf = self.take_when_done().await;
         (Arc::clone(&self.op), buf)
     }
 }
 
 impl<B: Send + 'static> InFlight<'_, B> {
     /// Waits for completion and gives the buffer back.
-    pub(crate) async fn finish(self) -> (Completion, B) {
-        let (op, buf) = self.done().await;
-        (op.completion(), buf)
+    pub(crate) async fn finish(mut self) -> (Completion, B) {
+        let buf = self.take_when_done().await;
+        (self.op.completion(), buf)
     }
 }
 

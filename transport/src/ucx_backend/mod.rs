@@ -37,7 +37,7 @@ use crate::frame;
 
 mod receive;
 use crate::{
-    check_outgoing, close_marker, encode_header, header_metas, ucx_charge, Address, CloseReason,
+    check_outgoing, close_marker, encode_header, encode_whole, ucx_charge, Address, CloseReason,
     CloseState, Failure, Frame, Message, Options, ProtocolError, Result, TransportError,
     UCX_GRANT_EVERY,
 };
@@ -53,6 +53,8 @@ pub const FIRST_MAX: usize = crate::UCX_FIRST_MAX;
 /// How long a close waits for sends in flight (the peer taking rendezvous frames) before it
 /// forces the endpoint closed.
 const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// UCX messages on [`TAG`] a receive took ahead, in order (see `receive.rs`).
+type Ahead = std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>;
 /// The most UCX messages (bundles) in one UCX batch of [`Conn::send_batch`].
 const MAX_RUN: usize = 64;
 /// The tag credit grants travel on (little-endian `u64`: bytes granted back).
@@ -128,7 +130,7 @@ pub(crate) struct Conn {
     first_buf: std::sync::Mutex<Vec<u8>>,
     /// UCX messages on [`TAG`] taken ahead, in order, that the receive has not read yet
     /// (see `receive.rs`): they come before anything still in UCX.
-    ahead: Arc<std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>>,
+    ahead: Arc<Ahead>,
     /// Bytes (charged) this side may still send before it needs a grant from the peer.
     credits: AtomicU64,
     /// The window: what `credits` starts at and never exceeds.
@@ -356,23 +358,20 @@ impl Conn {
     /// one UCX message, which the receiver unpacks in order; runs of bundles go as one
     /// [`ucx::Endpoint::send_batch`] (posted in one pass, one completion) under one take of
     /// credit. Larger messages go between them as [`Self::send`] sends them. Every message is
-    /// checked before anything is sent.
+    /// checked against the limits before anything is sent (by the caller).
     async fn send_batch_inner(&self, channel: u32, msgs: Vec<Message>) -> Result<()> {
-        let limits = self.limits.get();
-        for m in &msgs {
-            check_outgoing(channel, m, &limits)?;
-        }
         let mut run: Vec<Vec<u8>> = Vec::new();
         let mut charge = 0;
         for msg in msgs {
-            let len = frame::header_len(msg.frames.len()) + msg.len();
+            let bytes = msg.len();
+            let len = frame::header_len(msg.frames.len()) + bytes;
             if len > FIRST_MAX || msg.has_cuda() {
                 self.send_run(std::mem::take(&mut run), std::mem::take(&mut charge))
                     .await?;
                 self.send_inner(channel, msg).await?;
                 continue;
             }
-            let c = ucx_charge(msg.len());
+            let c = ucx_charge(bytes);
             // A run takes no more credit than one message may (UCX_CHARGE_CAP), so a batch
             // cannot wait for more than the window holds.
             if charge + c > crate::UCX_CHARGE_CAP || run.len() == MAX_RUN {
@@ -381,11 +380,11 @@ impl Conn {
             }
             match run.last_mut() {
                 Some(bundle) if bundle.len() + len <= FIRST_MAX => {
-                    encode_inline(bundle, channel, &msg)
+                    encode_whole(bundle, channel, &msg)
                 }
                 _ => {
                     let mut bundle = Vec::with_capacity(FIRST_MAX.min(len * 64));
-                    encode_inline(&mut bundle, channel, &msg);
+                    encode_whole(&mut bundle, channel, &msg);
                     run.push(bundle);
                 }
             }
@@ -431,10 +430,7 @@ impl Conn {
                 .unwrap_or_default();
             one.clear();
             one.reserve(FIRST_MAX);
-            frame::encode_into(&mut one, channel, header_metas(&msg));
-            for f in msg.frames.iter().filter_map(Frame::as_host) {
-                one.extend_from_slice(f);
-            }
+            encode_whole(&mut one, channel, &msg);
             let (r, one) = self.post_in_order(self.ep().send(one, TAG)).await;
             *self.send_buf.lock().unwrap_or_else(|e| e.into_inner()) = Some(one);
             return r.map_err(closed_or);
@@ -663,7 +659,7 @@ const GOODBYE_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 fn watch(
     ep: &Arc<ucx::Endpoint>,
     receiving: &Arc<AtomicBool>,
-    ahead: &Arc<std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>>,
+    ahead: &Arc<Ahead>,
     state: &Arc<CloseState>,
 ) {
     let (weak, posted, state) = (Arc::downgrade(ep), Arc::clone(receiving), Arc::clone(state));
@@ -697,13 +693,5 @@ pub(crate) fn closed_or(e: ucx::Error) -> TransportError {
             TransportError::Closed(CloseReason::PeerFailed(Failure::Ucx(s)))
         }
         e => TransportError::Ucx(e),
-    }
-}
-
-/// Appends `msg` on `channel` inlined (header, then the frames' bytes; host frames only).
-fn encode_inline(buf: &mut Vec<u8>, channel: u32, msg: &Message) {
-    frame::encode_into(buf, channel, header_metas(msg));
-    for f in msg.frames.iter().filter_map(Frame::as_host) {
-        buf.extend_from_slice(f);
     }
 }

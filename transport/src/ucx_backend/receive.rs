@@ -7,9 +7,7 @@ use bytes::Bytes;
 
 use super::{closed_or, Conn, FIRST_MAX, TAG};
 use crate::frame;
-use crate::{
-    ucx_charge, CloseReason, Frame, Message, ProtocolError, Result, TransportError, CLOSE_CHANNEL,
-};
+use crate::{ucx_charge, CloseReason, Frame, Message, ProtocolError, Result, TransportError};
 
 /// Host frames of at least this many bytes are probed before memory is set aside for them,
 /// and counted against the receive budget ([`crate::budget`]).
@@ -21,10 +19,12 @@ const READ_AHEAD: usize = 64;
 const POSTED_AHEAD: u64 = 4 << 20;
 /// What a message's first UCX message held.
 enum First {
-    /// The whole message.
-    Inline(Vec<Frame>),
-    /// The header: the frames follow, one UCX message each.
-    Framed(Vec<frame::FrameMeta>),
+    /// Whole messages: one inlined, or a bundle of them (a batched send).
+    Whole(Vec<(u32, Message)>),
+    /// The close marker.
+    Close,
+    /// The header of a message on its channel: the frames follow, one UCX message each.
+    Framed(u32, Vec<frame::FrameMeta>),
 }
 
 /// A frame's receive buffer.
@@ -138,22 +138,8 @@ impl Conn {
                 // One copy for the whole bundle; every frame is a slice of it.
                 all = Bytes::copy_from_slice(ucx_msg);
             }
-            let mut from = ucx_msg.len() - one.bytes.len() - one.more.len();
-            let mut frames = Vec::with_capacity(one.frames().len());
-            for m in one.frames() {
-                let f = all.slice(from..from + m.size as usize);
-                from += m.size as usize;
-                // A peer may inline a device frame too: it lands where device frames land.
-                #[cfg(feature = "cuda")]
-                if m.cuda {
-                    frames.push(
-                        crate::cuda::from_host(f)
-                            .map_err(|e| ProtocolError::DeviceFrame(e.to_string()))?,
-                    );
-                    continue;
-                }
-                frames.push(Frame::Host(f));
-            }
+            let from = ucx_msg.len() - one.bytes.len() - one.more.len();
+            let frames = inline_frames(&all, from, one.frames())?;
             out.push((one.channel, Message { frames }));
             rest = one.more;
         }
@@ -200,36 +186,24 @@ impl Conn {
             }
         };
         let first: &[u8] = kept.as_deref().unwrap_or(&taken);
-        let whole = self.whole(first);
-        let result = match &whole {
-            Ok(None) => Some(self.parse_first(first).await),
-            _ => None,
-        };
+        let parsed = self.parse_first(first).await;
         if let Some(buf) = kept {
             *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()) = buf;
         }
-        match whole {
-            Ok(Some(mut msgs)) => {
+        match parsed? {
+            First::Close => Err(TransportError::Closed(CloseReason::PeerClosed)),
+            First::Whole(mut msgs) => {
                 self.took(charge(&msgs)).await;
                 let first = msgs.remove(0);
-                return Ok((first, msgs));
+                Ok((first, msgs))
             }
-            Err(e) => return Err(self.refuse(e)),
-            Ok(None) => {}
+            First::Framed(channel, metas) => {
+                // Kept out of this future (boxed): every receive's state stays small, and
+                // large messages pay one allocation.
+                let msg = Box::pin(self.recv_frames(channel, metas)).await?;
+                Ok((msg, Vec::new()))
+            }
         }
-        let (channel, metas) = match result.expect("parsed when not whole")? {
-            (CLOSE_CHANNEL, _) => return Err(TransportError::Closed(CloseReason::PeerClosed)),
-            (channel, First::Inline(frames)) => {
-                let msg = Message { frames };
-                self.took(ucx_charge(msg.len())).await;
-                return Ok(((channel, msg), Vec::new()));
-            }
-            (channel, First::Framed(metas)) => (channel, metas),
-        };
-        // Kept out of this future (boxed): every receive's state stays small, and large
-        // messages pay one allocation.
-        let msg = Box::pin(self.recv_frames(channel, metas)).await?;
-        Ok((msg, Vec::new()))
     }
 
     /// Receives the frames of a message whose header announced `metas`.
@@ -362,9 +336,13 @@ impl Conn {
         Ok(())
     }
 
-    /// Reads a message's first UCX message (see [`frame::parse_first`]), receiving the rest
-    /// of a header longer than [`FIRST_MAX`]; an inlined message's frames are copied out.
-    async fn parse_first(&self, first: &[u8]) -> Result<(u32, First)> {
+    /// Reads a message's first UCX message: whole messages (one inlined, or a bundle), the
+    /// close marker, or a header whose frames follow, receiving the rest of a header longer
+    /// than [`FIRST_MAX`]. Inlined frames are copied out, once per UCX message.
+    async fn parse_first(&self, first: &[u8]) -> Result<First> {
+        if let Some(msgs) = self.whole(first).map_err(|e| self.refuse(e))? {
+            return Ok(First::Whole(msgs));
+        }
         let limits = self.limits.get();
         let mut parsed = frame::parse_first(first, None, &limits);
         if let Ok(frame::First::Split { rest: want }) = parsed {
@@ -386,49 +364,52 @@ impl Conn {
             };
             parsed = frame::parse_first(first, Some(&rest), &limits);
         }
-        let (channel, metas, bytes) = match parsed {
-            Ok(frame::First::Close) => return Ok((CLOSE_CHANNEL, First::Inline(Vec::new()))),
-            Ok(frame::First::Framed { channel, frames }) => {
-                return Ok((channel, First::Framed(frames)))
-            }
+        match parsed {
+            Ok(frame::First::Close) => Ok(First::Close),
+            Ok(frame::First::Framed { channel, frames }) => Ok(First::Framed(channel, frames)),
+            // Only after a split header (whole messages were taken above): frames with no
+            // bytes, nothing bundled.
             Ok(frame::First::Inline {
                 channel,
                 frames,
                 bytes,
-                more: [],
-            }) => (channel, frames, bytes),
-            Ok(frame::First::Inline { bytes, .. }) => {
-                return Err(self.refuse(ProtocolError::Bundled {
-                    at: first.len() - bytes.len(),
-                }))
+                more,
+            }) => {
+                debug_assert!(bytes.is_empty() && more.is_empty());
+                let frames = inline_frames(&Bytes::copy_from_slice(bytes), 0, frames.into_iter())
+                    .map_err(|e| self.refuse(e))?;
+                Ok(First::Whole(vec![(channel, Message { frames })]))
             }
-            Ok(frame::First::Split { rest }) => {
-                return Err(self.refuse(ProtocolError::HeaderParts {
-                    frames: 0,
-                    got: FIRST_MAX + rest,
-                }))
-            }
-            Err(e) => return Err(self.refuse(e)),
-        };
-        let all = Bytes::copy_from_slice(bytes);
-        let mut at = 0;
-        let mut frames = Vec::with_capacity(metas.len());
-        for m in metas {
-            let f = all.slice(at..at + m.size as usize);
-            at += m.size as usize;
-            // A peer may inline a device frame too: it lands where device frames land.
-            #[cfg(feature = "cuda")]
-            if m.cuda {
-                match crate::cuda::from_host(f) {
-                    Ok(d) => frames.push(d),
-                    Err(e) => return Err(self.refuse(ProtocolError::DeviceFrame(e.to_string()))),
-                }
-                continue;
-            }
-            frames.push(Frame::Host(f));
+            Ok(frame::First::Split { rest }) => Err(self.refuse(ProtocolError::HeaderParts {
+                frames: 0,
+                got: FIRST_MAX + rest,
+            })),
+            Err(e) => Err(self.refuse(e)),
         }
-        Ok((channel, First::Inline(frames)))
     }
+}
+
+/// The frames `metas` describes, sliced one after the other from `all` at `from`. A peer may
+/// inline a device frame too: it lands where device frames land.
+fn inline_frames(
+    all: &Bytes,
+    mut from: usize,
+    metas: impl Iterator<Item = frame::FrameMeta>,
+) -> std::result::Result<Vec<Frame>, ProtocolError> {
+    let mut frames = Vec::with_capacity(metas.size_hint().0);
+    for m in metas {
+        let f = all.slice(from..from + m.size as usize);
+        from += m.size as usize;
+        #[cfg(feature = "cuda")]
+        if m.cuda {
+            frames.push(
+                crate::cuda::from_host(f).map_err(|e| ProtocolError::DeviceFrame(e.to_string()))?,
+            );
+            continue;
+        }
+        frames.push(Frame::Host(f));
+    }
+    Ok(frames)
 }
 
 /// Clears a connection's "receiving" flag when its receive ends (or is dropped).

@@ -35,27 +35,14 @@ impl EpShared {
                 .collect();
             return (first, bufs);
         }
-        // Scoped so that no raw pointer is held across the await (futures stay Send).
-        let posted = {
-            let parts: Vec<(*const u8, usize)> = bufs
-                .iter()
-                .map(|b| (b.stable_ptr(), b.bytes_init()))
-                .collect();
-            self.post_live_batch(MemoryType::Host.to_ucs(), parts.len(), |ep, i, param| {
-                let (p, n) = parts[i];
-                // SAFETY: ep is live under the worker lock; each buffer stays alive and in
-                // place until the batch completes (owned by the `InFlight` guard below, or
-                // parked in the operation if the future is dropped).
-                unsafe { sys::ucp_tag_send_nbx(ep, p.cast(), n, tag, param) }
-            })
-        };
-        match posted {
-            Ok(posted) => {
-                let (c, bufs) = self.complete(posted, bufs, false).await;
-                (self.outcome(&c), bufs)
-            }
-            Err(e) => (Err(e), bufs),
-        }
+        let posted = self.post_live_batch(MemoryType::Host.to_ucs(), bufs.len(), |ep, i, param| {
+            let b = &bufs[i];
+            // SAFETY: ep is live under the worker lock; each buffer stays alive and in place
+            // until the batch completes (owned by the `InFlight` guard `sent` makes, or parked
+            // in the operation if the future is dropped).
+            unsafe { sys::ucp_tag_send_nbx(ep, b.stable_ptr().cast(), b.bytes_init(), tag, param) }
+        });
+        self.sent(posted, bufs).await
     }
 
     pub(crate) async fn tag_recv_batch<B: IoBufMut>(
@@ -161,7 +148,6 @@ impl EpShared {
             }
             let mut bufs: Vec<Vec<u8>> =
                 found.iter().map(|&(_, n)| Vec::with_capacity(n)).collect();
-            let targets: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
             let batch = post_recvs(
                 &locked,
                 MemoryType::Host.to_ucs(),
@@ -173,7 +159,13 @@ impl EpShared {
                     // place until the batch completes (owned by the guard made right below, before
                     // the lock is released, or parked in the batch by its drop).
                     unsafe {
-                        sys::ucp_tag_msg_recv_nbx(locked.handle(), targets[i].cast(), n, msg, param)
+                        sys::ucp_tag_msg_recv_nbx(
+                            locked.handle(),
+                            bufs[i].as_mut_ptr().cast(),
+                            n,
+                            msg,
+                            param,
+                        )
                     }
                 },
             );

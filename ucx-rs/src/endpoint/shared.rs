@@ -270,13 +270,9 @@ impl EpShared {
         memory_type: Option<sys::ucs_memory_type_t>,
         op: impl FnOnce(sys::ucp_ep_h, &mut sys::ucp_request_param_t) -> sys::ucs_status_ptr_t,
     ) -> Result<Posted> {
-        let locked = self.worker.lock();
-        let ep = self.live(&locked)?;
-        let posted = post(&locked, CbKind::Send, memory_type, |param, _| op(ep, param));
-        if let Posted::Pending(op) = &posted {
-            remember(&self.sending, Arc::downgrade(op));
-        }
-        Ok(posted)
+        self.post_sending(|locked, ep| {
+            post(locked, CbKind::Send, memory_type, |param, _| op(ep, param))
+        })
     }
 
     /// Posts `n` send-type operations as one batch ([`post_sends`]) on the live endpoint,
@@ -287,13 +283,40 @@ impl EpShared {
         n: usize,
         mut op: impl FnMut(sys::ucp_ep_h, usize, &mut sys::ucp_request_param_t) -> sys::ucs_status_ptr_t,
     ) -> Result<Posted> {
+        self.post_sending(|locked, ep| {
+            post_sends(locked, memory_type, n, |i, param| op(ep, i, param))
+        })
+    }
+
+    /// Runs `post` (given the worker, locked, and the live endpoint) and remembers what it
+    /// left in flight among the sends a close waits for.
+    fn post_sending(
+        &self,
+        post: impl FnOnce(&Locked<'_>, sys::ucp_ep_h) -> Posted,
+    ) -> Result<Posted> {
         let locked = self.worker.lock();
         let ep = self.live(&locked)?;
-        let posted = post_sends(&locked, memory_type, n, |i, param| op(ep, i, param));
+        let posted = post(&locked, ep);
         if let Posted::Pending(op) = &posted {
             remember(&self.sending, Arc::downgrade(op));
         }
         Ok(posted)
+    }
+
+    /// Waits for a posted send-type operation (`Err`: it could not be posted) and gives `buf`
+    /// back with how it ended.
+    pub(crate) async fn sent<B: Send + 'static>(
+        &self,
+        posted: Result<Posted>,
+        buf: B,
+    ) -> (Result<()>, B) {
+        match posted {
+            Ok(posted) => {
+                let (c, buf) = self.complete(posted, buf, false).await;
+                (self.outcome(&c), buf)
+            }
+            Err(e) => (Err(e), buf),
+        }
     }
 
     /// Posts a send-like operation of `buf` (tag, stream, active message) on the live
@@ -338,13 +361,7 @@ impl EpShared {
                 op(ep, ptr, len, param)
             })
         };
-        match posted {
-            Ok(posted) => {
-                let (c, buf) = self.complete(posted, buf, false).await;
-                (self.outcome(&c), buf)
-            }
-            Err(e) => (Err(e), buf),
-        }
+        self.sent(posted, buf).await
     }
 
     /// Receives into `buf` on the live endpoint: a device buffer is staged where needed
