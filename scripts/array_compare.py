@@ -26,12 +26,13 @@ Workloads (issue 15's, those the array has so far):
 Then a .npy stack round trip: ours writes one NumPy loads, NumPy writes one ours reads.
 Dask and NumPy run from target/dask-venv (installed from PyPI on first use).
 """
-import argparse, json, os, statistics, subprocess, sys
+import argparse, json, os, subprocess, sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VPY = os.path.join(ROOT, "target", "dask-venv", "bin", "python")
-OURS = os.path.join(os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
-                    "release", "examples", "array_tour")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import collections_bench as bench  # noqa: E402
+from collections_bench import VPY  # noqa: E402
+
+OURS = bench.example("array_tour")
 WORKLOADS = ["xxt", "exp-slice", "random-mean", "rechunk", "matmul", "overlap", "cholesky",
              "cholesky-250", "svd"]
 
@@ -116,41 +117,19 @@ for name in names:
 
 
 def ensure_venv():
-    """target/dask-venv with Dask's array and distributed parts (NumPy among them) and SciPy
-    (Dask's cholesky calls it)."""
-    probe = "import numpy, scipy, dask.array, distributed"
-    if os.path.exists(VPY) and subprocess.run([VPY, "-c", probe],
-                                              capture_output=True).returncode == 0:
-        return
-    print("installing dask[array,distributed] and scipy from PyPI into target/dask-venv",
-          flush=True)
-    if not os.path.exists(VPY):
-        subprocess.run([sys.executable, "-m", "venv", os.path.dirname(os.path.dirname(VPY))],
-                       check=True)
-    subprocess.run([VPY, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    "dask[array,distributed]", "scipy"], check=True, timeout=900)
+    """Dask's array and distributed parts (NumPy among them) and SciPy (Dask's cholesky calls
+    it)."""
+    bench.ensure_venv("import numpy, scipy, dask.array, distributed",
+                      ["dask[array,distributed]", "scipy"])
 
 
 def python_engine(engine, small, names):
-    # One process per workload, as ours: none inherits another's warmed-up heap (the first
-    # large allocations of a process pay their page faults).
-    rows = []
-    for name in names:
-        r = subprocess.run([VPY, "-c", PY_SIDE, engine, "1" if small else "0", name],
-                           capture_output=True, text=True, timeout=3600)
-        if r.returncode != 0:
-            sys.exit(f"{engine} failed:\n{r.stderr[-3000:]}")
-        rows += [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
-    return rows
+    return bench.python_engine(PY_SIDE, [engine, "1" if small else "0"], names)
 
 
 def our_engine(scheduler, small, names):
-    rows = []
-    for name in names:
-        cmd = [OURS, "--bench", name, "--scheduler", scheduler] + (["--small"] if small else [])
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600).stdout
-        rows += [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-    return rows
+    return bench.our_engine(OURS, ["--scheduler", scheduler] + (["--small"] if small else []),
+                            names)
 
 
 def agrees(name, got, want, small):
@@ -171,8 +150,7 @@ def main():
     rounds = a.rounds or (1 if a.small else 3)
     names = a.workloads.split(",")
     ensure_venv()
-    subprocess.run(["cargo", "build", "-q", "-j2", "--release", "-p", "dask-collections",
-                    "--example", "array_tour"], check=True, cwd=ROOT)
+    bench.build_example("array_tour")
     engines = {
         "numpy": lambda: python_engine("numpy", a.small, names),
         "dask threaded": lambda: python_engine("dask-threads", a.small, names),
@@ -180,24 +158,9 @@ def main():
         "ours threaded": lambda: our_engine("threaded", a.small, names),
         "ours cluster": lambda: our_engine("cluster", a.small, names),
     }
-    times = {(e, n): [] for e in engines for n in names}
-    answers = {}
-    for r in range(rounds):
-        for e, run in engines.items():
-            for row in run():
-                times[(e, row["workload"])].append(row["seconds"])
-                answers.setdefault(row["workload"], {})[e] = row["answer"]
-        print(f"round {r + 1} of {rounds} done", file=sys.stderr)
-    bad = [(n, e, v) for n, by in answers.items() for e, v in by.items()
-           if not agrees(n, v, by["numpy"], a.small)]
-    med = {k: statistics.median(v) for k, v in times.items() if v}
-    print(f"{'workload':<12} " + " ".join(f"{e:>16}" for e in engines)
-          + f" {'dask best/ours':>15} {'numpy/ours':>11}")
-    for n in names:
-        ours = min(med[("ours threaded", n)], med[("ours cluster", n)])
-        dask = min(med[("dask threaded", n)], med[("dask distributed", n)])
-        print(f"{n:<12} " + " ".join(f"{med[(e, n)]:>15.3f}s" for e in engines)
-              + f" {dask / ours:>14.2f}x {med[('numpy', n)] / ours:>10.2f}x")
+    med, answers = bench.rounds(engines, names, rounds)
+    bad = bench.disagreements(answers, "numpy", lambda n, v, w: agrees(n, v, w, a.small))
+    bench.table(names, engines, med, "numpy")
     if bad:
         sys.exit(f"answers disagree with NumPy's: {bad}")
     print("every answer agrees with NumPy's")

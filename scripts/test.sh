@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+# A clean build needs no incremental caches: without them the target directory stays gigabytes
+# smaller (CI machines have run out of disk).
+export CARGO_INCREMENTAL=0
 cargo fmt --all -- --check
 cargo clippy -j2 --workspace --all-targets -- -D warnings
 # With CUDA device buffers too (cudarc loads the driver at run time; device tests skip without
@@ -18,7 +21,11 @@ for ex in echo many_clients active_messages rma; do
 done
 echo "example over_every_backend (transport):"
 timeout 300 cargo run -q -j2 -p transport --example over_every_backend
-cargo test -j2 --workspace --all-features
+# Unit, integration and doc tests. Not --examples: clippy --all-targets has checked them, the
+# ones that matter run above and below, and debug builds of the collections' examples (each
+# links polars) would cost a gigabyte of disk for nothing more.
+cargo test -j2 --workspace --all-features --lib --bins --tests
+cargo test -j2 --workspace --all-features --doc
 cargo test -j2 -p transport --no-default-features
 # Every decoder of bytes from the wire, fuzzed for about a minute each (kept crash inputs
 # replayed first; scripts/fuzz.sh with no argument is the long run).
@@ -36,6 +43,10 @@ echo "example array_tour (dask-collections, small sizes):"
 # Built first, outside the time limit (a fresh optimised build of faer takes minutes).
 cargo build -q -j2 --release -p dask-collections --example array_tour
 timeout 300 cargo run -q -j2 --release -p dask-collections --example array_tour -- --small
+echo "example bag_tour (dask-collections; threaded and a cluster of processes must agree):"
+timeout 300 cargo run -q -j2 --release -p dask-collections --example bag_tour
+echo "example dataframe_tour (dask-collections; threaded and a cluster of processes must agree):"
+timeout 300 cargo run -q -j2 --release -p dask-collections --example dataframe_tour
 echo "example million (dask-graph, 100,000 tasks here):"
 cargo build -q -j2 --release -p dask-graph --example million
 timeout 300 cargo run -q -j2 --release -p dask-graph --example million -- 100000
@@ -67,3 +78,11 @@ timeout 900 python3 scripts/dask_compare.py --quick
 # command works and every answer agrees with NumPy's.
 python3 -m py_compile scripts/array_compare.py
 timeout 900 python3 scripts/array_compare.py --small
+# The bag against Dask (threaded, processes, distributed) and plain Python, small files, one
+# round: every answer agrees with plain Python's.
+python3 -m py_compile scripts/bag_compare.py
+timeout 900 python3 scripts/bag_compare.py --small
+# The dataframe against Dask (threaded, distributed) and pandas, small files, one round: every
+# answer agrees with pandas'.
+python3 -m py_compile scripts/frame_compare.py
+timeout 900 python3 scripts/frame_compare.py --small

@@ -335,10 +335,7 @@ pub struct Array {
     held: Held,
 }
 
-/// A fresh layer name: `prefix-` and 16 random hex digits.
-pub(crate) fn fresh_name(prefix: &str) -> String {
-    format!("{prefix}-{:016x}", rand::random::<u64>())
-}
+pub(crate) use crate::layers::fresh_name;
 
 impl Array {
     /// An array whose block `idx` is the value of `Key::new(name, idx)` in `layer`, on top of

@@ -2,9 +2,7 @@
 //! random shapes and chunkings against ndarray's answer on the whole array, on `Sync`,
 //! `Threaded` and a `LocalCluster`.
 
-mod common;
-
-use common::{check, shaped, whole};
+use crate::common::{check, shaped, whole};
 use dask_collections::array::{self, DType};
 use ndarray::{ArrayD, Axis, Dimension, IxDyn};
 use proptest::prelude::*;

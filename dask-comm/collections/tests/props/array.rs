@@ -3,9 +3,7 @@
 //! `LocalCluster` (in-process workers over `inproc://`: the same scheduler, workers and
 //! protocol as with processes, without starting any).
 
-mod common;
-
-use common::{check, cluster, shaped, whole};
+use crate::common::{check, cluster, shaped, whole};
 use dask_collections::array::{self, BinaryOp, Chunk, ReduceOp, UnaryOp};
 use dask_graph::{Sync, Threaded};
 use ndarray::{ArrayD, Axis, IxDyn};
@@ -524,7 +522,7 @@ proptest! {
         // Reductions that need no lengths work as they are; the rest after learning them.
         let total: f64 = picked.iter().sum();
         check(&m.sum(&[], false).unwrap(), &ArrayD::from_elem(IxDyn(&[]), total), "sum of x[x > t]");
-        for (name, s) in common::schedulers() {
+        for (name, s) in crate::common::schedulers() {
             let known = m.compute_chunk_sizes(s.as_ref()).unwrap();
             prop_assert!(!known.has_unknown_chunks(), "{}", name);
             prop_assert_eq!(known.shape(), &[picked.len()][..]);

@@ -2,11 +2,9 @@
 //! `where_`: random shapes, chunkings, depths and boundaries against a reference built on the
 //! whole ndarray from global indices, on `Sync`, `Threaded` and a `LocalCluster`.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{check, shaped, whole};
+use crate::common::{check, shaped, whole};
 use dask_collections::array::{self, BinaryOp, Boundary, Chunk, DType};
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;

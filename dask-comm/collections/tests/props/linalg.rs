@@ -2,9 +2,7 @@
 //! by reconstruction and against `faer` or ndarray on the whole matrix, on the `Sync` and
 //! `Threaded` schedulers and on an in-process `LocalCluster`.
 
-mod common;
-
-use common::{cluster, schedulers};
+use crate::common::{cluster, schedulers};
 use dask_collections::array::linalg::{self, NormOrd};
 use dask_collections::array::{self, Array, ArrayError, DType};
 use dask_graph::{Sync, Threaded};

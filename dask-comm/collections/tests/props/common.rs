@@ -1,8 +1,6 @@
 //! What the property tests share: the schedulers every check runs on (`Sync`, `Threaded` and
 //! an in-process `LocalCluster`), the check itself, and random shapes with chunkings.
 
-#![allow(dead_code)]
-
 use std::sync::OnceLock;
 
 use dask_collections::array::{self, Array, Chunk};
@@ -15,6 +13,8 @@ pub fn cluster() -> &'static dask_comm::Client {
     static C: OnceLock<(LocalCluster, dask_comm::Client)> = OnceLock::new();
     &C.get_or_init(|| {
         array::register();
+        dask_collections::bag::register();
+        dask_collections::dataframe::register();
         let c = LocalCluster::with(ClusterOptions {
             workers: 2,
             threads_per_worker: 1,

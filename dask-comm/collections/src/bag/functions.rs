@@ -1,0 +1,225 @@
+//! The functions a bag applies to its items, registered by name in every process (a graph
+//! names them and never ships code, as with every task function), and the built-in ones.
+//!
+//! A function is registered as one of five kinds, and a bag operation refuses a function of
+//! another kind (or an unknown name) when the operation is built, naming it:
+//!
+//! | kind | signature | used by |
+//! |---|---|---|
+//! | map | `Fn(&Item) -> Item` | `map`, keys of `groupby`, `foldby`, `topk_by`, `distinct_by` |
+//! | predicate | `Fn(&Item) -> bool` | `filter`, `remove` |
+//! | binary | `Fn(Item, &Item) -> Item` | `fold`, `foldby` (accumulator, then item) |
+//! | partition | `Fn(Vec<Item>) -> Vec<Item>` | `map_partitions` |
+//! | aggregate | `Fn(Vec<Item>) -> Item` | `reduction` (per partition, and over partial results) |
+//!
+//! Each may instead return `Result<_, E>` with `E: Display`: an `Err` fails the task with its
+//! text. A panic fails the task too (the schedulers catch it).
+//!
+//! ```
+//! use dask_collections::bag::{self, Item};
+//! bag::register_map("fn-doc-square", |x: &Item| Item::Int(x.as_i64().unwrap_or(0).pow(2)));
+//! bag::register_predicate("fn-doc-odd", |x: &Item| x.as_i64().is_some_and(|i| i % 2 == 1));
+//! let b = bag::range(10, 3)?.filter("fn-doc-odd")?.map("fn-doc-square")?;
+//! assert_eq!(b.sum().compute(&dask_graph::Sync)?, Item::Int(1 + 9 + 25 + 49 + 81));
+//! # Ok::<(), bag::BagError>(())
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use super::{BagError, Item};
+
+/// What a registered function returns: its value, or the text of its failure.
+pub trait Outcome<T> {
+    /// The value or the failure's text.
+    fn outcome(self) -> Result<T, String>;
+}
+
+impl<T> Outcome<T> for T {
+    fn outcome(self) -> Result<T, String> {
+        Ok(self)
+    }
+}
+
+impl<T, E: fmt::Display> Outcome<T> for Result<T, E> {
+    fn outcome(self) -> Result<T, String> {
+        self.map_err(|e| e.to_string())
+    }
+}
+
+pub(crate) type MapFn = Arc<dyn Fn(&Item) -> Result<Item, String> + Send + Sync>;
+pub(crate) type PredFn = Arc<dyn Fn(&Item) -> Result<bool, String> + Send + Sync>;
+pub(crate) type BinFn = Arc<dyn Fn(Item, &Item) -> Result<Item, String> + Send + Sync>;
+pub(crate) type PartFn = Arc<dyn Fn(Vec<Item>) -> Result<Vec<Item>, String> + Send + Sync>;
+pub(crate) type AggFn = Arc<dyn Fn(Vec<Item>) -> Result<Item, String> + Send + Sync>;
+
+/// A registered function.
+#[derive(Clone)]
+pub(crate) enum Func {
+    Map(MapFn),
+    Predicate(PredFn),
+    Binary(BinFn),
+    Partition(PartFn),
+    Aggregate(AggFn),
+}
+
+/// The kinds of bag function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `Fn(&Item) -> Item`.
+    Map,
+    /// `Fn(&Item) -> bool`.
+    Predicate,
+    /// `Fn(Item, &Item) -> Item`.
+    Binary,
+    /// `Fn(Vec<Item>) -> Vec<Item>`.
+    Partition,
+    /// `Fn(Vec<Item>) -> Item`.
+    Aggregate,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Map => "a map function (&Item -> Item)",
+            Kind::Predicate => "a predicate (&Item -> bool)",
+            Kind::Binary => "a binary function (Item, &Item -> Item)",
+            Kind::Partition => "a partition function (Vec<Item> -> Vec<Item>)",
+            Kind::Aggregate => "an aggregate (Vec<Item> -> Item)",
+        })
+    }
+}
+
+impl Func {
+    fn kind(&self) -> Kind {
+        match self {
+            Func::Map(_) => Kind::Map,
+            Func::Predicate(_) => Kind::Predicate,
+            Func::Binary(_) => Kind::Binary,
+            Func::Partition(_) => Kind::Partition,
+            Func::Aggregate(_) => Kind::Aggregate,
+        }
+    }
+}
+
+/// Every function by name, and whether it is the built-in one of that name.
+fn table() -> &'static RwLock<HashMap<String, (Func, bool)>> {
+    static T: OnceLock<RwLock<HashMap<String, (Func, bool)>>> = OnceLock::new();
+    T.get_or_init(|| {
+        let all = super::builtins::all();
+        RwLock::new(all.into_iter().map(|(k, f)| (k, (f, true))).collect())
+    })
+}
+
+/// Whether `name` still names the built-in function of that name (a pipeline may then run
+/// it in a fused form).
+pub(crate) fn is_builtin(name: &str) -> bool {
+    let t = table().read().unwrap_or_else(|e| e.into_inner());
+    t.get(name).is_some_and(|e| e.1)
+}
+
+fn insert(name: &str, f: Func) {
+    tracing::trace!(name, "registered a bag function");
+    table()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(name.to_string(), (f, false));
+}
+
+/// Registers a map function under `name` (replacing any bag function of that name).
+pub fn register_map<R, F>(name: &str, f: F)
+where
+    R: Outcome<Item>,
+    F: Fn(&Item) -> R + Send + Sync + 'static,
+{
+    insert(name, Func::Map(Arc::new(move |x| f(x).outcome())));
+}
+
+/// Registers a predicate under `name`.
+pub fn register_predicate<R, F>(name: &str, f: F)
+where
+    R: Outcome<bool>,
+    F: Fn(&Item) -> R + Send + Sync + 'static,
+{
+    insert(name, Func::Predicate(Arc::new(move |x| f(x).outcome())));
+}
+
+/// Registers a binary function (an accumulator and an item) under `name`.
+pub fn register_binary<R, F>(name: &str, f: F)
+where
+    R: Outcome<Item>,
+    F: Fn(Item, &Item) -> R + Send + Sync + 'static,
+{
+    insert(name, Func::Binary(Arc::new(move |a, x| f(a, x).outcome())));
+}
+
+/// Registers a partition function under `name`.
+pub fn register_partition<R, F>(name: &str, f: F)
+where
+    R: Outcome<Vec<Item>>,
+    F: Fn(Vec<Item>) -> R + Send + Sync + 'static,
+{
+    insert(name, Func::Partition(Arc::new(move |x| f(x).outcome())));
+}
+
+/// Registers an aggregate (a list of items to one item) under `name`.
+pub fn register_aggregate<R, F>(name: &str, f: F)
+where
+    R: Outcome<Item>,
+    F: Fn(Vec<Item>) -> R + Send + Sync + 'static,
+{
+    insert(name, Func::Aggregate(Arc::new(move |x| f(x).outcome())));
+}
+
+/// The function registered under `name`, of kind `kind`.
+pub(crate) fn lookup(name: &str, kind: Kind) -> Result<Func, BagError> {
+    let t = table().read().unwrap_or_else(|e| e.into_inner());
+    match t.get(name).map(|e| &e.0) {
+        Some(f) if f.kind() == kind => Ok(f.clone()),
+        Some(f) => Err(BagError::WrongKind {
+            name: name.to_string(),
+            expected: kind,
+            registered: f.kind(),
+        }),
+        None => Err(BagError::UnknownFunction {
+            name: name.to_string(),
+            expected: kind,
+        }),
+    }
+}
+
+pub(crate) fn map_fn(name: &str) -> Result<MapFn, BagError> {
+    match lookup(name, Kind::Map)? {
+        Func::Map(f) => Ok(f),
+        _ => unreachable!("kind checked"),
+    }
+}
+
+pub(crate) fn predicate(name: &str) -> Result<PredFn, BagError> {
+    match lookup(name, Kind::Predicate)? {
+        Func::Predicate(f) => Ok(f),
+        _ => unreachable!("kind checked"),
+    }
+}
+
+pub(crate) fn binary(name: &str) -> Result<BinFn, BagError> {
+    match lookup(name, Kind::Binary)? {
+        Func::Binary(f) => Ok(f),
+        _ => unreachable!("kind checked"),
+    }
+}
+
+pub(crate) fn partition(name: &str) -> Result<PartFn, BagError> {
+    match lookup(name, Kind::Partition)? {
+        Func::Partition(f) => Ok(f),
+        _ => unreachable!("kind checked"),
+    }
+}
+
+pub(crate) fn aggregate(name: &str) -> Result<AggFn, BagError> {
+    match lookup(name, Kind::Aggregate)? {
+        Func::Aggregate(f) => Ok(f),
+        _ => unreachable!("kind checked"),
+    }
+}

@@ -1,0 +1,86 @@
+"""What the collection comparisons (array_compare.py, bag_compare.py, frame_compare.py) share:
+the Dask virtual environment, running one engine's workloads (each in a fresh process), the
+interleaved rounds, and the table of medians."""
+import json, os, statistics, subprocess, sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VPY = os.path.join(ROOT, "target", "dask-venv", "bin", "python")
+TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+
+
+def example(name):
+    """The path of a release build of a dask-collections example."""
+    return os.path.join(TARGET, "release", "examples", name)
+
+
+def ensure_venv(probe, packages):
+    """target/dask-venv, with `packages` installed from PyPI unless `probe` already imports."""
+    if os.path.exists(VPY) and subprocess.run([VPY, "-c", probe],
+                                              capture_output=True).returncode == 0:
+        return
+    print(f"installing {' '.join(packages)} from PyPI into target/dask-venv", flush=True)
+    if not os.path.exists(VPY):
+        subprocess.run([sys.executable, "-m", "venv", os.path.dirname(os.path.dirname(VPY))],
+                       check=True)
+    subprocess.run([VPY, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    *packages], check=True, timeout=900)
+
+
+def build_example(name):
+    subprocess.run(["cargo", "build", "-q", "-j2", "--release", "-p", "dask-collections",
+                    "--example", name], check=True, cwd=ROOT)
+
+
+def python_engine(side, args, names):
+    """`side` run in the venv once per workload (`args`, then the workload's name): none
+    inherits another's warmed-up heap. Its JSON lines."""
+    rows = []
+    for name in names:
+        r = subprocess.run([VPY, "-c", side, *args, name],
+                           capture_output=True, text=True, timeout=3600)
+        if r.returncode != 0:
+            sys.exit(f"{args[0]} failed:\n{r.stderr[-3000:]}")
+        rows += [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    return rows
+
+
+def our_engine(binary, args, names):
+    """Our example with `--bench NAME` and `args`, once per workload. Its JSON lines."""
+    rows = []
+    for name in names:
+        out = subprocess.run([binary, "--bench", name, *args], check=True,
+                             capture_output=True, text=True, timeout=3600).stdout
+        rows += [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    return rows
+
+
+def rounds(engines, names, count):
+    """Every engine's workloads, engines interleaved, `count` times: the median seconds per
+    (engine, workload) and each engine's last answer per workload."""
+    times = {(e, n): [] for e in engines for n in names}
+    answers = {}
+    for r in range(count):
+        for e, run in engines.items():
+            for row in run():
+                times[(e, row["workload"])].append(row["seconds"])
+                answers.setdefault(row["workload"], {})[e] = row["answer"]
+        print(f"round {r + 1} of {count} done", file=sys.stderr)
+    return {k: statistics.median(v) for k, v in times.items() if v}, answers
+
+
+def table(names, engines, med, reference):
+    """The medians, and Dask's best engine and `reference` over our best."""
+    width = max(len(n) for n in names + ["workload"]) + 1
+    print(f"{'workload':<{width}} " + " ".join(f"{e:>16}" for e in engines)
+          + f" {'dask best/ours':>15} {reference + '/ours':>12}")
+    for n in names:
+        ours = min(med[(e, n)] for e in engines if e.startswith("ours"))
+        dask = min(med[(e, n)] for e in engines if e.startswith("dask"))
+        print(f"{n:<{width}} " + " ".join(f"{med[(e, n)]:>15.3f}s" for e in engines)
+              + f" {dask / ours:>14.2f}x {med[(reference, n)] / ours:>11.2f}x")
+
+
+def disagreements(answers, reference, agrees):
+    """(workload, engine, answer) for every answer that `agrees` does not accept."""
+    return [(n, e, v) for n, by in answers.items() for e, v in by.items()
+            if not agrees(n, v, by[reference])]
