@@ -54,17 +54,24 @@ def our_engine(binary, args, names):
     return rows
 
 
-def rounds(engines, names, count):
+def rounds(engines, names, count, extras=None):
     """Every engine's workloads, engines interleaved, `count` times: the median seconds per
-    (engine, workload) and each engine's last answer per workload."""
+    (engine, workload) and each engine's last answer per workload. With `extras` (a dict),
+    the medians of the rows' other numeric fields go there, by (engine, workload, field)."""
     times = {(e, n): [] for e in engines for n in names}
+    fields = {}
     answers = {}
     for r in range(count):
         for e, run in engines.items():
             for row in run():
                 times[(e, row["workload"])].append(row["seconds"])
                 answers.setdefault(row["workload"], {})[e] = row["answer"]
+                for f, v in row.items():
+                    if f not in ("seconds", "answer") and isinstance(v, (int, float)):
+                        fields.setdefault((e, row["workload"], f), []).append(v)
         print(f"round {r + 1} of {count} done", file=sys.stderr)
+    if extras is not None:
+        extras.update({k: statistics.median(v) for k, v in fields.items()})
     return {k: statistics.median(v) for k, v in times.items() if v}, answers
 
 
@@ -74,9 +81,10 @@ def table(names, engines, med, reference):
     print(f"{'workload':<{width}} " + " ".join(f"{e:>16}" for e in engines)
           + f" {'dask best/ours':>15} {reference + '/ours':>12}")
     for n in names:
-        ours = min(med[(e, n)] for e in engines if e.startswith("ours"))
-        dask = min(med[(e, n)] for e in engines if e.startswith("dask"))
-        print(f"{n:<{width}} " + " ".join(f"{med[(e, n)]:>15.3f}s" for e in engines)
+        ours = min(med[(e, n)] for e in engines if e.startswith("ours") and (e, n) in med)
+        dask = min(med[(e, n)] for e in engines if e.startswith("dask") and (e, n) in med)
+        cells = [f"{med[(e, n)]:>15.3f}s" if (e, n) in med else f"{'-':>16}" for e in engines]
+        print(f"{n:<{width}} " + " ".join(cells)
               + f" {dask / ours:>14.2f}x {med[(reference, n)] / ours:>11.2f}x")
 
 

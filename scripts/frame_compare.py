@@ -13,18 +13,24 @@ Workloads (issue 18's dataframe workloads):
            the keys on both sides; an inner merge on key, then key and y
 
 Engines, on this machine's 2 cores: pandas (one process), Dask threaded (2 threads), Dask
-distributed (LocalCluster, 2 worker processes x 1 thread; its default shuffle for the merge),
-ours on `Threaded` (2 threads) and ours on a LocalCluster (2 worker processes x 1 thread,
-tcp://). Each engine runs each workload in a fresh process; cluster start-up is not timed,
-reading the files is. Medians of the rounds. The merge row also gives the input bytes (the
-parquet files) per second. Files are written once under target/frame-data (kept; delete it to
-rewrite). Dask and pandas run from target/dask-venv.
+distributed (LocalCluster, 2 worker processes x 1 thread; its default shuffle for the merge,
+which is its p2p shuffle, and for the merge also with shuffle method "tasks"), ours on
+`Threaded` (2 threads) and ours on a LocalCluster (2 worker processes x 1 thread) over
+tcp:// and ucx:// with our peer-to-peer shuffle, and for the merge with the tasks shuffle.
+Each engine runs each workload in a fresh process; cluster start-up is not timed, reading the
+files is. Medians of the rounds. The merge row also gives the input bytes (the parquet files)
+per second, and for our p2p engines the bytes the workers delivered to each other and the
+rate of those deliveries (their transfer logs: bytes over the time from the first byte sent
+to the peer's acknowledgement), beside `ucx_perftest -t tag_bw` between two processes at the
+deliveries' mean size, measured in the same run. Files are written once under
+target/frame-data (kept; delete it to rewrite). Dask and pandas run from target/dask-venv.
 """
 import argparse, os, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import collections_bench as bench  # noqa: E402
 from collections_bench import ROOT, VPY  # noqa: E402
+from runner import perftest  # noqa: E402
 
 OURS = bench.example("dataframe_tour")
 WORKLOADS = ["groupby", "merge"]
@@ -75,8 +81,10 @@ if engine == "pandas":
         return [len(m), float(m.y.sum())]
 else:
     import dask, dask.dataframe as dd
-    if engine == "dask-distributed":
+    if engine.startswith("dask-distributed"):
         from distributed import Client, LocalCluster
+        if engine.endswith("-tasks"):
+            dask.config.set({"dataframe.shuffle.method": "tasks"})
         client = Client(LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                      dashboard_address=None))
     else:
@@ -101,8 +109,8 @@ def python_engine(engine, d, names):
     return bench.python_engine(PY_SIDE, [engine, d], names)
 
 
-def our_engine(scheduler, d, names):
-    return bench.our_engine(OURS, ["--data", d, "--scheduler", scheduler], names)
+def our_engine(scheduler, d, names, extra=()):
+    return bench.our_engine(OURS, ["--data", d, "--scheduler", scheduler, *extra], names)
 
 
 def agrees(got, want):
@@ -125,14 +133,20 @@ def main():
         subprocess.run([VPY, "-c", WRITE, d, "1" if a.small else "0"], check=True, timeout=1800)
         open(os.path.join(d, "done"), "w").close()
     bench.build_example("dataframe_tour")
+    merge_only = [n for n in names if n == "merge"]
     engines = {
         "pandas": lambda: python_engine("pandas", d, names),
         "dask threaded": lambda: python_engine("dask-threads", d, names),
         "dask distributed": lambda: python_engine("dask-distributed", d, names),
+        "dask dist. tasks": lambda: python_engine("dask-distributed-tasks", d, merge_only),
         "ours threaded": lambda: our_engine("threaded", d, names),
-        "ours cluster": lambda: our_engine("cluster", d, names),
+        "ours cluster tcp": lambda: our_engine("cluster", d, names, ["--protocol", "tcp"]),
+        "ours cluster ucx": lambda: our_engine("cluster", d, merge_only, ["--protocol", "ucx"]),
+        "ours tasks tcp": lambda: our_engine("cluster", d, merge_only,
+                                             ["--protocol", "tcp", "--shuffle", "tasks"]),
     }
-    med, answers = bench.rounds(engines, names, rounds)
+    extras = {}
+    med, answers = bench.rounds(engines, names, rounds, extras)
     bad = bench.disagreements(answers, "pandas", lambda n, v, w: agrees(v, w))
     bench.table(names, engines, med, "pandas")
     if "merge" in names:
@@ -140,6 +154,16 @@ def main():
                    if f.endswith(".parquet"))
         print(f"merge input {size / 1e6:.1f} MB (parquet): " + ", ".join(
             f"{e} {size / med[(e, 'merge')] / 1e6:.0f} MB/s" for e in engines))
+        p2p = [e for e in engines if (e, "merge", "pair_mb_s") in extras and extras[(e, "merge", "deliveries")]]
+        if p2p:
+            moved = extras[(p2p[0], "merge", "moved_mb")]
+            mean = int(moved * 1e6 / max(extras[(p2p[0], "merge", "deliveries")], 1))
+            ref = perftest("tag_bw", mean, 100)["bw_MiBps"] * 1.048576
+            print(f"p2p shuffle: {moved:.0f} MB moved between the workers in deliveries of "
+                  f"{mean / 1e6:.1f} MB on average; ucx_perftest -t tag_bw at that size "
+                  f"{ref:.0f} MB/s; " + ", ".join(
+                      f"{e} {extras[(e, 'merge', 'pair_mb_s')]:.0f} MB/s "
+                      f"({extras[(e, 'merge', 'pair_mb_s')] / ref:.2f} of it)" for e in p2p))
     if bad:
         sys.exit(f"answers disagree with pandas': {bad}")
     print("every answer agrees with pandas'")

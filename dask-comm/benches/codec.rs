@@ -35,6 +35,7 @@ fn computes() -> Vec<ToWorker> {
                 .collect(),
             priority: Priority(1, i),
             wanted: false,
+            shuffle: None,
         })
         .collect()
 }

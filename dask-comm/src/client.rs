@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dask_graph::{Arg, ComputeError, Graph, Key, Task, TaskFailure, Value};
+use dask_graph::{Arg, ComputeError, Graph, Key, Node, Task, TaskFailure, Value};
 use futures::Stream;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -20,7 +20,8 @@ use transport::{Address, Connection};
 use crate::error::{Error, Result};
 use crate::net;
 use crate::protocol::{
-    DataMsg, FromClient, Hello, Payload, Scattered, TaskDef, ToClient, WorkerId, WorkerInfo,
+    DataMsg, FromClient, Hello, Payload, Scattered, TaskDef, ToClient, Transfer, WorkerId,
+    WorkerInfo,
 };
 use crate::runtime::{block_on, Runtime};
 use crate::security::Secret;
@@ -356,6 +357,10 @@ impl Client {
                 order: order[i],
                 spec: crate::spec::encode(node)?,
                 retries: opts.retries,
+                shuffle: match node {
+                    Node::Task(t) => t.shuffle,
+                    Node::Value(_) => None,
+                },
             });
         }
         let futures: Vec<DFuture> = keys.iter().map(|&k| self.future(k)).collect();
@@ -614,6 +619,40 @@ impl Client {
             }
         }
         Ok(())
+    }
+
+    /// Each worker's latest shuffle deliveries ([`Transfer`]s: peer, bytes, time), by data
+    /// address: what the per-worker-pair transfer rates of a shuffle are computed from.
+    pub async fn transfer_log(&self) -> Result<Vec<(String, Vec<Transfer>)>> {
+        let mut out = Vec::new();
+        for w in self.workers() {
+            let address = w.address.clone();
+            let (name, secret) = (self.inner.name.clone(), self.inner.secret.clone());
+            let entries = self
+                .inner
+                .rt
+                .run(async move {
+                    let addr: Address = address.parse().map_err(transport::TransportError::from)?;
+                    let conn = net::dial(&addr, &secret, Hello::Data { name }).await?;
+                    net::send_batch(&conn, vec![DataMsg::TransferLog]).await?;
+                    let mut reply: Vec<DataMsg> = net::recv_batch(&conn).await?;
+                    let _ = conn.close().await;
+                    match (reply.pop(), reply.is_empty()) {
+                        (Some(DataMsg::Transfers { entries }), true) => Ok::<_, Error>(entries),
+                        _ => Err(Error::Unexpected(
+                            "a transfer log answer must be one Transfers message".into(),
+                        )),
+                    }
+                })
+                .await??;
+            out.push((w.address, entries));
+        }
+        Ok(out)
+    }
+
+    /// [`Client::transfer_log`], blocking.
+    pub fn transfer_log_blocking(&self) -> Result<Vec<(String, Vec<Transfer>)>> {
+        block_on(self.transfer_log())
     }
 
     /// Fetches values from their holders (the first of each), all workers at once. Keys

@@ -50,6 +50,7 @@ pub use client::{Client, DFuture, SubmitOptions};
 pub use cluster::{run_if_worker, ClusterOptions, LocalCluster, Protocol};
 pub use error::{Error, Result};
 pub use net::{set_tls, ENV_TLS_DIR};
+pub use protocol::Transfer;
 pub use scheduler::SchedulerServer;
 pub use security::Secret;
 pub use worker::memory::{MemoryThresholds, EXIT_MEMORY};

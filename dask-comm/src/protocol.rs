@@ -16,7 +16,7 @@
 //! connection (see `docs/transport.md`, "One ordered stream per connection").
 
 use bytes::Bytes;
-use dask_graph::{Frame, Key, TaskFailure, Value, ValueMeta, WireValue};
+use dask_graph::{Frame, Key, ShuffleId, ShuffleRole, TaskFailure, Value, ValueMeta, WireValue};
 use serde::{Deserialize, Serialize};
 
 /// A worker, as the scheduler numbers them.
@@ -143,6 +143,28 @@ pub struct TaskDef {
     pub spec: Payload,
     /// How many times to run it again when it fails (Dask's `retries`).
     pub retries: u32,
+    /// Its part in a peer-to-peer shuffle, if any (see [`dask_graph::shuffle`]).
+    pub shuffle: Option<ShuffleRole>,
+}
+
+/// Where a shuffle's outputs go in its current run: sent with each of its tasks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShuffleRun {
+    /// The shuffle.
+    pub id: ShuffleId,
+    /// The run's number: it grows each time the shuffle starts again (a worker holding
+    /// pieces was lost); pieces of earlier runs are not read.
+    pub run: u32,
+    /// Data addresses of the workers that own the outputs: output `i` goes to
+    /// `owners[i % owners.len()]`.
+    pub owners: Vec<String>,
+}
+
+impl ShuffleRun {
+    /// The data address of output `part`'s owner.
+    pub fn owner(&self, part: u32) -> Option<&str> {
+        (!self.owners.is_empty()).then(|| self.owners[part as usize % self.owners.len()].as_str())
+    }
 }
 
 /// A value a client placed on a worker itself.
@@ -329,6 +351,15 @@ pub enum ToWorker {
         priority: Priority,
         /// A client wants the key: send a small result with the completion notice.
         wanted: bool,
+        /// For a shuffle's task: the shuffle's current run.
+        shuffle: Option<ShuffleRun>,
+    },
+    /// A shuffle's runs up to `run` are over: drop their pieces.
+    ShuffleDone {
+        /// The shuffle.
+        id: ShuffleId,
+        /// The last run to drop.
+        run: u32,
     },
     /// Forget these keys (and cancel them if they have not run).
     Free {
@@ -439,6 +470,18 @@ impl Payloads for FromWorker {
     }
 }
 
+/// One delivery of shuffle pieces from a worker to a peer, as the sender timed it (from the
+/// first byte sent to the peer's acknowledgement of the last batch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    /// The peer's data address.
+    pub peer: String,
+    /// Bytes of pieces (their encodings).
+    pub bytes: u64,
+    /// How long it took, in microseconds.
+    pub micros: u64,
+}
+
 /// On data connections (worker ↔ worker, client ↔ worker).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DataMsg {
@@ -457,9 +500,24 @@ pub enum DataMsg {
         /// The values.
         values: Vec<(Key, Payload)>,
     },
-    /// The values of a [`DataMsg::Put`] are stored.
+    /// The values of a [`DataMsg::Put`] or [`DataMsg::Pieces`] are stored.
     Stored,
+    /// Keep these shuffle pieces as they are (encoded: the unpack task decodes them).
+    Pieces {
+        /// The pieces.
+        values: Vec<(Key, Payload)>,
+    },
+    /// Which shuffle deliveries did you make? (Answered with [`DataMsg::Transfers`].)
+    TransferLog,
+    /// The worker's latest shuffle deliveries (at most [`TRANSFER_LOG`]), oldest first.
+    Transfers {
+        /// The deliveries.
+        entries: Vec<Transfer>,
+    },
 }
+
+/// The most deliveries a worker remembers.
+pub const TRANSFER_LOG: usize = 10_000;
 
 impl Payloads for DataMsg {
     fn payloads(&mut self, f: &mut dyn FnMut(&mut Payload)) {
@@ -468,8 +526,13 @@ impl Payloads for DataMsg {
                 .iter_mut()
                 .filter_map(|(_, p)| p.as_mut())
                 .for_each(f),
-            DataMsg::Put { values } => values.iter_mut().for_each(|(_, p)| f(p)),
-            DataMsg::Get { .. } | DataMsg::Stored => {}
+            DataMsg::Put { values } | DataMsg::Pieces { values } => {
+                values.iter_mut().for_each(|(_, p)| f(p))
+            }
+            DataMsg::Get { .. }
+            | DataMsg::Stored
+            | DataMsg::TransferLog
+            | DataMsg::Transfers { .. } => {}
         }
     }
 }

@@ -127,6 +127,7 @@ fn task_in(t: WireTask, lits: &[Value]) -> Result<Task, DataError> {
             .map(|a| arg_in(a, lits))
             .collect::<Result<_, _>>()?,
         origin: t.origin,
+        shuffle: None,
     })
 }
 

@@ -1,7 +1,8 @@
 //! Resilience on real worker processes (see `dask_comm::drills`): workers killed with SIGKILL
 //! at random moments, workers joining and retiring mid-graph, data three times the memory
 //! limit, a task that takes its workers past their memory limit, root-task queuing, work
-//! stealing. Every drill checks its answer and is bounded in time.
+//! stealing, a peer-to-peer shuffle losing a worker. Every drill checks its answer and is
+//! bounded in time.
 //!
 //! Its own `main` (no test harness): worker processes re-execute this binary. Sizes are CI's;
 //! `cargo run --release --example resilience` runs them at full size and prints the figures.
@@ -111,6 +112,17 @@ fn stealing() {
     assert_eq!(off.steals, 0);
 }
 
+fn shuffle_chaos() {
+    let r = drills::shuffle_chaos(20, 24, 6, 11, Duration::from_secs(120)).unwrap();
+    println!("  {r:?}");
+    assert_eq!((r.trials, r.kills), (20, 20));
+    assert!(
+        r.stats.shuffle_restarts > 0,
+        "a kill mid-shuffle restarts it: {r:?}"
+    );
+    assert_eq!(r.stats.workers_lost, 20);
+}
+
 type Test = fn();
 
 fn main() {
@@ -129,6 +141,7 @@ fn main() {
         ("killer_task", killer_task),
         ("queuing", queuing),
         ("chaos", chaos),
+        ("shuffle_chaos", shuffle_chaos),
     ];
     let mut ran = 0;
     for (name, t) in tests {

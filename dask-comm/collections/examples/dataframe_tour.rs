@@ -7,13 +7,15 @@
 //!
 //! Without arguments it writes a small data set to a temporary directory and runs both
 //! workloads on both schedulers (they must agree). `--bench NAME --data DIR --scheduler
-//! threaded|cluster [--rounds N]` runs one workload on the files `scripts/frame_compare.py`
-//! wrote and prints one JSON line per round.
+//! threaded|cluster [--rounds N] [--protocol tcp|ucx] [--shuffle p2p|tasks]` runs one workload
+//! on the files `scripts/frame_compare.py` wrote and prints one JSON line per round; on a
+//! cluster the line also has the bytes the merge's peer-to-peer shuffle moved between the
+//! workers and the rate of those deliveries (the workers' transfer logs).
 
 use std::time::Instant;
 
-use dask_collections::dataframe::{self, DataFrameError, How};
-use dask_comm::{ClusterOptions, LocalCluster};
+use dask_collections::dataframe::{self, DataFrameError, How, ShuffleMethod};
+use dask_comm::{ClusterOptions, LocalCluster, Protocol};
 use dask_graph::{Scheduler, Threaded};
 use polars::prelude::*;
 
@@ -32,11 +34,15 @@ fn groupby(dir: &str, s: &dyn Scheduler) -> Result<(usize, f64), DataFrameError>
 
 /// An inner merge of two parquet datasets on `key`: rows out and the sum of the right side's
 /// `y`.
-fn merge(dir: &str, s: &dyn Scheduler) -> Result<(usize, f64), DataFrameError> {
+fn merge(
+    dir: &str,
+    s: &dyn Scheduler,
+    method: ShuffleMethod,
+) -> Result<(usize, f64), DataFrameError> {
     let left = dataframe::read_parquet(&format!("{dir}/left-*.parquet"))?;
     let right = dataframe::read_parquet(&format!("{dir}/right-*.parquet"))?;
     let m = left
-        .merge(&right, &["key"], How::Inner)?
+        .merge_with(&right, &["key"], How::Inner, method)?
         .select(&["key", "y"])?;
     let out = m.compute(s)?;
     let total = out
@@ -51,11 +57,12 @@ fn run(
     name: &str,
     dir: &str,
     s: &dyn Scheduler,
+    method: ShuffleMethod,
 ) -> Result<(f64, usize, f64), Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let (rows, total) = match name {
         "groupby" => groupby(dir, s)?,
-        "merge" => merge(dir, s)?,
+        "merge" => merge(dir, s, method)?,
         other => return Err(format!("no workload {other:?}").into()),
     };
     Ok((t0.elapsed().as_secs_f64(), rows, total))
@@ -86,6 +93,13 @@ fn write_small(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> 
     Ok(())
 }
 
+/// What the workers' shuffle deliveries add up to so far: bytes, microseconds, deliveries.
+fn delivered(client: &dask_comm::Client) -> Result<(u64, u64, u64), dask_comm::Error> {
+    let logs = client.transfer_log_blocking()?;
+    let all = logs.iter().flat_map(|(_, entries)| entries);
+    Ok(all.fold((0, 0, 0), |(b, m, n), t| (b + t.bytes, m + t.micros, n + 1)))
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     dataframe::register();
     dask_comm::run_if_worker();
@@ -96,10 +110,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    let protocol = match flag("--protocol").as_deref() {
+        None | Some("tcp") => Protocol::Tcp,
+        Some("ucx") => Protocol::Ucx,
+        Some(other) => return Err(format!("--protocol tcp or ucx, not {other:?}").into()),
+    };
+    let method = match flag("--shuffle").as_deref() {
+        None | Some("p2p") => ShuffleMethod::P2p,
+        Some("tasks") => ShuffleMethod::Tasks,
+        Some(other) => return Err(format!("--shuffle p2p or tasks, not {other:?}").into()),
+    };
     let cluster = || {
         LocalCluster::with(ClusterOptions {
             workers: 2,
             threads_per_worker: 1,
+            protocol,
             ..Default::default()
         })
     };
@@ -115,9 +140,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             None => &threaded,
         };
         for _ in 0..rounds {
-            let (secs, rows, total) = run(&name, &dir, s)?;
+            let before = match &client {
+                Some(cl) => delivered(cl)?,
+                None => (0, 0, 0),
+            };
+            let (secs, rows, total) = run(&name, &dir, s, method)?;
+            let (bytes, micros, count) = match &client {
+                Some(cl) => {
+                    let after = delivered(cl)?;
+                    (after.0 - before.0, after.1 - before.1, after.2 - before.2)
+                }
+                None => (0, 0, 0),
+            };
+            let rate = bytes as f64 / (micros as f64).max(1.0);
             println!(
-                "{{\"workload\":\"{name}\",\"scheduler\":\"{sched}\",\"seconds\":{secs:.6},\"answer\":[{rows},{total}]}}"
+                "{{\"workload\":\"{name}\",\"scheduler\":\"{sched}\",\"seconds\":{secs:.6},\"answer\":[{rows},{total}],\"moved_mb\":{:.3},\"deliveries\":{count},\"pair_mb_s\":{rate:.1}}}",
+                bytes as f64 / 1e6
             );
         }
         return Ok(());
@@ -130,8 +168,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = c.client()?;
     let threaded = Threaded::new(2);
     for name in ["groupby", "merge"] {
-        let (t1, r1, v1) = run(name, &d, &threaded)?;
-        let (t2, r2, v2) = run(name, &d, &client)?;
+        let (t1, r1, v1) = run(name, &d, &threaded, method)?;
+        let (t2, r2, v2) = run(name, &d, &client, method)?;
         if r1 != r2 || (v1 - v2).abs() > 1e-9 * v1.abs().max(1.0) {
             return Err(
                 format!("{name}: threaded ({r1}, {v1}) but the cluster ({r2}, {v2})").into(),

@@ -1,5 +1,5 @@
-//! Functions every process has: `identity` (any value, as is) and `list` (its arguments as a
-//! [`List`]).
+//! Functions every process has: `identity` (any value, as is), `list` (its arguments as a
+//! [`List`]) and `shuffle-barrier` (a shuffle's barrier: nothing, once its arguments exist).
 
 use crate::registry::Registry;
 use crate::value::{List, Value};
@@ -8,4 +8,5 @@ use crate::value::{List, Value};
 pub(crate) fn register(r: &Registry) {
     r.register("identity", |v: Value| v);
     r.register_values("list", |args| Ok(Value::new(List(args.to_vec()))));
+    r.register_values(crate::shuffle::BARRIER, |_| Ok(Value::new(())));
 }

@@ -30,6 +30,9 @@ pub enum FailureKind {
     /// Workers died while running the task, as many times as allowed (Dask's `KilledWorker`):
     /// the task itself is the likely cause, and it is not tried again.
     KilledWorker,
+    /// A shuffle's data could not be sent or collected (see [`ShuffleError`](crate::ShuffleError)):
+    /// a cluster restarts the shuffle rather than failing.
+    Shuffle,
 }
 
 impl fmt::Display for FailureKind {
@@ -42,6 +45,7 @@ impl fmt::Display for FailureKind {
             FailureKind::Data => "had a data error",
             FailureKind::Lost => "was lost",
             FailureKind::KilledWorker => "killed its workers",
+            FailureKind::Shuffle => "lost shuffle data",
         })
     }
 }
@@ -165,8 +169,10 @@ fn call(
         .collect::<Result<Vec<_>, _>>()?;
     // Set after the arguments (nested tasks set their own), so a panic names this call.
     CALLING.with(|c| c.set(Some((key, t.func))));
+    crate::shuffle::clear_failed();
     match f.call(&args) {
         Ok(v) => Ok(v),
+        Err(CallError::Failed(m)) if crate::shuffle::failed() => fail(FailureKind::Shuffle, m),
         Err(CallError::Failed(m)) => fail(FailureKind::Error, m),
         Err(e) => fail(FailureKind::Argument, e.to_string()),
     }

@@ -31,6 +31,7 @@ pub mod local;
 pub mod optimize;
 pub mod order;
 mod registry;
+pub mod shuffle;
 mod task;
 pub mod value;
 
@@ -41,6 +42,7 @@ pub use local::{Persisted, Plan, Scheduler, Sync, Threaded};
 pub use registry::{
     registry, CallError, FromValue, Function, IntoValue, Params, Registry, TypedFn,
 };
+pub use shuffle::{ShuffleError, ShuffleId, ShuffleRole};
 pub use task::{Arg, Node, Task};
 pub use value::{
     register_type, Data, DataError, Encoded, Expect, Frame, List, TypeInfo, Value, ValueMeta,

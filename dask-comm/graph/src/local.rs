@@ -107,10 +107,35 @@ impl Plan {
         self.graph.key_at(failed)
     }
 
+    /// The shuffles the plan's tasks take part in.
+    pub fn shuffles(&self) -> Vec<crate::ShuffleId> {
+        let mut ids: Vec<crate::ShuffleId> = self
+            .graph
+            .iter()
+            .filter_map(|(_, n)| match n {
+                Node::Task(t) => t.shuffle.map(|r| r.id()),
+                Node::Value(_) => None,
+            })
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     fn failed(&self, at: usize, cause: Box<TaskFailure>) -> ComputeError {
         ComputeError::Failed {
             key: self.needed_by(at),
             cause: Arc::from(cause),
+        }
+    }
+}
+
+/// A computation's shuffles leave nothing in the process's in-memory service when it ends,
+/// however it ends (pieces of a failed computation would otherwise stay).
+impl Drop for Plan {
+    fn drop(&mut self) {
+        for id in self.shuffles() {
+            crate::shuffle::forget_local(id);
         }
     }
 }

@@ -74,7 +74,7 @@ pub fn inline(g: Graph, keep: &[Key], fast: impl Fn(Name) -> bool) -> Graph {
             && !keep.contains(&key)
             && match &node {
                 Node::Value(_) => true,
-                Node::Task(t) => fast(t.func),
+                Node::Task(t) => fast(t.func) && t.shuffle.is_none(),
             };
         if inlinable {
             let arg = match node {
@@ -135,7 +135,9 @@ pub fn fuse_with(g: Graph, s: &Structure, keep: &[Key], max_depth: usize) -> Gra
         t.map_keys(&mut |k| taken.remove(&k));
         let users = s.dependents(i);
         // One user, which needs only this key, once (twice would need the result twice).
-        let single_user = users.len() == 1
+        // A shuffle's tasks keep their keys: the scheduler places them by role.
+        let single_user = t.shuffle.is_none()
+            && users.len() == 1
             && s.deps(users[0] as usize).len() == 1
             && !s.repeated(i)
             && !keep.contains(&key)

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::key::{Key, Name};
+use crate::shuffle::ShuffleRole;
 use crate::value::{Data, Value};
 
 /// One argument of a task.
@@ -98,6 +99,9 @@ pub struct Task {
     pub args: Vec<Arg>,
     /// For a task nested by `fuse` or `inline`: the key it had, which its failures name.
     pub origin: Option<Key>,
+    /// Its part in a shuffle (see [`shuffle`](crate::shuffle)): such a task is never nested
+    /// into another.
+    pub shuffle: Option<ShuffleRole>,
 }
 
 impl Task {
@@ -107,7 +111,14 @@ impl Task {
             func: Name::new(func),
             args: args.into_iter().collect(),
             origin: None,
+            shuffle: None,
         }
+    }
+
+    /// The same task, marked with its part in a shuffle.
+    pub fn with_shuffle(mut self, role: ShuffleRole) -> Task {
+        self.shuffle = Some(role);
+        self
     }
 
     /// Calls `f` with every key the task refers to, nested ones included, repeats included.

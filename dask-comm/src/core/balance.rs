@@ -62,7 +62,7 @@ impl Core {
                     .copied()
                     .filter(|&id| {
                         let t = &self.tasks[id];
-                        t.stealing.is_none() && !t.steal_refused
+                        t.stealing.is_none() && !t.steal_refused && !self.pinned(id)
                     })
                     .collect();
                 ids.sort_unstable_by_key(|&id| std::cmp::Reverse(self.tasks[id].priority));

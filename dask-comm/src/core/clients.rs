@@ -126,6 +126,10 @@ impl Core {
                 prefix,
             );
             t.retries = d.retries;
+            t.shuffle = d.shuffle;
+            if let Some(role) = d.shuffle {
+                self.shuffle_task_added(d.key, role);
+            }
             let id = self.tasks.insert(t);
             self.by_key.insert(d.key, id);
             fresh.push(id);

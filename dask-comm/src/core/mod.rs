@@ -17,6 +17,7 @@ mod balance;
 mod clients;
 mod placement;
 mod retire;
+mod shuffle;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -31,6 +32,7 @@ use dask_graph::{FailureKind, Key, TaskFailure};
 use rustc_hash::FxHashMap;
 
 pub use retire::MOVE_ATTEMPTS;
+pub use shuffle::SHUFFLE_RESTARTS;
 pub use state::Status;
 use state::{ClientState, Ordered, PrefixStats, Retirement, Slab, TaskId, TaskState, WorkerState};
 
@@ -104,6 +106,7 @@ pub struct Core {
     prefix_ids: FxHashMap<&'static str, u32>,
     retirements: Vec<Retirement>,
     next_steal: u64,
+    shuffles: FxHashMap<dask_graph::ShuffleId, shuffle::ShuffleState>,
     stats: Stats,
 }
 
@@ -126,6 +129,8 @@ pub struct Stats {
     pub retried: u64,
     /// Tasks that erred with `KilledWorker`.
     pub killed_worker: u64,
+    /// Shuffles started again (an owner lost, or shuffle data missing).
+    pub shuffle_restarts: u64,
     /// Tasks each worker finished, by worker name.
     pub finished_by: BTreeMap<String, u64>,
 }
@@ -190,6 +195,7 @@ impl Core {
             prefix_ids: FxHashMap::default(),
             retirements: Vec::new(),
             next_steal: 0,
+            shuffles: FxHashMap::default(),
             stats: Stats::default(),
         }
     }

@@ -64,6 +64,8 @@ pub struct TaskState {
     pub steal_id: u64,
     /// Its worker refused a steal (it started): not asked again while it is there.
     pub steal_refused: bool,
+    /// Its part in a peer-to-peer shuffle.
+    pub shuffle: Option<dask_graph::ShuffleRole>,
 }
 
 impl TaskState {
@@ -89,6 +91,7 @@ impl TaskState {
             stealing: None,
             steal_id: 0,
             steal_refused: false,
+            shuffle: None,
         }
     }
 }

@@ -81,6 +81,18 @@ impl Core {
     pub(super) fn make_ready(&mut self, id: TaskId, comm: &mut impl Comm) {
         debug_assert_eq!(self.tasks[id].status, Status::Waiting);
         let priority = self.tasks[id].priority;
+        if let Some(owner) = self.shuffle_owner(id) {
+            // An unpack task runs where its output's pieces are; while that worker is gone
+            // (the shuffle restarts) it waits among the unrunnable.
+            match owner {
+                Some(w) => self.assign(id, w, comm),
+                None => {
+                    self.tasks[id].status = Status::NoWorker;
+                    self.no_worker.insert((priority, id));
+                }
+            }
+            return;
+        }
         if !self.workers.values().any(|ws| ws.open()) {
             self.tasks[id].status = Status::NoWorker;
             self.no_worker.insert((priority, id));
@@ -103,6 +115,7 @@ impl Core {
     /// Sends task `id` to worker `w`.
     pub(super) fn assign(&mut self, id: TaskId, w: WorkerId, comm: &mut impl Comm) {
         let expected = self.expected(self.tasks[id].prefix);
+        let shuffle = self.shuffle_run(id, Some(w));
         let deps: Vec<Dep> = self.tasks[id]
             .deps
             .iter()
@@ -130,6 +143,7 @@ impl Core {
                 deps,
                 priority: t.priority,
                 wanted: !t.wanted_by.is_empty(),
+                shuffle,
             },
         );
     }
@@ -254,28 +268,7 @@ impl Core {
         for &c in &self.tasks[id].wanted_by {
             comm.send_client(c, ToClient::Lost { key });
         }
-        let dependents = self.tasks[id].dependents.clone();
-        for d in dependents {
-            let dt = &self.tasks[d];
-            match dt.status {
-                Status::Waiting => self.tasks[d].waiting_on += 1,
-                Status::Processing => {
-                    let (key, w) = (dt.key, dt.processing_on);
-                    self.unassign(d);
-                    if let Some(w) = w {
-                        comm.send_worker(w, ToWorker::Free { keys: vec![key] });
-                    }
-                    self.tasks[d].status = Status::Waiting;
-                    self.recount(d);
-                }
-                Status::NoWorker => {
-                    self.no_worker.remove(&(dt.priority, d));
-                    self.tasks[d].status = Status::Waiting;
-                    self.recount(d);
-                }
-                _ => {}
-            }
-        }
+        self.value_gone(id, comm);
         if self.needed(id) {
             if self.tasks[id].spec.is_some() {
                 self.stats.recomputed += 1;
@@ -347,14 +340,15 @@ impl Core {
             }
         }
         for i in forget {
-            self.forget(i);
+            self.forget(i, comm);
         }
     }
 
     /// Removes a released task nothing refers to (no client, no dependent), and then its
     /// dependencies that this leaves unreferenced.
-    pub(super) fn forget(&mut self, id: TaskId) {
+    pub(super) fn forget(&mut self, id: TaskId, comm: &mut impl Comm) {
         let mut stack = vec![id];
+        let mut shuffles = Vec::new();
         while let Some(i) = stack.pop() {
             let Some(t) = self.tasks.get(i) else {
                 continue;
@@ -367,12 +361,20 @@ impl Core {
             }
             let t = self.tasks.remove(i).expect("checked above");
             self.by_key.remove(&t.key);
+            if let Some(role) = t.shuffle {
+                shuffles.push(role.id());
+            }
             for d in t.deps {
                 if let Some(dt) = self.tasks.get_mut(d) {
                     dt.dependents.retain(|&x| x != i);
                     stack.push(d);
                 }
             }
+        }
+        shuffles.sort_unstable();
+        shuffles.dedup();
+        for sid in shuffles {
+            self.shuffle_settle(sid, comm);
         }
     }
 

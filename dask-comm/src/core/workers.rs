@@ -128,6 +128,7 @@ impl Core {
                 self.compute(&[id], comm);
             }
         }
+        self.shuffles_lost_worker(w, comm);
         // Slots freed elsewhere are filled as tasks finish; if none is busy, fill now.
         let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
         for id in ids {
@@ -274,7 +275,11 @@ impl Core {
             *self.stats.finished_by.entry(ws.name.clone()).or_default() += 1;
         }
         self.tasks[id].nbytes = nbytes;
+        let unpacked = self.pinned(id).then(|| self.tasks[id].shuffle).flatten();
         self.mark_in_memory(id, w, small, comm);
+        if let Some(role) = unpacked {
+            self.shuffle_settle(role.id(), comm);
+        }
         self.fill(w, comm);
     }
 
@@ -293,7 +298,9 @@ impl Core {
             return;
         }
         self.unassign(id);
-        if self.tasks[id].retries > 0 {
+        if failure.kind == FailureKind::Shuffle && self.tasks[id].shuffle.is_some() {
+            self.shuffle_task_failed(id, failure, comm);
+        } else if self.tasks[id].retries > 0 {
             self.tasks[id].retries -= 1;
             self.stats.retried += 1;
             tracing::info!(%key, error = %failure, retries_left = self.tasks[id].retries, "task erred: running it again");

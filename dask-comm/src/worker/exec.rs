@@ -65,8 +65,13 @@ pub(super) struct Executor {
 }
 
 impl Executor {
-    /// Starts `n` threads; each finished task is reported on `done`.
-    pub fn start(n: usize, done: mpsc::UnboundedSender<Done>) -> Executor {
+    /// Starts `n` threads, with `shuffles` installed on each; each finished task is reported
+    /// on `done`.
+    pub fn start(
+        n: usize,
+        done: mpsc::UnboundedSender<Done>,
+        shuffles: Arc<dyn dask_graph::shuffle::ShuffleService>,
+    ) -> Executor {
         let queue = Arc::new((
             Mutex::new(Queue {
                 jobs: BinaryHeap::new(),
@@ -79,9 +84,13 @@ impl Executor {
         let threads = (0..n.max(1))
             .map(|i| {
                 let (q, done, r) = (Arc::clone(&queue), done.clone(), Arc::clone(&running));
+                let shuffles = Arc::clone(&shuffles);
                 std::thread::Builder::new()
                     .name(format!("dask-worker-{i}"))
-                    .spawn(move || run(&q, &r, &done))
+                    .spawn(move || {
+                        dask_graph::shuffle::install(Some(shuffles));
+                        run(&q, &r, &done)
+                    })
                     .expect("spawning a worker thread")
             })
             .collect();

@@ -14,6 +14,7 @@
 mod exec;
 pub(crate) mod fetch;
 pub mod memory;
+pub mod shuffle;
 pub(crate) mod store;
 
 use std::collections::hash_map::Entry;
@@ -158,12 +159,13 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     let address = listener.local_addr().to_string();
     let store: Store = Arc::new(Mutex::new(store));
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
+    let log = shuffle::TransferLog::default();
     let serve = {
-        let (store, secret) = (Arc::clone(&store), opts.secret.clone());
+        let (store, secret, log) = (Arc::clone(&store), opts.secret.clone(), log.clone());
         tokio::spawn(async move {
             while let Ok(conn) = listener.accept().await {
                 let (store, secret, lost) = (Arc::clone(&store), secret.clone(), lost_tx.clone());
-                tokio::spawn(serve_data(conn, store, secret, lost));
+                tokio::spawn(serve_data(conn, store, secret, lost, log.clone()));
             }
         })
     };
@@ -181,7 +183,7 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     .await?;
     let control = Arc::new(control);
     tracing::info!(name = %opts.name, %address, scheduler = %opts.scheduler, nthreads = opts.nthreads, "worker started");
-    let r = Worker::new(&opts, address, store, Arc::clone(&control), lost_rx)
+    let r = Worker::new(&opts, address, store, Arc::clone(&control), lost_rx, log)
         .run()
         .await;
     serve.abort();
@@ -221,6 +223,8 @@ struct Worker {
     acquire_failed: Vec<Key>,
     /// Send a heartbeat with this pass (the pause state changed).
     report: bool,
+    /// Peer-to-peer shuffles: the service the task threads use.
+    shuffles: Arc<shuffle::Shuffles>,
 }
 
 impl Worker {
@@ -230,9 +234,17 @@ impl Worker {
         store: Store,
         control: Arc<Connection>,
         lost_rx: mpsc::UnboundedReceiver<Key>,
+        log: shuffle::TransferLog,
     ) -> Worker {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (fetched_tx, fetched_rx) = mpsc::unbounded_channel();
+        let shuffles = Arc::new(shuffle::Shuffles::new(
+            address.clone(),
+            Arc::clone(&store),
+            opts.secret.clone(),
+            tokio::runtime::Handle::current(),
+            log,
+        ));
         Worker {
             fetcher: Fetcher::new(address.clone(), opts.secret.clone(), fetched_tx),
             address,
@@ -242,7 +254,11 @@ impl Worker {
             pending: FxHashMap::default(),
             waiting_for: FxHashMap::default(),
             freed_running: FxHashSet::default(),
-            executor: Executor::start(opts.nthreads, done_tx),
+            executor: Executor::start(
+                opts.nthreads,
+                done_tx,
+                Arc::clone(&shuffles) as Arc<dyn dask_graph::shuffle::ShuffleService>,
+            ),
             done_rx,
             fetched_rx,
             out: Vec::new(),
@@ -259,6 +275,7 @@ impl Worker {
             acquired: Vec::new(),
             acquire_failed: Vec::new(),
             report: false,
+            shuffles,
         }
     }
 
@@ -349,7 +366,14 @@ impl Worker {
                     deps,
                     priority,
                     wanted,
-                } => self.compute(key, spec, deps, priority, wanted),
+                    shuffle,
+                } => {
+                    if let Some(run) = shuffle {
+                        self.shuffles.set_run(run);
+                    }
+                    self.compute(key, spec, deps, priority, wanted)
+                }
+                ToWorker::ShuffleDone { id, run } => self.shuffles.done(id, run),
                 ToWorker::Free { keys } => self.free(keys),
                 ToWorker::Steal { key, id } => {
                     let stolen = self.give_back(key);
@@ -720,6 +744,7 @@ async fn serve_data(
     store: Store,
     secret: Secret,
     lost: mpsc::UnboundedSender<Key>,
+    log: shuffle::TransferLog,
 ) {
     let peer = conn.peer_addr().clone();
     match net::admit(&conn, &secret).await {
@@ -793,6 +818,17 @@ async fn serve_data(
                     }
                     reply.push(DataMsg::Stored);
                 }
+                DataMsg::Pieces { values } => {
+                    let mut store = lock(&store);
+                    for (k, p) in values {
+                        store.insert(k, Value::new(shuffle::Piece(p)));
+                    }
+                    drop(store);
+                    reply.push(DataMsg::Stored);
+                }
+                DataMsg::TransferLog => reply.push(DataMsg::Transfers {
+                    entries: log.entries(),
+                }),
                 other => {
                     tracing::warn!(%peer, ?other, "unexpected on a data connection: closed");
                     let _ = conn.close().await;

@@ -199,6 +199,16 @@ impl Store {
         }
     }
 
+    /// The keys held (in memory or on disk) for which `f` is true.
+    pub fn keys_where(&self, f: impl Fn(&Key) -> bool) -> Vec<Key> {
+        self.memory
+            .keys()
+            .chain(self.disk.keys())
+            .filter(|k| f(k))
+            .copied()
+            .collect()
+    }
+
     /// Forgets a key (its spill file too).
     pub fn remove(&mut self, k: &Key) {
         if let Some(e) = self.memory.remove(k) {

@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::sync::{Arc, Once};
 
-use dask_graph::{registry, List, Value};
+use dask_graph::{registry, List, ShuffleId, Value};
 use polars::prelude::{CsvWriter, ParquetWriter, SerWriter};
 
 use super::aggregate::Spec;
@@ -23,6 +23,8 @@ pub(crate) const PICK: &str = "dask-frame-pick";
 pub(crate) const JOIN_BROADCAST: &str = "dask-frame-join-broadcast";
 pub(crate) const JOIN_BUCKETS: &str = "dask-frame-join-buckets";
 pub(crate) const WRITE: &str = "dask-frame-write";
+pub(crate) const SHUFFLE_TRANSFER: &str = "dask-frame-shuffle-transfer";
+pub(crate) const SHUFFLE_JOIN: &str = "dask-frame-shuffle-join";
 
 fn arg<'a, T: 'static>(args: &'a [Value], i: usize, what: &str) -> Result<&'a T, String> {
     args.get(i)
@@ -76,6 +78,51 @@ fn join_buckets(args: &[Value]) -> Result<Value, String> {
         _ => return Err("a join and two lists of buckets expected".into()),
     };
     merge::join(frame::concat(&l)?, frame::concat(&r)?, spec).map(|f| Value::new(Frame(f)))
+}
+
+/// A peer-to-peer shuffle's transfer: partition `input` (with its operations) split by the
+/// hash of the join keys into `n` pieces, sent as input `index` of shuffle `shuffle`.
+fn shuffle_transfer(
+    input: Value,
+    ops: Arc<Ops>,
+    spec: Arc<JoinSpec>,
+    n: u64,
+    shuffle: String,
+    index: u64,
+) -> Result<(), String> {
+    let buckets = merge::split(&ops::run(&input, &ops)?, &spec.on, n as usize)?;
+    let pieces = buckets
+        .0
+        .into_iter()
+        .enumerate()
+        .map(|(j, f)| (j as u32, Value::new(f)))
+        .collect();
+    dask_graph::shuffle::send(ShuffleId::new(&shuffle), index as u32, pieces)
+        .map_err(|e| e.to_string())
+}
+
+/// A peer-to-peer shuffle's unpack for a join: output `part`'s pieces (inputs below `left`
+/// are the left side's), joined.
+fn shuffle_join(
+    _barrier: Value,
+    shuffle: String,
+    part: u64,
+    left: u64,
+    inputs: u64,
+    spec: Arc<JoinSpec>,
+) -> Result<Frame, String> {
+    let pieces = dask_graph::shuffle::receive(ShuffleId::new(&shuffle), part as u32, inputs as u32)
+        .map_err(|e| e.to_string())?;
+    let frames = pieces
+        .iter()
+        .map(|v| {
+            v.downcast_ref::<Frame>()
+                .map(|f| &f.0)
+                .ok_or("a shuffle piece is not a frame")
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (l, r) = frames.split_at((left as usize).min(frames.len()));
+    merge::join(frame::concat(l)?, frame::concat(r)?, &spec).map(Frame)
 }
 
 fn write(input: Value, ops: Arc<Ops>, path: String) -> Result<u64, String> {
@@ -138,5 +185,7 @@ pub fn register() {
         r.register_values(JOIN_BROADCAST, join_broadcast);
         r.register_values(JOIN_BUCKETS, join_buckets);
         r.register(WRITE, write);
+        r.register(SHUFFLE_TRANSFER, shuffle_transfer);
+        r.register(SHUFFLE_JOIN, shuffle_join);
     });
 }

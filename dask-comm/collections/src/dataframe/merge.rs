@@ -1,6 +1,8 @@
 //! Joins: a partition against a whole small side (broadcast), or both sides split by the hash
 //! of their keys into as many buckets as the result has partitions, each bucket joined with
-//! its counterpart (a hash shuffle).
+//! its counterpart (a hash shuffle). The shuffle is peer-to-peer by default (the buckets move
+//! between workers outside the task graph, see [`dask_graph::shuffle`]), or made of tasks
+//! (one task per bucket, which workers fetch from each other like any value).
 
 use std::hash::{BuildHasher, Hash};
 
@@ -10,7 +12,7 @@ use polars::prelude::{
 };
 use serde::{Deserialize, Serialize};
 
-use dask_graph::{Arg, Graph, Key, Task};
+use dask_graph::{Arg, Graph, Key, ShuffleId, ShuffleRole, Task};
 
 use super::frame::{ColumnType, Frame};
 use super::{fresh_name, kernels, stack, DataFrame, DataFrameError, Source};
@@ -24,6 +26,19 @@ pub enum How {
     Left,
     /// Every row of both sides.
     Outer,
+}
+
+/// How a hash join moves its buckets (Dask's `shuffle_method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum ShuffleMethod {
+    /// Peer-to-peer: each partition's transfer task sends its buckets straight to the
+    /// workers that join them, outside the task graph (`n + m + 1 + n` tasks; on a cluster
+    /// the bytes move worker to worker over the data connections, in bounded batches).
+    #[default]
+    P2p,
+    /// Tasks: one task per bucket per partition (`n × m` of them), fetched by the joining
+    /// tasks like any value.
+    Tasks,
 }
 
 /// A join's keys and kind, as a task argument.
@@ -167,11 +182,25 @@ impl DataFrame {
     /// larger has partitions, and bucket `j` of one is joined with bucket `j` of the other.
     /// The keys appear once; other columns the right side shares with the left get
     /// [`RIGHT_SUFFIX`]. Row order within a partition is not defined.
+    ///
+    /// The hash join's shuffle is peer-to-peer ([`ShuffleMethod::P2p`]);
+    /// [`merge_with`](Self::merge_with) picks another.
     pub fn merge(
         &self,
         other: &DataFrame,
         on: &[&str],
         how: How,
+    ) -> Result<DataFrame, DataFrameError> {
+        self.merge_with(other, on, how, ShuffleMethod::P2p)
+    }
+
+    /// [`merge`](Self::merge), with the hash join's shuffle made by `method`.
+    pub fn merge_with(
+        &self,
+        other: &DataFrame,
+        on: &[&str],
+        how: How,
+        method: ShuffleMethod,
     ) -> Result<DataFrame, DataFrameError> {
         self.check_columns(on.iter().copied())?;
         other.check_columns(on.iter().copied())?;
@@ -225,6 +254,8 @@ impl DataFrame {
                     ),
                 );
             }
+        } else if method == ShuffleMethod::P2p {
+            self.p2p_join(other, &spec, &name, n, &mut g);
         } else {
             let sides = [("left", self), ("right", other)];
             for (side, d) in sides {
@@ -284,5 +315,56 @@ impl DataFrame {
             ops: Vec::new(),
             schema: meta.schema().clone(),
         })
+    }
+
+    /// The peer-to-peer hash join's tasks: a transfer per partition of either side (inputs
+    /// `0..n` are this side's, then `other`'s), the barrier, and one unpack-and-join task per
+    /// output.
+    fn p2p_join(&self, other: &DataFrame, spec: &JoinSpec, name: &str, n: usize, g: &mut Graph) {
+        let id = ShuffleId::new(&format!("{name}-shuffle"));
+        let transfer = format!("{name}-transfer");
+        let inputs = (self.npartitions + other.npartitions) as u32;
+        let mut transfers = Vec::with_capacity(inputs as usize);
+        let parts = (0..self.npartitions)
+            .map(|i| self.input_args(i))
+            .chain((0..other.npartitions).map(|i| other.input_args(i)));
+        for (index, [p, o]) in (0..inputs).zip(parts) {
+            let key = Key::new(&transfer, &[index]);
+            g.insert(
+                key,
+                Task::new(
+                    kernels::SHUFFLE_TRANSFER,
+                    [
+                        p,
+                        o,
+                        Arg::lit(spec.clone()),
+                        Arg::lit(n as u64),
+                        Arg::lit(id.as_str().to_string()),
+                        Arg::lit(index as u64),
+                    ],
+                )
+                .with_shuffle(ShuffleRole::Transfer { id, input: index }),
+            );
+            transfers.push(key);
+        }
+        let barrier = Key::name_only(&format!("{name}-barrier"));
+        g.insert(barrier, dask_graph::shuffle::barrier(id, transfers));
+        for j in 0..n as u32 {
+            g.insert(
+                Key::new(name, &[j]),
+                Task::new(
+                    kernels::SHUFFLE_JOIN,
+                    [
+                        Arg::key(barrier),
+                        Arg::lit(id.as_str().to_string()),
+                        Arg::lit(j as u64),
+                        Arg::lit(self.npartitions as u64),
+                        Arg::lit(inputs as u64),
+                        Arg::lit(spec.clone()),
+                    ],
+                )
+                .with_shuffle(ShuffleRole::Unpack { id, part: j }),
+            );
+        }
     }
 }

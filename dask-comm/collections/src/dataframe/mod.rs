@@ -40,7 +40,7 @@ pub use create::{from_polars, read_csv, read_parquet};
 pub use expr::{col, lit, BinOp, Expr, Lit};
 pub use frame::{ColumnType, Columns, Frame};
 pub use kernels::register;
-pub use merge::{How, RIGHT_SUFFIX};
+pub use merge::{How, ShuffleMethod, RIGHT_SUFFIX};
 pub use ops::register_partition;
 
 use aggregate::Spec;

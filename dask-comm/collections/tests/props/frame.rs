@@ -4,7 +4,7 @@
 //! processes).
 
 use crate::common::{cluster, schedulers};
-use dask_collections::dataframe::{self, col, lit, Agg, DataFrameError, How};
+use dask_collections::dataframe::{self, col, lit, Agg, DataFrameError, How, ShuffleMethod};
 use dask_graph::Scheduler;
 use polars::prelude::*;
 use proptest::prelude::*;
@@ -172,10 +172,13 @@ proptest! {
         for (nl, nr) in [(nl, nr), (nl, 1), (1, nr)] {
             let dl = dataframe::from_polars(l.clone(), nl).unwrap();
             let dr = dataframe::from_polars(r.clone(), nr).unwrap();
-            let m = dl.merge(&dr, &["k"], how).unwrap();
-            each(|name, s| {
-                same(&m.compute(s).unwrap(), &want, &format!("{name} {how:?} {nl}x{nr}"));
-            });
+            for method in [ShuffleMethod::P2p, ShuffleMethod::Tasks] {
+                let m = dl.merge_with(&dr, &["k"], how, method).unwrap();
+                each(|name, s| {
+                    same(&m.compute(s).unwrap(), &want,
+                         &format!("{name} {how:?} {method:?} {nl}x{nr}"));
+                });
+            }
         }
     }
 }

@@ -10,6 +10,7 @@ use super::*;
 use crate::protocol::{decode_batch, encode_batch, Payload};
 
 mod resilience;
+mod shuffle;
 
 /// Everything the core sent, in order.
 #[derive(Default)]
@@ -63,6 +64,7 @@ fn def(key: &str, deps: &[&str], order: u32) -> TaskDef {
         order,
         spec: Payload::default(),
         retries: 0,
+        shuffle: None,
     }
 }
 
@@ -281,7 +283,8 @@ fn root_tasks_are_queued_then_released_to_free_threads() {
                 spec: Payload::default(),
                 deps: vec![],
                 priority: Priority(1, 2),
-                wanted: true
+                wanted: true,
+                shuffle: None,
             }
         )]
     );

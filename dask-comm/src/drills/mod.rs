@@ -15,6 +15,12 @@ use bytes::Bytes;
 use dask_graph::{registry, Arg, Graph, Key, Scheduler, Task, Value};
 use rand::{Rng, SeedableRng};
 
+mod shuffle;
+pub use shuffle::{
+    blob_shuffle_graph, shuffle_chaos, shuffle_graph, shuffle_throughput, ShuffleChaosReport,
+    ThroughputRound,
+};
+
 use crate::client::Client;
 use crate::cluster::{ClusterOptions, LocalCluster};
 use crate::core::{Config, Stats};
@@ -72,6 +78,7 @@ pub fn register() {
         std::thread::sleep(Duration::from_millis(1500));
         v.iter().map(|&x| x as i64).sum::<i64>()
     });
+    shuffle::register();
 }
 
 /// A tree sum (fan-in `fan`) over `keys`, named `name`; returns the root.
@@ -193,6 +200,66 @@ fn wait_for_workers(client: &Client, n: usize, limit: Duration) -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
+}
+
+/// What [`kill_trials`] did.
+struct Kills {
+    trials: usize,
+    kills: usize,
+    kills_mid_run: usize,
+    slowest: Duration,
+}
+
+/// `trials` trials of a kill drill on `cluster`'s 3 workers: each persists `make(trial)`'s
+/// graph, kills a random worker with SIGKILL after a random wait under `window` µs, and
+/// gathers the answer within `limit`, checked against `answer` (a wrong or late one is an
+/// error with the scheduler's view attached).
+#[allow(clippy::too_many_arguments)]
+fn kill_trials(
+    cluster: &LocalCluster,
+    client: &Client,
+    seed: u64,
+    trials: usize,
+    window: u64,
+    answer: i64,
+    limit: Duration,
+    make: impl Fn(usize) -> (Graph, Key),
+) -> Result<Kills> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut k = Kills {
+        trials: 0,
+        kills: 0,
+        kills_mid_run: 0,
+        slowest: Duration::ZERO,
+    };
+    for trial in 0..trials {
+        wait_for_workers(client, 3, Duration::from_secs(30))?;
+        let (graph, key) = make(trial);
+        let start = Instant::now();
+        let fs = client.persist_blocking(graph, &[key])?;
+        std::thread::sleep(Duration::from_micros(rng.gen_range(0..window)));
+        let pids = cluster.worker_pids();
+        if !pids.is_empty() {
+            k.kills_mid_run += !fs[0].done() as usize;
+            kill9(pids[rng.gen_range(0..pids.len())])?;
+            k.kills += 1;
+        }
+        let got = gather_within(client, fs, limit).map_err(|e| {
+            let (stats, workers) = cluster.scheduler_stats().unwrap_or_default();
+            Error::Unexpected(format!(
+                "trial {trial}: {e}\nworkers: {workers:#?}\nstats: {stats:?}\npending:\n{}",
+                cluster.describe_pending().unwrap_or_default().join("\n")
+            ))
+        })?;
+        if got != answer {
+            return Err(Error::Unexpected(format!(
+                "trial {trial}: {got}, Sync says {answer}"
+            )));
+        }
+        k.slowest = k.slowest.max(start.elapsed());
+        k.trials += 1;
+    }
+    Ok(k)
 }
 
 fn kill9(pid: u32) -> Result<()> {
@@ -335,7 +402,6 @@ pub fn chaos(trials: usize, leaves: u32, seed: u64, trial_limit: Duration) -> Re
             "undisturbed: {got}, Sync says {answer}"
         )));
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut report = ChaosReport {
         trials: 0,
         tasks,
@@ -347,34 +413,18 @@ pub fn chaos(trials: usize, leaves: u32, seed: u64, trial_limit: Duration) -> Re
         undisturbed,
     };
     let window = undisturbed.as_micros().max(1000) as u64;
-    for trial in 0..trials {
-        wait_for_workers(&client, 3, Duration::from_secs(30))?;
-        let (g, key) = chaos_graph(&format!("t{trial}"), leaves, 32);
-        let start = Instant::now();
-        let fs = client.persist_blocking(g, &[key])?;
-        std::thread::sleep(Duration::from_micros(rng.gen_range(0..window)));
-        let pids = cluster.worker_pids();
-        if !pids.is_empty() {
-            let mid_run = !fs[0].done();
-            kill9(pids[rng.gen_range(0..pids.len())])?;
-            report.kills += 1;
-            report.kills_mid_run += mid_run as usize;
-        }
-        let got = gather_within(&client, fs, trial_limit).map_err(|e| {
-            let (stats, workers) = cluster.scheduler_stats().unwrap_or_default();
-            Error::Unexpected(format!(
-                "trial {trial}: {e}\nworkers: {workers:#?}\nstats: {stats:?}\npending:\n{}",
-                cluster.describe_pending().unwrap_or_default().join("\n")
-            ))
-        })?;
-        if got != answer {
-            return Err(Error::Unexpected(format!(
-                "trial {trial}: {got}, Sync says {answer}"
-            )));
-        }
-        report.slowest = report.slowest.max(start.elapsed());
-        report.trials += 1;
-    }
+    let k = kill_trials(
+        &cluster,
+        &client,
+        seed,
+        trials,
+        window,
+        answer,
+        trial_limit,
+        |trial| chaos_graph(&format!("t{trial}"), leaves, 32),
+    )?;
+    (report.trials, report.kills, report.kills_mid_run) = (k.trials, k.kills, k.kills_mid_run);
+    report.slowest = k.slowest;
     // The last kill's replacement, before counting.
     let deadline = Instant::now() + Duration::from_secs(30);
     while cluster.restarts() < report.kills as u64 && Instant::now() < deadline {

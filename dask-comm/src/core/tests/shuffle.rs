@@ -1,0 +1,307 @@
+//! Peer-to-peer shuffles in the core: runs and owners, pinned unpack tasks, pieces dropped
+//! when no output is pending, restarts when an owner is lost or data goes missing, and the
+//! bound on restarts.
+
+use dask_graph::{ShuffleId, ShuffleRole};
+
+use super::*;
+use crate::protocol::ShuffleRun;
+
+fn sid() -> ShuffleId {
+    ShuffleId::new("core-test-shuffle")
+}
+
+/// A shuffle of `inputs` transfer tasks (roots: their inputs fused in), a barrier and
+/// `outputs` unpack tasks `out-j`, all wanted.
+fn shuffle_graph(inputs: u32, outputs: u32) -> (Vec<TaskDef>, Vec<String>) {
+    let id = sid();
+    let mut defs = Vec::new();
+    let tr: Vec<String> = (0..inputs).map(|i| format!("tr-{i}")).collect();
+    for (i, name) in tr.iter().enumerate() {
+        let mut d = def(name, &[], i as u32);
+        d.shuffle = Some(ShuffleRole::Transfer {
+            id,
+            input: i as u32,
+        });
+        defs.push(d);
+    }
+    let deps: Vec<&str> = tr.iter().map(String::as_str).collect();
+    let mut b = def("bar", &deps, inputs);
+    b.shuffle = Some(ShuffleRole::Barrier { id });
+    defs.push(b);
+    let outs: Vec<String> = (0..outputs).map(|j| format!("out-{j}")).collect();
+    for (j, name) in outs.iter().enumerate() {
+        let mut d = def(name, &["bar"], inputs + 1 + j as u32);
+        d.shuffle = Some(ShuffleRole::Unpack { id, part: j as u32 });
+        defs.push(d);
+    }
+    (defs, outs)
+}
+
+/// A compute sent: where, what, and the shuffle's run.
+type Placed = (WorkerId, Key, Option<ShuffleRun>);
+
+/// Computes sent, with their shuffle runs; other messages are returned apart.
+fn split(sent: Vec<Sent>) -> (Vec<Placed>, Vec<Sent>) {
+    let mut computes = Vec::new();
+    let mut rest = Vec::new();
+    for s in sent {
+        match s {
+            Sent::W(w, ToWorker::Compute { key, shuffle, .. }) => computes.push((w, key, shuffle)),
+            other => rest.push(other),
+        }
+    }
+    (computes, rest)
+}
+
+fn err_shuffle(t: &mut T, w: WorkerId, key: &str) {
+    t.core.on_worker_message(
+        w,
+        FromWorker::Erred {
+            key: k(key),
+            failure: TaskFailure::new(k(key), "unpack", FailureKind::Shuffle, "a piece is missing"),
+        },
+        t.now,
+        &mut t.rec,
+    );
+}
+
+fn want_outs(outs: &[String]) -> Vec<&str> {
+    outs.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn unpack_tasks_run_on_their_owners_and_pieces_go_when_no_output_is_pending() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 2);
+    let b = t.worker("b", 2);
+    let (defs, outs) = shuffle_graph(4, 4);
+    t.graph(c, defs, &want_outs(&outs));
+    let (computes, rest) = split(t.take());
+    assert!(rest.is_empty(), "{rest:?}");
+    assert_eq!(computes.len(), 4, "every transfer placed: {computes:?}");
+    for (_, key, run) in &computes {
+        let run = run.as_ref().expect("transfers carry the run");
+        assert_eq!(run.id, sid(), "{key}");
+        assert_eq!(run.run, 0);
+        assert_eq!(
+            run.owners,
+            vec!["tcp://a".to_string(), "tcp://b".to_string()]
+        );
+    }
+    for (w, key, _) in computes {
+        t.finish(w, &key.to_string(), 0, 1000);
+    }
+    let (computes, _) = split(t.take());
+    let [(bw, bar, None)] = &computes[..] else {
+        panic!("the barrier, without a run: {computes:?}")
+    };
+    assert_eq!(*bar, k("bar"));
+    t.finish(*bw, "bar", 0, 10);
+    let (mut computes, rest) = split(t.take());
+    assert!(
+        rest.iter()
+            .all(|s| matches!(s, Sent::W(_, ToWorker::Free { .. }))),
+        "transfers freed: {rest:?}"
+    );
+    computes.sort_by_key(|c| c.1);
+    let placed: Vec<(WorkerId, Key)> = computes.iter().map(|(w, key, _)| (*w, *key)).collect();
+    assert_eq!(
+        placed,
+        vec![
+            (a, k("out-0")),
+            (b, k("out-1")),
+            (a, k("out-2")),
+            (b, k("out-3"))
+        ],
+        "output j on owner j % 2"
+    );
+    assert!(computes
+        .iter()
+        .all(|c| c.2.as_ref().is_some_and(|r| r.run == 0)));
+    // Stealing never moves an unpack task: b is idle, a has two outputs.
+    for (w, key) in [(b, "out-1"), (b, "out-3")] {
+        t.finish(w, key, 8, 1000);
+    }
+    t.take();
+    t.core.on_tick(t.now, &mut t.rec);
+    t.nothing();
+    t.finish(a, "out-0", 8, 1000);
+    let rest = t.take();
+    assert!(
+        !rest
+            .iter()
+            .any(|s| matches!(s, Sent::W(_, ToWorker::ShuffleDone { .. }))),
+        "an output is still pending: {rest:?}"
+    );
+    t.finish(a, "out-2", 8, 1000);
+    let sent = t.take();
+    let done: Vec<&Sent> = sent
+        .iter()
+        .filter(|s| matches!(s, Sent::W(_, ToWorker::ShuffleDone { .. })))
+        .collect();
+    assert_eq!(
+        done,
+        vec![
+            &Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 0 }),
+            &Sent::W(b, ToWorker::ShuffleDone { id: sid(), run: 0 }),
+        ]
+    );
+    // Releasing the outputs forgets the shuffle.
+    let keys = outs.iter().map(|o| k(o)).collect();
+    t.core
+        .on_client_message(c, FromClient::Release { keys }, &mut t.rec);
+    let sent = t.take();
+    assert!(
+        sent.iter()
+            .all(|s| matches!(s, Sent::W(_, ToWorker::Free { .. }))),
+        "{sent:?}"
+    );
+    assert_eq!(t.core.task_count(), 0);
+    assert!(t.core.shuffle_summaries().is_empty());
+}
+
+#[test]
+fn losing_an_owner_restarts_the_shuffle_and_keeps_the_finished_outputs() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 2);
+    let b = t.worker("b", 2);
+    let (defs, outs) = shuffle_graph(2, 4);
+    t.graph(c, defs, &want_outs(&outs));
+    let (computes, _) = split(t.take());
+    for (w, key, _) in computes {
+        t.finish(w, &key.to_string(), 0, 1000);
+    }
+    let (computes, _) = split(t.take());
+    // The barrier finishes on a (a copy on b too would not change what follows).
+    let bw = computes[0].0;
+    t.finish(bw, "bar", 0, 10);
+    let (computes, _) = split(t.take());
+    assert_eq!(computes.len(), 4);
+    t.finish(a, "out-0", 8, 10);
+    t.finish(a, "out-2", 8, 10);
+    t.take();
+    // b dies running out-1 and out-3.
+    t.core.on_worker_removed(b, &mut t.rec);
+    let sent = t.take();
+    let (computes, rest) = split(sent);
+    assert!(
+        rest.contains(&Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 0 })),
+        "the first run's pieces dropped: {rest:?}"
+    );
+    // The transfers run again (last word per key), in run 1, owned by a alone.
+    let mut last: std::collections::BTreeMap<Key, (WorkerId, Option<ShuffleRun>)> =
+        Default::default();
+    for (w, key, run) in computes {
+        last.insert(key, (w, run));
+    }
+    let keys: Vec<Key> = last.keys().copied().collect();
+    assert!(
+        keys.contains(&k("tr-0")) && keys.contains(&k("tr-1")),
+        "{keys:?}"
+    );
+    for key in [k("tr-0"), k("tr-1")] {
+        let (w, run) = &last[&key];
+        assert_eq!(*w, a);
+        let run = run.as_ref().unwrap();
+        assert_eq!(
+            (run.run, run.owners.clone()),
+            (1, vec!["tcp://a".to_string()])
+        );
+    }
+    assert_eq!(t.core.status(&k("out-0")), Some(Status::Memory), "kept");
+    assert_eq!(t.core.status(&k("out-1")), Some(Status::Waiting));
+    assert_eq!(t.core.stats().shuffle_restarts, 1);
+    t.finish(a, "tr-0", 0, 10);
+    t.finish(a, "tr-1", 0, 10);
+    let (computes, _) = split(t.take());
+    assert_eq!(
+        computes.iter().map(|c| c.1).collect::<Vec<_>>(),
+        vec![k("bar")]
+    );
+    t.finish(a, "bar", 0, 10);
+    let (mut computes, _) = split(t.take());
+    computes.sort_by_key(|c| c.1);
+    assert_eq!(
+        computes.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>(),
+        vec![(a, k("out-1")), (a, k("out-3"))]
+    );
+    t.finish(a, "out-1", 8, 10);
+    t.finish(a, "out-3", 8, 10);
+    let sent = t.take();
+    assert!(
+        sent.contains(&Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 1 })),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn missing_shuffle_data_restarts_a_bounded_number_of_times_then_fails() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    let (defs, outs) = shuffle_graph(1, 1);
+    t.graph(c, defs, &want_outs(&outs));
+    for attempt in 0..=SHUFFLE_RESTARTS {
+        let (computes, _) = split(t.take());
+        assert_eq!(computes.len(), 1, "attempt {attempt}: {computes:?}");
+        assert_eq!(computes[0].2.as_ref().unwrap().run, attempt);
+        t.finish(a, "tr-0", 0, 10);
+        let (computes, _) = split(t.take());
+        assert_eq!(computes[0].1, k("bar"));
+        t.finish(a, "bar", 0, 10);
+        let (computes, _) = split(t.take());
+        assert_eq!(computes[0].1, k("out-0"));
+        err_shuffle(&mut t, a, "out-0");
+    }
+    let sent = t.take();
+    let failed = sent.iter().find_map(|s| match s {
+        Sent::C(x, ToClient::Erred { key, failure }) if *x == c => Some((*key, failure.clone())),
+        _ => None,
+    });
+    let (key, failure) = failed.expect("the output fails");
+    assert_eq!(key, k("out-0"));
+    assert_eq!(failure.kind, FailureKind::Shuffle);
+    assert!(failure.message.contains("restarted"), "{}", failure.message);
+    assert_eq!(t.core.stats().shuffle_restarts, SHUFFLE_RESTARTS as u64);
+}
+
+#[test]
+fn a_transfer_that_cannot_reach_a_peer_restarts_the_shuffle_not_the_computation() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    let (defs, outs) = shuffle_graph(1, 2);
+    t.graph(c, defs, &want_outs(&outs));
+    let (computes, _) = split(t.take());
+    assert_eq!(computes[0].1, k("tr-0"));
+    err_shuffle(&mut t, a, "tr-0");
+    let (computes, rest) = split(t.take());
+    assert_eq!(
+        rest,
+        vec![Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 0 })]
+    );
+    assert_eq!(computes.len(), 1);
+    assert_eq!(
+        (computes[0].1, computes[0].2.as_ref().unwrap().run),
+        (k("tr-0"), 1)
+    );
+    // An ordinary error still fails at once.
+    t.core.on_worker_message(
+        a,
+        FromWorker::Erred {
+            key: k("tr-0"),
+            failure: TaskFailure::new(k("tr-0"), "split", FailureKind::Error, "bad column"),
+        },
+        t.now,
+        &mut t.rec,
+    );
+    let sent = t.take();
+    let erred = sent
+        .iter()
+        .filter(|s| matches!(s, Sent::C(_, ToClient::Erred { .. })))
+        .count();
+    assert_eq!(erred, 2, "both outputs fail: {sent:?}");
+}
