@@ -11,6 +11,8 @@ Workloads (issue 18's dataframe workloads):
            read_csv("2015-*-*.csv").groupby("user_id").value.mean()
   merge    two parquet datasets of 8 files x 1,000,000 rows (key, and x or y), about 30% of
            the keys on both sides; an inner merge on key, then key and y
+  sort     the left dataset sorted by x (a distributed sort); the rows and the sum of the
+           1,000 smallest x in the order they come out
 
 Engines, on this machine's 2 cores: pandas (one process), Dask threaded (2 threads), Dask
 distributed (LocalCluster, 2 worker processes x 1 thread; its default shuffle for the merge,
@@ -33,7 +35,7 @@ from collections_bench import ROOT, VPY  # noqa: E402
 from runner import perftest  # noqa: E402
 
 OURS = bench.example("dataframe_tour")
-WORKLOADS = ["groupby", "merge"]
+WORKLOADS = ["groupby", "merge", "sort"]
 
 
 # Writes the files (argv: dir, small 0/1), with NumPy's seeded generator.
@@ -79,6 +81,9 @@ if engine == "pandas":
         r = pd.concat([pd.read_parquet(f) for f in rights])
         m = l.merge(r, on="key", how="inner")[["key", "y"]]
         return [len(m), float(m.y.sum())]
+    def sort():
+        s = pd.concat([pd.read_parquet(f) for f in lefts]).sort_values("x")
+        return [len(s), float(s.x.head(1000).sum())]
 else:
     import dask, dask.dataframe as dd
     if engine.startswith("dask-distributed"):
@@ -96,7 +101,10 @@ else:
         l, r = dd.read_parquet(lefts), dd.read_parquet(rights)
         m = l.merge(r, on="key", how="inner")[["key", "y"]].compute()
         return [len(m), float(m.y.sum())]
-fs = {"groupby": groupby, "merge": merge}
+    def sort():
+        s = dd.read_parquet(lefts).sort_values("x").compute()
+        return [len(s), float(s.x.head(1000).sum())]
+fs = {"groupby": groupby, "merge": merge, "sort": sort}
 for name in names:
     t0 = time.perf_counter()
     v = fs[name]()
@@ -134,14 +142,15 @@ def main():
         open(os.path.join(d, "done"), "w").close()
     bench.build_example("dataframe_tour")
     merge_only = [n for n in names if n == "merge"]
+    shuffled = [n for n in names if n in ("merge", "sort")]
     engines = {
         "pandas": lambda: python_engine("pandas", d, names),
         "dask threaded": lambda: python_engine("dask-threads", d, names),
         "dask distributed": lambda: python_engine("dask-distributed", d, names),
-        "dask dist. tasks": lambda: python_engine("dask-distributed-tasks", d, merge_only),
+        "dask dist. tasks": lambda: python_engine("dask-distributed-tasks", d, shuffled),
         "ours threaded": lambda: our_engine("threaded", d, names),
         "ours cluster tcp": lambda: our_engine("cluster", d, names, ["--protocol", "tcp"]),
-        "ours cluster ucx": lambda: our_engine("cluster", d, merge_only, ["--protocol", "ucx"]),
+        "ours cluster ucx": lambda: our_engine("cluster", d, shuffled, ["--protocol", "ucx"]),
         "ours tasks tcp": lambda: our_engine("cluster", d, merge_only,
                                              ["--protocol", "tcp", "--shuffle", "tasks"]),
     }

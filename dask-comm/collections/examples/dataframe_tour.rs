@@ -1,5 +1,5 @@
-//! The seeds' dataframe listing (read a month of CSVs, group by user, mean) and a merge, on
-//! `Threaded` and on a `LocalCluster` of worker processes, with timings.
+//! The seeds' dataframe listing (read a month of CSVs, group by user, mean), a merge and a
+//! sort, on `Threaded` and on a `LocalCluster` of worker processes, with timings.
 //!
 //! ```text
 //! cargo run --release -p dask-collections --example dataframe_tour
@@ -53,6 +53,24 @@ fn merge(
     Ok((out.height(), total))
 }
 
+/// The left merge dataset sorted by `x`: rows, and the sum of the 1,000 smallest `x` in the
+/// order they come out (a check of both the values and their order).
+fn sort(dir: &str, s: &dyn Scheduler) -> Result<(usize, f64), DataFrameError> {
+    let left = dataframe::read_parquet(&format!("{dir}/left-*.parquet"))?;
+    let out = left.sort_values("x")?.compute(s)?;
+    let xs = out.column("x").map_err(|e| DataFrameError::Invalid {
+        op: "sort",
+        reason: e.to_string(),
+    })?;
+    let first: Vec<f64> = xs
+        .as_materialized_series()
+        .f64()
+        .map(|c| c.into_no_null_iter().take(1000).collect())
+        .unwrap_or_default();
+    let total = first.iter().sum();
+    Ok((out.height(), total))
+}
+
 fn run(
     name: &str,
     dir: &str,
@@ -63,6 +81,7 @@ fn run(
     let (rows, total) = match name {
         "groupby" => groupby(dir, s)?,
         "merge" => merge(dir, s, method)?,
+        "sort" => sort(dir, s)?,
         other => return Err(format!("no workload {other:?}").into()),
     };
     Ok((t0.elapsed().as_secs_f64(), rows, total))
@@ -167,7 +186,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let c = cluster()?;
     let client = c.client()?;
     let threaded = Threaded::new(2);
-    for name in ["groupby", "merge"] {
+    for name in ["groupby", "merge", "sort"] {
         let (t1, r1, v1) = run(name, &d, &threaded, method)?;
         let (t2, r2, v2) = run(name, &d, &client, method)?;
         if r1 != r2 || (v1 - v2).abs() > 1e-9 * v1.abs().max(1.0) {

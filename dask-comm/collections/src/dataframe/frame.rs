@@ -139,6 +139,21 @@ pub(crate) fn schema_of(cols: &Columns) -> Option<Arc<Schema>> {
 
 /// Frames one after another, in order (an empty list is an error: every caller has one frame
 /// per input at least).
+/// The polars frames inside `values` (each a [`Frame`]); `what` names them in the error.
+pub(crate) fn frames_of<'a>(
+    values: &'a [dask_graph::Value],
+    what: &str,
+) -> Result<Vec<&'a PlFrame>, String> {
+    values
+        .iter()
+        .map(|v| {
+            v.downcast_ref::<Frame>()
+                .map(|f| &f.0)
+                .ok_or_else(|| format!("{what}: a frame expected"))
+        })
+        .collect()
+}
+
 pub(crate) fn concat(frames: &[&PlFrame]) -> Result<PlFrame, String> {
     let (first, rest) = frames.split_first().ok_or("no frames to stack")?;
     let mut all = (*first).clone();

@@ -12,6 +12,7 @@ use super::aggregate::Spec;
 use super::frame::{self, Frame};
 use super::merge::{self, Buckets, JoinSpec};
 use super::ops::{self, Ops};
+use super::sort;
 
 pub(crate) const PIPELINE: &str = "dask-frame-pipeline";
 pub(crate) const AGG_PARTIAL: &str = "dask-frame-agg-partial";
@@ -25,6 +26,10 @@ pub(crate) const JOIN_BUCKETS: &str = "dask-frame-join-buckets";
 pub(crate) const WRITE: &str = "dask-frame-write";
 pub(crate) const SHUFFLE_TRANSFER: &str = "dask-frame-shuffle-transfer";
 pub(crate) const SHUFFLE_JOIN: &str = "dask-frame-shuffle-join";
+pub(crate) const SORT_SAMPLE: &str = "dask-frame-sort-sample";
+pub(crate) const SORT_BOUNDS: &str = "dask-frame-sort-bounds";
+pub(crate) const SORT_TRANSFER: &str = "dask-frame-sort-transfer";
+pub(crate) const SORT_UNPACK: &str = "dask-frame-sort-unpack";
 
 fn arg<'a, T: 'static>(args: &'a [Value], i: usize, what: &str) -> Result<&'a T, String> {
     args.get(i)
@@ -36,26 +41,12 @@ fn frames<'a>(v: &'a Value, what: &str) -> Result<Vec<&'a polars::prelude::DataF
     let list = v
         .downcast_ref::<List>()
         .ok_or_else(|| format!("a list of {what} expected"))?;
-    list.0
-        .iter()
-        .map(|f| {
-            f.downcast_ref::<Frame>()
-                .map(|f| &f.0)
-                .ok_or_else(|| format!("a list of {what} expected"))
-        })
-        .collect()
+    frame::frames_of(&list.0, what)
 }
 
 fn combine(args: &[Value]) -> Result<Value, String> {
     let spec = arg::<Spec>(args, 0, "an aggregation")?;
-    let parts = args[1..]
-        .iter()
-        .map(|v| {
-            v.downcast_ref::<Frame>()
-                .map(|f| &f.0)
-                .ok_or("a partial frame expected")
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let parts = frame::frames_of(&args[1..], "partial results")?;
     spec.combine(&parts).map(|f| Value::new(Frame(f)))
 }
 
@@ -113,14 +104,7 @@ fn shuffle_join(
 ) -> Result<Frame, String> {
     let pieces = dask_graph::shuffle::receive(ShuffleId::new(&shuffle), part as u32, inputs as u32)
         .map_err(|e| e.to_string())?;
-    let frames = pieces
-        .iter()
-        .map(|v| {
-            v.downcast_ref::<Frame>()
-                .map(|f| &f.0)
-                .ok_or("a shuffle piece is not a frame")
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let frames = frame::frames_of(&pieces, "shuffle pieces")?;
     let (l, r) = frames.split_at((left as usize).min(frames.len()));
     merge::join(frame::concat(l)?, frame::concat(r)?, &spec).map(Frame)
 }
@@ -187,5 +171,25 @@ pub fn register() {
         r.register(WRITE, write);
         r.register(SHUFFLE_TRANSFER, shuffle_transfer);
         r.register(SHUFFLE_JOIN, shuffle_join);
+        r.register(SORT_SAMPLE, |input: Value, ops: Arc<Ops>, by: String| {
+            sort::sample(&ops::run(&input, &ops)?, &by)
+        });
+        r.register_values(SORT_BOUNDS, |args: &[Value]| {
+            let parts = *arg::<u64>(args, 0, "a number of partitions")?;
+            let samples = frame::frames_of(&args[1..], "samples")?;
+            sort::boundaries(&samples, parts as usize).map(Value::new)
+        });
+        r.register(
+            SORT_TRANSFER,
+            |input: Value, ops: Arc<Ops>, bounds: Arc<Frame>, by: String, id: String, i: u64| {
+                sort::transfer(&input, &ops, &bounds, &by, &id, i as u32)
+            },
+        );
+        r.register(
+            SORT_UNPACK,
+            |_barrier: Value, id: String, part: u64, inputs: u64, by: String| {
+                sort::unpack(&id, part as u32, inputs as u32, &by)
+            },
+        );
     });
 }

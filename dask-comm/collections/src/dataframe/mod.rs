@@ -16,7 +16,8 @@
 //! Row-wise operations (`filter`, `assign`, `select`, `map_partitions`) run inside the task
 //! that reads a partition, as one polars query: reading a CSV file parses only the columns
 //! the query needs. Group-bys, `value_counts`, `drop_duplicates` and `describe` are trees of
-//! partial results; `merge` broadcasts a one-partition side or shuffles both by key hash.
+//! partial results; `merge` broadcasts a one-partition side or shuffles both by key hash, and
+//! `sort_values` partitions by range, both on the peer-to-peer shuffle.
 
 mod aggregate;
 mod create;
@@ -25,6 +26,7 @@ mod frame;
 mod kernels;
 mod merge;
 mod ops;
+mod sort;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -157,6 +157,29 @@ proptest! {
     }
 
     #[test]
+    fn sorts_by_any_column_in_order((data, n) in rows(), nulls in prop::collection::vec(any::<bool>(), 40)) {
+        // Some keys null, one NaN, to see them placed as polars places them.
+        let mut whole = frame(&data);
+        let k: Vec<Option<i64>> = data.iter().zip(&nulls).map(|(r, &z)| (!z).then_some(r.0)).collect();
+        let mut v: Vec<f64> = data.iter().map(|r| r.2).collect();
+        v[0] = f64::NAN;
+        whole.with_column(Series::new("k".into(), k).into()).unwrap();
+        whole.with_column(Series::new("v".into(), v).into()).unwrap();
+        let d = dataframe::from_polars(whole.clone(), n).unwrap();
+        for by in ["k", "s", "v"] {
+            let want = whole.sort([by], SortMultipleOptions::default().with_maintain_order(true)).unwrap();
+            let sorted = d.sort_values(by).unwrap();
+            prop_assert_eq!(sorted.npartitions(), d.npartitions());
+            each(|name, s| {
+                let got = sorted.compute(s).unwrap();
+                assert!(got.equals_missing(&want), "{name} by {by}\ngot {got}\nwant {want}");
+            });
+        }
+        let refused = d.assign("l", lit(1i64)).unwrap().sort_values("nope");
+        assert!(matches!(refused, Err(DataFrameError::NoColumn { .. })), "{refused:?}");
+    }
+
+    #[test]
     fn merges_broadcast_and_shuffled(
         (left, nl) in rows(),
         (right, nr) in rows(),

@@ -1,0 +1,264 @@
+//! Sorting by a column: range partitioning on the peer-to-peer shuffle.
+//!
+//! A sample task per partition takes up to [`SAMPLE`] evenly spaced values of the sort
+//! column (nulls and NaN left out); one boundaries task sorts every sample and picks
+//! `n - 1` evenly spaced boundaries; each partition's transfer task sends every row to the
+//! output its value falls in (`b[i-1] <= x < b[i]`; nulls to the first output, NaN to the
+//! last, as polars orders them), and each output's unpack task stacks its pieces in input
+//! order and sorts them, keeping the order of equal values. The outputs in order are the
+//! whole frame sorted by the column, as one stable sort of it would be. The boundaries are
+//! computed inside the graph, so building the sort computes nothing.
+
+use std::sync::Arc;
+
+use polars::prelude::{
+    DataFrame as PlFrame, DataType, IdxCa, IdxSize, NamedFrom, Series, SortMultipleOptions,
+};
+
+use dask_graph::{Arg, Graph, Key, ShuffleId, ShuffleRole, Task, Value};
+
+use super::frame::{self, Frame};
+use super::ops::{self, Ops};
+use super::{fresh_name, kernels, stack, DataFrame, DataFrameError};
+
+/// Most values each partition contributes to the boundaries.
+pub const SAMPLE: usize = 256;
+
+/// The name of the boundaries' one column.
+const BOUND: &str = "bound";
+
+/// The sort column's values as the sort compares them: numbers (and booleans) as floats, or
+/// text.
+enum Keys {
+    Numbers(Vec<Option<f64>>),
+    Text(Vec<Option<String>>),
+}
+
+fn keys(df: &PlFrame, by: &str) -> Result<Keys, String> {
+    let s = df
+        .column(by)
+        .map_err(|e| e.to_string())?
+        .as_materialized_series();
+    if s.dtype() == &DataType::String {
+        let ca = s.str().map_err(|e| e.to_string())?;
+        return Ok(Keys::Text(
+            ca.iter().map(|v| v.map(str::to_string)).collect(),
+        ));
+    }
+    let s = s.cast(&DataType::Float64).map_err(|e| e.to_string())?;
+    let ca = s.f64().map_err(|e| e.to_string())?;
+    Ok(Keys::Numbers(ca.iter().collect()))
+}
+
+/// Whether a column of type `t` can be sorted by.
+pub(crate) fn sortable(t: &DataType) -> bool {
+    t.is_integer() || t.is_float() || t.is_bool() || t == &DataType::String
+}
+
+/// Up to [`SAMPLE`] evenly spaced values of `by` in partition `df` (sorted; no nulls, no NaN),
+/// as a one-column frame.
+pub(crate) fn sample(df: &PlFrame, by: &str) -> Result<Frame, String> {
+    fn spaced<T: Clone>(v: &[T]) -> Vec<T> {
+        let step = v.len().div_ceil(SAMPLE).max(1);
+        v.iter().step_by(step).cloned().collect()
+    }
+    let column = match keys(df, by)? {
+        Keys::Numbers(v) => {
+            let mut v: Vec<f64> = v.into_iter().flatten().filter(|x| !x.is_nan()).collect();
+            v.sort_by(f64::total_cmp);
+            Series::new(BOUND.into(), spaced(&v))
+        }
+        Keys::Text(v) => {
+            let mut v: Vec<String> = v.into_iter().flatten().collect();
+            v.sort();
+            Series::new(BOUND.into(), spaced(&v))
+        }
+    };
+    PlFrame::new(column.len(), vec![column.into()])
+        .map(Frame)
+        .map_err(|e| e.to_string())
+}
+
+/// `parts - 1` boundaries from every partition's sample: evenly spaced quantiles.
+pub(crate) fn boundaries(samples: &[&PlFrame], parts: usize) -> Result<Frame, String> {
+    let all = frame::concat(samples)?;
+    let sorted = all
+        .sort([BOUND], SortMultipleOptions::default())
+        .map_err(|e| e.to_string())?;
+    let n = sorted.height();
+    let picks: Vec<IdxSize> = if n == 0 {
+        Vec::new()
+    } else {
+        (1..parts)
+            .map(|i| ((i * n / parts).min(n - 1)) as IdxSize)
+            .collect()
+    };
+    sorted
+        .take(&IdxCa::from_vec("rows".into(), picks))
+        .map(Frame)
+        .map_err(|e| e.to_string())
+}
+
+/// `df` split by `by` at `bounds` into `bounds + 1` pieces.
+pub(crate) fn split(df: &PlFrame, by: &str, bounds: &PlFrame) -> Result<Vec<Frame>, String> {
+    let b = keys(bounds, BOUND)?;
+    let parts = bounds.height() + 1;
+    let outputs: Vec<usize> = match (keys(df, by)?, b) {
+        (Keys::Numbers(v), Keys::Numbers(b)) => {
+            let b: Vec<f64> = b.into_iter().flatten().collect();
+            v.into_iter()
+                .map(|x| match x {
+                    None => 0,
+                    Some(x) if x.is_nan() => parts - 1,
+                    Some(x) => b.partition_point(|&y| y <= x),
+                })
+                .collect()
+        }
+        (Keys::Text(v), Keys::Text(b)) => {
+            let b: Vec<String> = b.into_iter().flatten().collect();
+            v.into_iter()
+                .map(|x| x.map_or(0, |x| b.partition_point(|y| *y <= x)))
+                .collect()
+        }
+        _ => return Err(format!("the boundaries of {by} are not of its type")),
+    };
+    let mut rows: Vec<Vec<IdxSize>> = vec![Vec::new(); parts];
+    for (i, o) in outputs.into_iter().enumerate() {
+        rows[o].push(i as IdxSize);
+    }
+    rows.into_iter()
+        .map(|r| {
+            df.take(&IdxCa::from_vec("rows".into(), r))
+                .map(Frame)
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// Output `part` of sort `shuffle`: its pieces stacked in input order, sorted stably.
+pub(crate) fn unpack(shuffle: &str, part: u32, inputs: u32, by: &str) -> Result<Frame, String> {
+    let pieces = dask_graph::shuffle::receive(ShuffleId::new(shuffle), part, inputs)
+        .map_err(|e| e.to_string())?;
+    let frames = frame::frames_of(&pieces, "shuffle pieces")?;
+    frame::concat(&frames)?
+        .sort(
+            [by],
+            SortMultipleOptions::default().with_maintain_order(true),
+        )
+        .map(Frame)
+        .map_err(|e| e.to_string())
+}
+
+/// A transfer: partition `input` (with its operations) split at the boundaries and sent.
+pub(crate) fn transfer(
+    input: &Value,
+    ops: &Ops,
+    bounds: &Frame,
+    by: &str,
+    shuffle: &str,
+    index: u32,
+) -> Result<(), String> {
+    let pieces = split(&ops::run(input, ops)?, by, &bounds.0)?
+        .into_iter()
+        .enumerate()
+        .map(|(j, f)| (j as u32, Value::new(f)))
+        .collect();
+    dask_graph::shuffle::send(ShuffleId::new(shuffle), index, pieces).map_err(|e| e.to_string())
+}
+
+impl DataFrame {
+    /// The rows sorted by `by` (ascending; nulls first and NaN last, as polars sorts; equal
+    /// values in their order), in as many partitions as before: partition `j` holds the
+    /// rows between the `j`-th and `j+1`-th boundaries, which are estimated from a sample of
+    /// every partition inside the graph. The rows move on the peer-to-peer shuffle.
+    ///
+    /// ```
+    /// use dask_collections::dataframe;
+    /// use polars::prelude::*;
+    /// let df = df!("x" => [5i64, 3, 9, 1, 7, 2]).unwrap();
+    /// let d = dataframe::from_polars(df, 3).unwrap().sort_values("x").unwrap();
+    /// let got = d.compute(&dask_graph::Sync).unwrap();
+    /// let x: Vec<i64> = got.column("x").unwrap().i64().unwrap().into_no_null_iter().collect();
+    /// assert_eq!(x, vec![1, 2, 3, 5, 7, 9]);
+    /// ```
+    pub fn sort_values(&self, by: &str) -> Result<DataFrame, DataFrameError> {
+        self.check_columns([by])?;
+        let t = self.schema.get(by).expect("checked");
+        if !sortable(t) {
+            return Err(DataFrameError::Invalid {
+                op: "sort_values",
+                reason: format!("{by} is of type {t}, not a number, boolean or string"),
+            });
+        }
+        let d = self.materialized();
+        let n = d.npartitions;
+        let name = fresh_name("sort");
+        let id = ShuffleId::new(&format!("{name}-shuffle"));
+        let by_arg = || Arg::lit(by.to_string());
+        let mut g = Graph::new();
+        let samples: Vec<Key> = (0..n as u32)
+            .map(|i| Key::new(&format!("{name}-sample"), &[i]))
+            .collect();
+        for (i, &k) in samples.iter().enumerate() {
+            let [p, o] = d.input_args(i);
+            g.insert(k, Task::new(kernels::SORT_SAMPLE, [p, o, by_arg()]));
+        }
+        let bounds = Key::name_only(&format!("{name}-bounds"));
+        g.insert(
+            bounds,
+            Task::new(
+                kernels::SORT_BOUNDS,
+                [Arg::lit(n as u64)]
+                    .into_iter()
+                    .chain(samples.into_iter().map(Arg::Key)),
+            ),
+        );
+        let mut transfers = Vec::with_capacity(n);
+        for i in 0..n as u32 {
+            let [p, o] = d.input_args(i as usize);
+            let key = Key::new(&format!("{name}-transfer"), &[i]);
+            g.insert(
+                key,
+                Task::new(
+                    kernels::SORT_TRANSFER,
+                    [
+                        p,
+                        o,
+                        Arg::key(bounds),
+                        by_arg(),
+                        Arg::lit(id.as_str().to_string()),
+                        Arg::lit(i as u64),
+                    ],
+                )
+                .with_shuffle(ShuffleRole::Transfer { id, input: i }),
+            );
+            transfers.push(key);
+        }
+        let barrier = Key::name_only(&format!("{name}-barrier"));
+        g.insert(barrier, dask_graph::shuffle::barrier(id, transfers));
+        for j in 0..n as u32 {
+            g.insert(
+                Key::new(&name, &[j]),
+                Task::new(
+                    kernels::SORT_UNPACK,
+                    [
+                        Arg::key(barrier),
+                        Arg::lit(id.as_str().to_string()),
+                        Arg::lit(j as u64),
+                        Arg::lit(n as u64),
+                        by_arg(),
+                    ],
+                )
+                .with_shuffle(ShuffleRole::Unpack { id, part: j }),
+            );
+        }
+        Ok(DataFrame {
+            layers: stack(&[&d.layers], &name, g),
+            name,
+            npartitions: n,
+            source: super::Source::Layer,
+            ops: Vec::new(),
+            schema: Arc::clone(&self.schema),
+        })
+    }
+}
