@@ -8,16 +8,18 @@
 //! A run is lost when an owner leaves before every output is computed, or when a shuffle
 //! task fails with [`FailureKind::Shuffle`] (a peer unreachable, a piece missing). Then the
 //! shuffle **restarts**: the workers drop the earlier runs' pieces, a new run starts with the
-//! workers there are, and every transfer runs again (outputs already computed stay). After
-//! [`SHUFFLE_RESTARTS`] restarts the shuffle's pending tasks fail instead. When no output is
-//! pending any more, the workers drop the run's pieces.
+//! workers there are, and every transfer runs again (outputs already computed stay). Restarts
+//! for lost owners are as many as the workers lost; after [`SHUFFLE_RESTARTS`] restarts for
+//! task failures the shuffle's pending tasks fail instead. When no output is pending any more
+//! (computed, or failed), the workers drop the run's pieces.
 
 use dask_graph::{ShuffleId, ShuffleRole};
 
 use super::*;
 use crate::protocol::ShuffleRun;
 
-/// Restarts of one shuffle before its pending tasks fail.
+/// Restarts of one shuffle for task failures ([`FailureKind::Shuffle`]) before its pending
+/// tasks fail (restarts for lost owners are not counted: each needs a worker to leave).
 pub const SHUFFLE_RESTARTS: u32 = 5;
 
 /// One shuffle.
@@ -127,7 +129,15 @@ impl Core {
             return Some(None);
         }
         let owner = st.owners[part as usize % st.owners.len()];
-        Some(self.workers.contains_key(&owner).then_some(owner))
+        if self.workers.contains_key(&owner) {
+            return Some(Some(owner));
+        }
+        if st.done {
+            // The run is over (its pieces dropped) and no restart is coming for it: the task
+            // runs anywhere, finds its pieces missing, and that restarts the shuffle.
+            return Some(self.workers.keys().next().copied());
+        }
+        Some(None)
     }
 
     /// Whether task `id` is an unpack task (pinned to its owner: never stolen).
@@ -174,7 +184,9 @@ impl Core {
         let Some(st) = self.shuffles.get_mut(&sid) else {
             return;
         };
-        st.restarts += 1;
+        if why.is_some() {
+            st.restarts += 1;
+        }
         let (restarts, run, started) = (st.restarts, st.run, !st.owners.is_empty());
         let keys: Vec<Key> = st.keys().copied().collect();
         let ids: Vec<TaskId> = keys
@@ -205,6 +217,14 @@ impl Core {
                 },
             );
             tracing::warn!(shuffle = %sid, restarts, "a shuffle lost its data too often: failing it");
+            if started {
+                for &w in self.workers.keys() {
+                    comm.send_worker(w, ToWorker::ShuffleDone { id: sid, run });
+                }
+            }
+            if let Some(st) = self.shuffles.get_mut(&sid) {
+                st.done = true;
+            }
             let cause = Arc::new(cause);
             for id in ids {
                 let Some(t) = self.tasks.get(id) else {

@@ -246,6 +246,12 @@ impl Core {
                 )
             }));
         }
+        let mut shuffles: Vec<dask_graph::ShuffleId> = failed
+            .iter()
+            .filter_map(|&i| self.tasks[i].shuffle.map(|r| r.id()))
+            .collect();
+        shuffles.sort_unstable();
+        shuffles.dedup();
         for i in failed {
             let deps = self.tasks[i].deps.clone();
             for d in deps {
@@ -256,6 +262,10 @@ impl Core {
             if self.tasks.get(i).is_some() && !self.needed(i) {
                 self.release(i, comm);
             }
+        }
+        // A shuffle whose outputs failed has nothing pending: its pieces go.
+        for sid in shuffles {
+            self.shuffle_settle(sid, comm);
         }
     }
 

@@ -109,6 +109,9 @@ impl Core {
             self.stats.killed_worker += 1;
             self.fail(id, Arc::new(failure), comm);
         }
+        // Shuffles it owned outputs of start again before anything is placed, so no task is
+        // sent with a run whose owners include it.
+        self.shuffles_lost_worker(w, comm);
         for id in lost_keys {
             if self
                 .tasks
@@ -128,7 +131,6 @@ impl Core {
                 self.compute(&[id], comm);
             }
         }
-        self.shuffles_lost_worker(w, comm);
         // Slots freed elsewhere are filled as tasks finish; if none is busy, fill now.
         let ids: Vec<WorkerId> = self.workers.keys().copied().collect();
         for id in ids {
@@ -233,6 +235,13 @@ impl Core {
             })
             .map(|(&id, _)| id)
             .collect();
+        // None of them takes work (or owns a shuffle's restarted run) while the others are
+        // being removed.
+        for w in &silent {
+            if let Some(ws) = self.workers.get_mut(w) {
+                ws.retiring = true;
+            }
+        }
         for w in silent {
             tracing::warn!(worker = w.0, "no heartbeat: removing the worker");
             self.remove_worker(w, true, comm);

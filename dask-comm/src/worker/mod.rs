@@ -159,13 +159,19 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     let address = listener.local_addr().to_string();
     let store: Store = Arc::new(Mutex::new(store));
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
-    let log = shuffle::TransferLog::default();
+    let shuffles = Arc::new(shuffle::Shuffles::new(
+        address.clone(),
+        Arc::clone(&store),
+        opts.secret.clone(),
+        tokio::runtime::Handle::current(),
+    ));
     let serve = {
-        let (store, secret, log) = (Arc::clone(&store), opts.secret.clone(), log.clone());
+        let (store, secret) = (Arc::clone(&store), opts.secret.clone());
+        let shuffles = Arc::clone(&shuffles);
         tokio::spawn(async move {
             while let Ok(conn) = listener.accept().await {
                 let (store, secret, lost) = (Arc::clone(&store), secret.clone(), lost_tx.clone());
-                tokio::spawn(serve_data(conn, store, secret, lost, log.clone()));
+                tokio::spawn(serve_data(conn, store, secret, lost, Arc::clone(&shuffles)));
             }
         })
     };
@@ -183,9 +189,16 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     .await?;
     let control = Arc::new(control);
     tracing::info!(name = %opts.name, %address, scheduler = %opts.scheduler, nthreads = opts.nthreads, "worker started");
-    let r = Worker::new(&opts, address, store, Arc::clone(&control), lost_rx, log)
-        .run()
-        .await;
+    let r = Worker::new(
+        &opts,
+        address,
+        store,
+        Arc::clone(&control),
+        lost_rx,
+        shuffles,
+    )
+    .run()
+    .await;
     serve.abort();
     let _ = control.close().await;
     tracing::info!(name = %opts.name, "worker stopped");
@@ -234,17 +247,10 @@ impl Worker {
         store: Store,
         control: Arc<Connection>,
         lost_rx: mpsc::UnboundedReceiver<Key>,
-        log: shuffle::TransferLog,
+        shuffles: Arc<shuffle::Shuffles>,
     ) -> Worker {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (fetched_tx, fetched_rx) = mpsc::unbounded_channel();
-        let shuffles = Arc::new(shuffle::Shuffles::new(
-            address.clone(),
-            Arc::clone(&store),
-            opts.secret.clone(),
-            tokio::runtime::Handle::current(),
-            log,
-        ));
         Worker {
             fetcher: Fetcher::new(address.clone(), opts.secret.clone(), fetched_tx),
             address,
@@ -744,7 +750,7 @@ async fn serve_data(
     store: Store,
     secret: Secret,
     lost: mpsc::UnboundedSender<Key>,
-    log: shuffle::TransferLog,
+    shuffles: Arc<shuffle::Shuffles>,
 ) {
     let peer = conn.peer_addr().clone();
     match net::admit(&conn, &secret).await {
@@ -819,15 +825,15 @@ async fn serve_data(
                     reply.push(DataMsg::Stored);
                 }
                 DataMsg::Pieces { values } => {
-                    let mut store = lock(&store);
-                    for (k, p) in values {
-                        store.insert(k, Value::new(shuffle::Piece(p)));
+                    if let Err(e) = shuffles.keep_pieces(values) {
+                        tracing::warn!(%peer, error = %e, "bad shuffle pieces: closed");
+                        let _ = conn.close().await;
+                        return;
                     }
-                    drop(store);
                     reply.push(DataMsg::Stored);
                 }
                 DataMsg::TransferLog => reply.push(DataMsg::Transfers {
-                    entries: log.entries(),
+                    entries: shuffles.log().entries(),
                 }),
                 other => {
                     tracing::warn!(%peer, ?other, "unexpected on a data connection: closed");

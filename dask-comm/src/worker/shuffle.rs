@@ -93,6 +93,9 @@ pub(crate) struct Shuffles {
     secret: Secret,
     handle: tokio::runtime::Handle,
     runs: Mutex<FxHashMap<ShuffleId, ShuffleRun>>,
+    /// The last run of each shuffle whose pieces were dropped: later pieces of it (a freed
+    /// transfer still sending) are not kept.
+    dropped: Mutex<FxHashMap<ShuffleId, u32>>,
     peers: Mutex<FxHashMap<String, Peer>>,
     log: TransferLog,
 }
@@ -114,14 +117,14 @@ impl Shuffles {
         store: Store,
         secret: Secret,
         handle: tokio::runtime::Handle,
-        log: TransferLog,
     ) -> Shuffles {
         Shuffles {
             me,
             store,
             secret,
             handle,
-            log,
+            log: TransferLog::default(),
+            dropped: Mutex::new(FxHashMap::default()),
             runs: Mutex::new(FxHashMap::default()),
             peers: Mutex::new(FxHashMap::default()),
         }
@@ -139,6 +142,43 @@ impl Shuffles {
         }
     }
 
+    /// This worker's deliveries.
+    pub fn log(&self) -> &TransferLog {
+        &self.log
+    }
+
+    /// Whether pieces of run `run` of shuffle `id` are dropped already.
+    fn is_dropped(&self, id: ShuffleId, run: u32) -> bool {
+        self.dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .is_some_and(|&d| run <= d)
+    }
+
+    /// Keeps pieces a peer delivered (encoded), except those of runs already over. A key that
+    /// is not a piece's (a name ending in `-piece`, three indices) is an error: nothing of
+    /// the message is kept.
+    pub fn keep_pieces(&self, values: Vec<(Key, Payload)>) -> Result<(), String> {
+        let mut ids = Vec::with_capacity(values.len());
+        for (k, _) in &values {
+            let id = k
+                .name()
+                .as_str()
+                .strip_suffix("-piece")
+                .filter(|_| k.indices().len() == 3)
+                .ok_or_else(|| format!("{k} is not a shuffle piece's key"))?;
+            ids.push(ShuffleId::new(id));
+        }
+        let mut store = lock(&self.store);
+        for ((k, p), id) in values.into_iter().zip(ids) {
+            if !self.is_dropped(id, k.indices()[0]) {
+                store.insert(k, Value::new(Piece(p)));
+            }
+        }
+        Ok(())
+    }
+
     /// Runs up to `run` of shuffle `id` are over: their pieces go.
     pub fn done(&self, id: ShuffleId, run: u32) {
         {
@@ -146,10 +186,14 @@ impl Shuffles {
             if runs.get(&id).is_some_and(|r| r.run <= run) {
                 runs.remove(&id);
             }
+            let mut dropped = self.dropped.lock().unwrap_or_else(|e| e.into_inner());
+            let d = dropped.entry(id).or_insert(run);
+            *d = (*d).max(run);
         }
         let name = piece_name(id);
         let mut store = lock(&self.store);
-        let old = store.keys_where(|k| k.name() == name && k.indices()[0] <= run);
+        let old = store
+            .keys_where(|k| k.name() == name && k.indices().first().is_some_and(|&r| r <= run));
         for k in &old {
             store.remove(k);
         }
@@ -250,7 +294,7 @@ impl ShuffleService for Shuffles {
             *size += p.len();
             batches.last_mut().expect("pushed above").push((key, p));
         }
-        {
+        if !self.is_dropped(id, run.run) {
             let mut store = lock(&self.store);
             for (k, v) in mine {
                 store.insert(k, v);

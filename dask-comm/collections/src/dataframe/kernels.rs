@@ -181,8 +181,8 @@ pub fn register() {
         });
         r.register(
             SORT_TRANSFER,
-            |input: Value, ops: Arc<Ops>, bounds: Arc<Frame>, by: String, id: String, i: u64| {
-                sort::transfer(&input, &ops, &bounds, &by, &id, i as u32)
+            |input: Value, ops: Arc<Ops>, bounds: Arc<Frame>, spec: Arc<sort::SortSpec>, i: u64| {
+                sort::transfer(&input, &ops, &bounds, &spec, i as u32)
             },
         );
         r.register(

@@ -99,10 +99,29 @@ pub(crate) fn boundaries(samples: &[&PlFrame], parts: usize) -> Result<Frame, St
         .map_err(|e| e.to_string())
 }
 
-/// `df` split by `by` at `bounds` into `bounds + 1` pieces.
-pub(crate) fn split(df: &PlFrame, by: &str, bounds: &PlFrame) -> Result<Vec<Frame>, String> {
+/// What a sort's transfer and unpack tasks need to know, as a task argument.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct SortSpec {
+    /// The column.
+    pub by: String,
+    /// The shuffle's name.
+    pub shuffle: String,
+    /// Outputs (and inputs: as many).
+    pub parts: u64,
+}
+
+dask_graph::serde_data!(SortSpec);
+
+/// `df` split by `by` at `bounds` into `parts` pieces (more than the boundaries allow are
+/// empty: with no sampled value at all, every row but NaN goes to the first).
+pub(crate) fn split(
+    df: &PlFrame,
+    by: &str,
+    bounds: &PlFrame,
+    parts: usize,
+) -> Result<Vec<Frame>, String> {
     let b = keys(bounds, BOUND)?;
-    let parts = bounds.height() + 1;
+    let parts = parts.max(bounds.height() + 1);
     let outputs: Vec<usize> = match (keys(df, by)?, b) {
         (Keys::Numbers(v), Keys::Numbers(b)) => {
             let b: Vec<f64> = b.into_iter().flatten().collect();
@@ -154,11 +173,11 @@ pub(crate) fn transfer(
     input: &Value,
     ops: &Ops,
     bounds: &Frame,
-    by: &str,
-    shuffle: &str,
+    spec: &SortSpec,
     index: u32,
 ) -> Result<(), String> {
-    let pieces = split(&ops::run(input, ops)?, by, &bounds.0)?
+    let (by, shuffle) = (spec.by.as_str(), spec.shuffle.as_str());
+    let pieces = split(&ops::run(input, ops)?, by, &bounds.0, spec.parts as usize)?
         .into_iter()
         .enumerate()
         .map(|(j, f)| (j as u32, Value::new(f)))
@@ -195,6 +214,11 @@ impl DataFrame {
         let name = fresh_name("sort");
         let id = ShuffleId::new(&format!("{name}-shuffle"));
         let by_arg = || Arg::lit(by.to_string());
+        let spec = SortSpec {
+            by: by.to_string(),
+            shuffle: id.as_str().to_string(),
+            parts: n as u64,
+        };
         let mut g = Graph::new();
         let samples: Vec<Key> = (0..n as u32)
             .map(|i| Key::new(&format!("{name}-sample"), &[i]))
@@ -225,8 +249,7 @@ impl DataFrame {
                         p,
                         o,
                         Arg::key(bounds),
-                        by_arg(),
-                        Arg::lit(id.as_str().to_string()),
+                        Arg::lit(spec.clone()),
                         Arg::lit(i as u64),
                     ],
                 )

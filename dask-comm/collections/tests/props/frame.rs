@@ -175,6 +175,13 @@ proptest! {
                 assert!(got.equals_missing(&want), "{name} by {by}\ngot {got}\nwant {want}");
             });
         }
+        // No sortable value anywhere (every key null): one output takes every row.
+        let mut none = whole.clone();
+        none.with_column(Series::new("k".into(), vec![None::<i64>; whole.height()]).into()).unwrap();
+        let got = dataframe::from_polars(none.clone(), n).unwrap().sort_values("k").unwrap();
+        each(|name, s| {
+            assert!(got.compute(s).unwrap().equals_missing(&none), "{name}: all keys null");
+        });
         let refused = d.assign("l", lit(1i64)).unwrap().sort_values("nope");
         assert!(matches!(refused, Err(DataFrameError::NoColumn { .. })), "{refused:?}");
     }

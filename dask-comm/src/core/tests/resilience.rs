@@ -29,7 +29,7 @@ fn steal_response(t: &mut T, w: WorkerId, key: &str, id: u64, stolen: bool) {
     );
 }
 
-fn heartbeat(t: &mut T, w: WorkerId, paused: bool) {
+pub(super) fn heartbeat(t: &mut T, w: WorkerId, paused: bool) {
     t.core.on_worker_message(
         w,
         FromWorker::Heartbeat {

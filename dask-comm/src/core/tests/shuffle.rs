@@ -305,3 +305,43 @@ fn a_transfer_that_cannot_reach_a_peer_restarts_the_shuffle_not_the_computation(
         .count();
     assert_eq!(erred, 2, "both outputs fail: {sent:?}");
 }
+
+#[test]
+fn workers_lost_together_restart_the_shuffle_once_without_them() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 2);
+    let _b = t.worker("b", 2);
+    let _c = t.worker("c", 2);
+    let (defs, outs) = shuffle_graph(3, 3);
+    t.graph(c, defs, &want_outs(&outs));
+    let (computes, _) = split(t.take());
+    assert_eq!(computes.len(), 3);
+    assert_eq!(computes[0].2.as_ref().unwrap().owners.len(), 3);
+    // b and c fall silent; a keeps beating.
+    t.now += Duration::from_secs(61);
+    super::resilience::heartbeat(&mut t, a, false);
+    t.core.on_tick(t.now, &mut t.rec);
+    let (computes, _) = split(t.take());
+    let mut last: std::collections::BTreeMap<Key, (WorkerId, Option<ShuffleRun>)> =
+        Default::default();
+    for (w, key, run) in computes {
+        last.insert(key, (w, run));
+    }
+    for i in 0..3 {
+        let (w, run) = &last[&k(&format!("tr-{i}"))];
+        let run = run.as_ref().unwrap();
+        assert_eq!(*w, a);
+        assert_eq!(
+            (run.run, run.owners.clone()),
+            (1, vec!["tcp://a".to_string()]),
+            "one new run, owned by the worker left"
+        );
+    }
+    assert_eq!(t.core.stats().shuffle_restarts, 1);
+    assert_eq!(
+        t.core.shuffle_summaries()[0].3,
+        0,
+        "losses are not failures"
+    );
+}
