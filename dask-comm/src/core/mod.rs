@@ -107,6 +107,9 @@ pub struct Core {
     retirements: Vec<Retirement>,
     next_steal: u64,
     shuffles: FxHashMap<dask_graph::ShuffleId, shuffle::ShuffleState>,
+    /// The last run number given to any shuffle: runs are numbered across shuffles, so a
+    /// shuffle forgotten and submitted again never reuses a run its workers dropped.
+    last_shuffle_run: u32,
     stats: Stats,
 }
 
@@ -196,6 +199,7 @@ impl Core {
             retirements: Vec::new(),
             next_steal: 0,
             shuffles: FxHashMap::default(),
+            last_shuffle_run: 0,
             stats: Stats::default(),
         }
     }

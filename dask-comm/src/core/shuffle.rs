@@ -25,7 +25,7 @@ pub const SHUFFLE_RESTARTS: u32 = 5;
 /// One shuffle.
 #[derive(Debug, Default)]
 pub struct ShuffleState {
-    /// The current run's number.
+    /// The current run's number (numbered across every shuffle of the scheduler).
     pub run: u32,
     /// The current run's owners (empty: not started).
     pub owners: Vec<WorkerId>,
@@ -54,9 +54,25 @@ fn pending(s: Status) -> bool {
 }
 
 impl Core {
+    /// A run number no shuffle had before.
+    fn fresh_shuffle_run(&mut self) -> u32 {
+        self.last_shuffle_run += 1;
+        self.last_shuffle_run
+    }
+
     /// A new task with a shuffle role joins its shuffle's books.
     pub(super) fn shuffle_task_added(&mut self, key: Key, role: ShuffleRole) {
-        let st = self.shuffles.entry(role.id()).or_default();
+        if !self.shuffles.contains_key(&role.id()) {
+            let run = self.fresh_shuffle_run();
+            self.shuffles.insert(
+                role.id(),
+                ShuffleState {
+                    run,
+                    ..ShuffleState::default()
+                },
+            );
+        }
+        let st = self.shuffles.get_mut(&role.id()).expect("inserted");
         match role {
             ShuffleRole::Transfer { .. } => st.transfers.push(key),
             ShuffleRole::Barrier { .. } => st.barrier.push(key),
@@ -73,6 +89,14 @@ impl Core {
             return None;
         }
         let sid = role.id();
+        let transfer = matches!(role, ShuffleRole::Transfer { .. });
+        // A transfer after the last run ended starts the next one, under a new number.
+        let fresh = match self.shuffles.get(&sid) {
+            Some(st) if st.done && (transfer || st.owners.is_empty()) => {
+                Some(self.fresh_shuffle_run())
+            }
+            _ => None,
+        };
         let open: Vec<WorkerId> = self
             .workers
             .iter()
@@ -80,10 +104,9 @@ impl Core {
             .map(|(&w, _)| w)
             .collect();
         let st = self.shuffles.get_mut(&sid)?;
-        let transfer = matches!(role, ShuffleRole::Transfer { .. });
-        if st.owners.is_empty() || (transfer && st.done) {
-            if st.done {
-                st.run += 1;
+        if st.owners.is_empty() || fresh.is_some() {
+            if let Some(run) = fresh {
+                st.run = run;
                 st.done = false;
             }
             st.owners = if open.is_empty() {
@@ -252,8 +275,9 @@ impl Core {
             for &w in self.workers.keys() {
                 comm.send_worker(w, ToWorker::ShuffleDone { id: sid, run });
             }
+            let fresh = self.fresh_shuffle_run();
             let st = self.shuffles.get_mut(&sid).expect("checked above");
-            st.run += 1;
+            st.run = fresh;
         }
         let st = self.shuffles.get_mut(&sid).expect("checked above");
         st.owners.clear();

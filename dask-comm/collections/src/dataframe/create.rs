@@ -49,6 +49,7 @@ pub fn from_polars(df: PlFrame, npartitions: usize) -> Result<DataFrame, DataFra
         source: Source::Layer,
         ops: Vec::new(),
         schema: df.schema().clone(),
+        index: None,
     })
 }
 
@@ -86,6 +87,7 @@ fn scanned(name: String, scans: Vec<Scan>, schema: Arc<Schema>) -> DataFrame {
         source: Source::Scans(Arc::new(scans)),
         ops: Vec::new(),
         schema,
+        index: None,
     }
 }
 

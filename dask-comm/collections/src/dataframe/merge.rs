@@ -180,6 +180,12 @@ impl DataFrame {
     /// the other where the kind allows it (inner: either side; left: the right side);
     /// otherwise both sides are split by the hash of their keys into as many buckets as the
     /// larger has partitions, and bucket `j` of one is joined with bucket `j` of the other.
+    /// When either side is indexed by the one key with known divisions
+    /// ([`set_index`](Self::set_index)) and neither is broadcast, the join goes partition by
+    /// partition along those divisions: a side indexed the same way does not move, the other
+    /// is range-partitioned to them; the result keeps the index (with the divisions where
+    /// its keys stay within them: inner joins, left joins of the indexed side, and sides
+    /// with equal divisions).
     /// The keys appear once; other columns the right side shares with the left get
     /// [`RIGHT_SUFFIX`]. Row order within a partition is not defined.
     ///
@@ -230,10 +236,15 @@ impl DataFrame {
             op: "merge",
             reason,
         })?;
-        let name = fresh_name("merge");
-        let mut g = Graph::new();
         let broadcast_right = other.npartitions == 1 && how != How::Outer;
         let broadcast_left = self.npartitions == 1 && how == How::Inner && !broadcast_right;
+        if !(broadcast_left || broadcast_right) {
+            if let Some(d) = self.aligned_merge(other, &spec, meta.schema().clone())? {
+                return Ok(d);
+            }
+        }
+        let name = fresh_name("merge");
+        let mut g = Graph::new();
         let n = if broadcast_right {
             self.npartitions
         } else if broadcast_left {
@@ -314,6 +325,7 @@ impl DataFrame {
             source: Source::Layer,
             ops: Vec::new(),
             schema: meta.schema().clone(),
+            index: None,
         })
     }
 

@@ -23,6 +23,7 @@ mod aggregate;
 mod create;
 mod expr;
 mod frame;
+mod index;
 mod kernels;
 mod merge;
 mod ops;
@@ -115,6 +116,13 @@ pub enum DataFrameError {
         /// The value's type.
         got: String,
     },
+    /// An operation that needs an index ([`DataFrame::set_index`]) on a dataframe without
+    /// one.
+    #[error("{op} needs an index (set_index first)")]
+    NoIndex {
+        /// The operation.
+        op: &'static str,
+    },
     /// The computation failed (a task erred, or the cluster went away).
     #[error(transparent)]
     Compute(#[from] ComputeError),
@@ -139,6 +147,8 @@ pub struct DataFrame {
     /// The columns after `ops` (built here, by running the operations on no rows).
     schema: Arc<Schema>,
     layers: Layers,
+    /// The index, after `set_index` (kept by the row-wise operations that keep its column).
+    index: Option<index::Index>,
 }
 
 impl DataFrame {
@@ -180,6 +190,7 @@ impl DataFrame {
             .and_then(|mut lf| lf.collect_schema().map_err(|e| e.to_string()))
             .map_err(|reason| DataFrameError::Invalid { op: what, reason })?;
         let mut d = self.clone();
+        d.index = d.index.filter(|i| i.kept_by(&op));
         d.ops.push(op);
         d.schema = schema;
         Ok(d)
@@ -264,6 +275,7 @@ impl DataFrame {
             source: Source::Layer,
             ops: Vec::new(),
             schema: self.schema.clone(),
+            index: self.index.clone(),
         }
     }
 
@@ -456,6 +468,7 @@ impl DataFrame {
             source: Source::Layer,
             ops: Vec::new(),
             schema: meta.schema().clone(),
+            index: None,
         })
     }
 

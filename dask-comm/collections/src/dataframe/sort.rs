@@ -25,29 +25,45 @@ use super::{fresh_name, kernels, stack, DataFrame, DataFrameError};
 pub const SAMPLE: usize = 256;
 
 /// The name of the boundaries' one column.
-const BOUND: &str = "bound";
+pub(crate) const BOUND: &str = "bound";
 
-/// The sort column's values as the sort compares them: numbers (and booleans) as floats, or
-/// text.
-enum Keys {
+/// The sort column's values as the sort compares them: integers (but `u64`) and booleans as
+/// `i64` (exactly), other numbers as floats, or text.
+pub(crate) enum Keys {
+    Ints(Vec<Option<i64>>),
     Numbers(Vec<Option<f64>>),
     Text(Vec<Option<String>>),
 }
 
-fn keys(df: &PlFrame, by: &str) -> Result<Keys, String> {
-    let s = df
-        .column(by)
-        .map_err(|e| e.to_string())?
-        .as_materialized_series();
+/// Whether values of type `t` are compared as `i64`.
+fn exact(t: &DataType) -> bool {
+    (t.is_integer() && t != &DataType::UInt64) || t.is_bool()
+}
+
+/// The values of a column, as the sort compares them.
+pub(crate) fn series_keys(s: &Series) -> Result<Keys, String> {
     if s.dtype() == &DataType::String {
         let ca = s.str().map_err(|e| e.to_string())?;
         return Ok(Keys::Text(
             ca.iter().map(|v| v.map(str::to_string)).collect(),
         ));
     }
+    if exact(s.dtype()) {
+        let s = s.cast(&DataType::Int64).map_err(|e| e.to_string())?;
+        let ca = s.i64().map_err(|e| e.to_string())?;
+        return Ok(Keys::Ints(ca.iter().collect()));
+    }
     let s = s.cast(&DataType::Float64).map_err(|e| e.to_string())?;
     let ca = s.f64().map_err(|e| e.to_string())?;
     Ok(Keys::Numbers(ca.iter().collect()))
+}
+
+fn keys(df: &PlFrame, by: &str) -> Result<Keys, String> {
+    series_keys(
+        df.column(by)
+            .map_err(|e| e.to_string())?
+            .as_materialized_series(),
+    )
 }
 
 /// Whether a column of type `t` can be sorted by.
@@ -56,13 +72,22 @@ pub(crate) fn sortable(t: &DataType) -> bool {
 }
 
 /// Up to [`SAMPLE`] evenly spaced values of `by` in partition `df` (sorted; no nulls, no NaN),
-/// as a one-column frame.
+/// its smallest and largest among them, as a one-column frame.
 pub(crate) fn sample(df: &PlFrame, by: &str) -> Result<Frame, String> {
     fn spaced<T: Clone>(v: &[T]) -> Vec<T> {
         let step = v.len().div_ceil(SAMPLE).max(1);
-        v.iter().step_by(step).cloned().collect()
+        let mut s: Vec<T> = v.iter().step_by(step).cloned().collect();
+        if !v.is_empty() && !(v.len() - 1).is_multiple_of(step) {
+            s.extend(v.last().cloned());
+        }
+        s
     }
     let column = match keys(df, by)? {
+        Keys::Ints(v) => {
+            let mut v: Vec<i64> = v.into_iter().flatten().collect();
+            v.sort_unstable();
+            Series::new(BOUND.into(), spaced(&v))
+        }
         Keys::Numbers(v) => {
             let mut v: Vec<f64> = v.into_iter().flatten().filter(|x| !x.is_nan()).collect();
             v.sort_by(f64::total_cmp);
@@ -106,7 +131,7 @@ pub(crate) struct SortSpec {
     pub by: String,
     /// The shuffle's name.
     pub shuffle: String,
-    /// Outputs (and inputs: as many).
+    /// Outputs.
     pub parts: u64,
 }
 
@@ -123,6 +148,12 @@ pub(crate) fn split(
     let b = keys(bounds, BOUND)?;
     let parts = parts.max(bounds.height() + 1);
     let outputs: Vec<usize> = match (keys(df, by)?, b) {
+        (Keys::Ints(v), Keys::Ints(b)) => {
+            let b: Vec<i64> = b.into_iter().flatten().collect();
+            v.into_iter()
+                .map(|x| x.map_or(0, |x| b.partition_point(|&y| y <= x)))
+                .collect()
+        }
         (Keys::Numbers(v), Keys::Numbers(b)) => {
             let b: Vec<f64> = b.into_iter().flatten().collect();
             v.into_iter()
@@ -168,6 +199,64 @@ pub(crate) fn unpack(shuffle: &str, part: u32, inputs: u32, by: &str) -> Result<
         .map_err(|e| e.to_string())
 }
 
+/// The tasks of a range shuffle into `g`: partition `i` of `d` (materialized) split by `by`
+/// at `bounds` (a task's or a literal [`Frame`] of boundaries) into `outputs` pieces, sent
+/// on the peer-to-peer shuffle; output `j` (key `(name, j)`) its pieces sorted stably.
+pub(crate) fn range_shuffle(
+    d: &DataFrame,
+    by: &str,
+    name: &str,
+    bounds: Arg,
+    outputs: usize,
+    g: &mut Graph,
+) {
+    let n = d.npartitions;
+    let id = ShuffleId::new(&format!("{name}-shuffle"));
+    let spec = SortSpec {
+        by: by.to_string(),
+        shuffle: id.as_str().to_string(),
+        parts: outputs as u64,
+    };
+    let mut transfers = Vec::with_capacity(n);
+    for i in 0..n as u32 {
+        let [p, o] = d.input_args(i as usize);
+        let key = Key::new(&format!("{name}-transfer"), &[i]);
+        g.insert(
+            key,
+            Task::new(
+                kernels::SORT_TRANSFER,
+                [
+                    p,
+                    o,
+                    bounds.clone(),
+                    Arg::lit(spec.clone()),
+                    Arg::lit(i as u64),
+                ],
+            )
+            .with_shuffle(ShuffleRole::Transfer { id, input: i }),
+        );
+        transfers.push(key);
+    }
+    let barrier = Key::name_only(&format!("{name}-barrier"));
+    g.insert(barrier, dask_graph::shuffle::barrier(id, transfers));
+    for j in 0..outputs as u32 {
+        g.insert(
+            Key::new(name, &[j]),
+            Task::new(
+                kernels::SORT_UNPACK,
+                [
+                    Arg::key(barrier),
+                    Arg::lit(id.as_str().to_string()),
+                    Arg::lit(j as u64),
+                    Arg::lit(n as u64),
+                    Arg::lit(by.to_string()),
+                ],
+            )
+            .with_shuffle(ShuffleRole::Unpack { id, part: j }),
+        );
+    }
+}
+
 /// A transfer: partition `input` (with its operations) split at the boundaries and sent.
 pub(crate) fn transfer(
     input: &Value,
@@ -201,24 +290,11 @@ impl DataFrame {
     /// assert_eq!(x, vec![1, 2, 3, 5, 7, 9]);
     /// ```
     pub fn sort_values(&self, by: &str) -> Result<DataFrame, DataFrameError> {
-        self.check_columns([by])?;
-        let t = self.schema.get(by).expect("checked");
-        if !sortable(t) {
-            return Err(DataFrameError::Invalid {
-                op: "sort_values",
-                reason: format!("{by} is of type {t}, not a number, boolean or string"),
-            });
-        }
+        self.check_sortable(by, "sort_values")?;
         let d = self.materialized();
         let n = d.npartitions;
         let name = fresh_name("sort");
-        let id = ShuffleId::new(&format!("{name}-shuffle"));
         let by_arg = || Arg::lit(by.to_string());
-        let spec = SortSpec {
-            by: by.to_string(),
-            shuffle: id.as_str().to_string(),
-            parts: n as u64,
-        };
         let mut g = Graph::new();
         let samples: Vec<Key> = (0..n as u32)
             .map(|i| Key::new(&format!("{name}-sample"), &[i]))
@@ -237,44 +313,7 @@ impl DataFrame {
                     .chain(samples.into_iter().map(Arg::Key)),
             ),
         );
-        let mut transfers = Vec::with_capacity(n);
-        for i in 0..n as u32 {
-            let [p, o] = d.input_args(i as usize);
-            let key = Key::new(&format!("{name}-transfer"), &[i]);
-            g.insert(
-                key,
-                Task::new(
-                    kernels::SORT_TRANSFER,
-                    [
-                        p,
-                        o,
-                        Arg::key(bounds),
-                        Arg::lit(spec.clone()),
-                        Arg::lit(i as u64),
-                    ],
-                )
-                .with_shuffle(ShuffleRole::Transfer { id, input: i }),
-            );
-            transfers.push(key);
-        }
-        let barrier = Key::name_only(&format!("{name}-barrier"));
-        g.insert(barrier, dask_graph::shuffle::barrier(id, transfers));
-        for j in 0..n as u32 {
-            g.insert(
-                Key::new(&name, &[j]),
-                Task::new(
-                    kernels::SORT_UNPACK,
-                    [
-                        Arg::key(barrier),
-                        Arg::lit(id.as_str().to_string()),
-                        Arg::lit(j as u64),
-                        Arg::lit(n as u64),
-                        by_arg(),
-                    ],
-                )
-                .with_shuffle(ShuffleRole::Unpack { id, part: j }),
-            );
-        }
+        range_shuffle(&d, by, &name, Arg::key(bounds), n, &mut g);
         Ok(DataFrame {
             layers: stack(&[&d.layers], &name, g),
             name,
@@ -282,6 +321,7 @@ impl DataFrame {
             source: super::Source::Layer,
             ops: Vec::new(),
             schema: Arc::clone(&self.schema),
+            index: None,
         })
     }
 }

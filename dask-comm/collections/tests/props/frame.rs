@@ -187,6 +187,128 @@ proptest! {
     }
 
     #[test]
+    fn set_index_divisions_loc_and_merges_along_them(
+        (data, n) in rows(),
+        (right, nr) in rows(),
+        nulls in prop::collection::vec(any::<bool>(), 40),
+    ) {
+        let mut whole = frame(&data);
+        let k: Vec<Option<i64>> = data.iter().zip(&nulls).map(|(r, &z)| (!z).then_some(r.0 * 7 % 11)).collect();
+        let mut v: Vec<f64> = data.iter().map(|r| r.2).collect();
+        v[0] = f64::NAN;
+        whole.with_column(Series::new("k".into(), k).into()).unwrap();
+        whole.with_column(Series::new("v".into(), v).into()).unwrap();
+        let d = dataframe::from_polars(whole.clone(), n).unwrap();
+        let r = frame(&right).select(["k", "v"]).unwrap();
+        let dr = dataframe::from_polars(r.clone(), nr).unwrap();
+        let stable = SortMultipleOptions::default().with_maintain_order(true);
+        each(|name, s| {
+            use dataframe::Lit;
+            let pl_lit = |l: &Lit| match l {
+                Lit::Int(i) => polars::prelude::lit(*i),
+                Lit::Float(f) => polars::prelude::lit(*f),
+                Lit::Str(s) => polars::prelude::lit(s.clone()),
+                Lit::Bool(b) => polars::prelude::lit(*b),
+            };
+            for (by, lo, hi) in [("k", Lit::Int(2), Lit::Int(6)),
+                                 ("s", Lit::Str("b".into()), Lit::Str("c".into())),
+                                 ("v", Lit::Float(-2.5), Lit::Float(4.0))] {
+                let ix = d.set_index(by, s).unwrap();
+                assert_eq!(ix.index(), Some(by));
+                assert!(ix.npartitions() <= d.npartitions());
+                let want = whole.sort([by], stable.clone()).unwrap();
+                let got = ix.compute(s).unwrap();
+                assert!(got.equals_missing(&want), "{name} set_index {by}\ngot {got}\nwant {want}");
+                // Every partition within its divisions; the divisions increase.
+                // No value but nulls and NaN: one partition, divisions unknown.
+                let Some(div) = ix.divisions() else {
+                    assert_eq!(ix.npartitions(), 1, "{name} {by}");
+                    let got = ix.loc(lo.clone(), hi.clone()).unwrap().compute(s).unwrap();
+                    assert_eq!(got.height(), 0, "{name} loc {by} of no value");
+                    continue;
+                };
+                assert_eq!(div.len(), ix.npartitions() + 1, "{name} {by} {div}");
+                let as_text = |s: &Series| -> Vec<Option<String>> {
+                    s.cast(&DataType::String).unwrap().str().unwrap()
+                        .iter().map(|v| v.map(str::to_string)).collect()
+                };
+                let as_f64 = |s: &Series| -> Vec<Option<f64>> {
+                    s.cast(&DataType::Float64).unwrap().f64().unwrap().iter().collect()
+                };
+                let (g, keys) = ix.to_graph();
+                let parts = s.get(g, &keys).unwrap();
+                let last = ix.npartitions() - 1;
+                for (i, p) in parts.iter().enumerate() {
+                    let p = &p.downcast_ref::<dataframe::Frame>().unwrap().0;
+                    let c = p.column(by).unwrap().as_materialized_series();
+                    let within = |x: Option<std::cmp::Ordering>, y: Option<std::cmp::Ordering>| {
+                        use std::cmp::Ordering::*;
+                        x != Some(Less) && (y == Some(Less) || (i == last && y == Some(Equal)))
+                    };
+                    if by == "s" {
+                        let (dv, cv) = (as_text(div), as_text(c));
+                        for x in cv.iter().flatten() {
+                            let (lo, hi) = (dv[i].as_ref().unwrap(), dv[i + 1].as_ref().unwrap());
+                            assert!(within(Some(x.cmp(lo)), Some(x.cmp(hi))), "{name} {by} part {i}: {x} not in {div}");
+                        }
+                    } else {
+                        let (dv, cv) = (as_f64(div), as_f64(c));
+                        for x in cv.iter().flatten().filter(|x| !x.is_nan()) {
+                            let (lo, hi) = (dv[i].unwrap(), dv[i + 1].unwrap());
+                            assert!(within(x.partial_cmp(&lo), x.partial_cmp(&hi)), "{name} {by} part {i}: {x} not in {div}");
+                        }
+                        for w in dv.windows(2).take(ix.npartitions().saturating_sub(1)) {
+                            assert!(w[0] < w[1], "{name} {by}: divisions {div}");
+                        }
+                    }
+                }
+                // loc: the rows in [lo, hi], in index order, from the partitions it touches.
+                let range = ix.loc(lo.clone(), hi.clone()).unwrap();
+                let want = whole.clone().lazy().filter(polars::prelude::col(by).gt_eq(pl_lit(&lo))
+                        .and(polars::prelude::col(by).lt_eq(pl_lit(&hi))))
+                    .collect().unwrap().sort([by], stable.clone()).unwrap();
+                let got = range.compute(s).unwrap();
+                assert!(got.equals_missing(&want), "{name} loc {by}\ngot {got}\nwant {want}");
+                assert_eq!(range.divisions().unwrap().len(), range.npartitions() + 1);
+            }
+            // Merges on the index: sides with the same divisions join partition by partition
+            // with no shuffle; another side is range-partitioned to the index's divisions.
+            let ix = d.set_index("k", s).unwrap();
+            let same_divisions = ix.filter(col("v").gt(lit(0.0))).unwrap().select(&["k", "v"]).unwrap();
+            assert!(same_divisions.divisions().unwrap().equals(ix.divisions().unwrap()));
+            let rx = dr.set_index("k", s).unwrap();
+            let pc = polars::prelude::col;
+            for how in [How::Inner, How::Left, How::Outer] {
+                let kind = match how { How::Inner => JoinType::Inner, How::Left => JoinType::Left,
+                                       How::Outer => JoinType::Full };
+                let pairs: [(&dataframe::DataFrame, &dataframe::DataFrame, DataFrame, DataFrame, bool); 4] = [
+                    (&ix, &same_divisions, whole.clone(), whole.clone().lazy()
+                        .filter(pc("v").gt(0.0)).select([pc("k"), pc("v")]).collect().unwrap(), true),
+                    (&ix, &dr, whole.clone(), r.clone(), false),
+                    (&d, &rx, whole.clone(), r.clone(), false),
+                    (&ix, &rx, whole.clone(), r.clone(), false),
+                ];
+                for (i, (a, b, wa, wb, aligned)) in pairs.into_iter().enumerate() {
+                    let want = wa.lazy().join(wb.lazy(), [pc("k")], [pc("k")],
+                        JoinArgs::new(kind.clone()).with_coalesce(JoinCoalesce::CoalesceColumns)
+                            .with_suffix(Some("_right".into()))).collect().unwrap();
+                    let m = a.merge(b, &["k"], how).unwrap();
+                    same(&m.compute(s).unwrap(), &want, &format!("{name} index merge {i} {how:?}"));
+                    if aligned && a.npartitions() > 1 {
+                        let (g, _) = m.to_graph();
+                        assert!(!g.iter().any(|(k, _)| k.name().as_str().starts_with("merge") && k.name().as_str().contains("transfer")),
+                                "{name}: equal divisions shuffled");
+                        assert_eq!(m.index(), Some("k"));
+                        assert!(m.divisions().is_some());
+                    }
+                }
+            }
+        });
+        let refused = d.loc(1i64, 2i64);
+        assert!(matches!(refused, Err(DataFrameError::NoIndex { op: "loc" })), "{refused:?}");
+    }
+
+    #[test]
     fn merges_broadcast_and_shuffled(
         (left, nl) in rows(),
         (right, nr) in rows(),

@@ -84,7 +84,7 @@ fn unpack_tasks_run_on_their_owners_and_pieces_go_when_no_output_is_pending() {
     for (_, key, run) in &computes {
         let run = run.as_ref().expect("transfers carry the run");
         assert_eq!(run.id, sid(), "{key}");
-        assert_eq!(run.run, 0);
+        assert_eq!(run.run, 1);
         assert_eq!(
             run.owners,
             vec!["tcp://a".to_string(), "tcp://b".to_string()]
@@ -119,7 +119,7 @@ fn unpack_tasks_run_on_their_owners_and_pieces_go_when_no_output_is_pending() {
     );
     assert!(computes
         .iter()
-        .all(|c| c.2.as_ref().is_some_and(|r| r.run == 0)));
+        .all(|c| c.2.as_ref().is_some_and(|r| r.run == 1)));
     // Stealing never moves an unpack task: b is idle, a has two outputs.
     for (w, key) in [(b, "out-1"), (b, "out-3")] {
         t.finish(w, key, 8, 1000);
@@ -144,8 +144,8 @@ fn unpack_tasks_run_on_their_owners_and_pieces_go_when_no_output_is_pending() {
     assert_eq!(
         done,
         vec![
-            &Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 0 }),
-            &Sent::W(b, ToWorker::ShuffleDone { id: sid(), run: 0 }),
+            &Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 1 }),
+            &Sent::W(b, ToWorker::ShuffleDone { id: sid(), run: 1 }),
         ]
     );
     // Releasing the outputs forgets the shuffle.
@@ -160,6 +160,16 @@ fn unpack_tasks_run_on_their_owners_and_pieces_go_when_no_output_is_pending() {
     );
     assert_eq!(t.core.task_count(), 0);
     assert!(t.core.shuffle_summaries().is_empty());
+    // The same shuffle submitted again runs under a number its workers never dropped.
+    let (defs, outs) = shuffle_graph(2, 4);
+    t.graph(c, defs, &want_outs(&outs));
+    let (computes, _) = split(t.take());
+    assert!(
+        computes
+            .iter()
+            .all(|c| c.2.as_ref().is_some_and(|r| r.run == 2)),
+        "{computes:?}"
+    );
 }
 
 #[test]
@@ -188,7 +198,7 @@ fn losing_an_owner_restarts_the_shuffle_and_keeps_the_finished_outputs() {
     let sent = t.take();
     let (computes, rest) = split(sent);
     assert!(
-        rest.contains(&Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 0 })),
+        rest.contains(&Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 1 })),
         "the first run's pieces dropped: {rest:?}"
     );
     // The transfers run again (last word per key), in run 1, owned by a alone.
@@ -208,7 +218,7 @@ fn losing_an_owner_restarts_the_shuffle_and_keeps_the_finished_outputs() {
         let run = run.as_ref().unwrap();
         assert_eq!(
             (run.run, run.owners.clone()),
-            (1, vec!["tcp://a".to_string()])
+            (2, vec!["tcp://a".to_string()])
         );
     }
     assert_eq!(t.core.status(&k("out-0")), Some(Status::Memory), "kept");
@@ -232,7 +242,7 @@ fn losing_an_owner_restarts_the_shuffle_and_keeps_the_finished_outputs() {
     t.finish(a, "out-3", 8, 10);
     let sent = t.take();
     assert!(
-        sent.contains(&Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 1 })),
+        sent.contains(&Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 2 })),
         "{sent:?}"
     );
 }
@@ -247,7 +257,7 @@ fn missing_shuffle_data_restarts_a_bounded_number_of_times_then_fails() {
     for attempt in 0..=SHUFFLE_RESTARTS {
         let (computes, _) = split(t.take());
         assert_eq!(computes.len(), 1, "attempt {attempt}: {computes:?}");
-        assert_eq!(computes[0].2.as_ref().unwrap().run, attempt);
+        assert_eq!(computes[0].2.as_ref().unwrap().run, attempt + 1);
         t.finish(a, "tr-0", 0, 10);
         let (computes, _) = split(t.take());
         assert_eq!(computes[0].1, k("bar"));
@@ -281,12 +291,12 @@ fn a_transfer_that_cannot_reach_a_peer_restarts_the_shuffle_not_the_computation(
     let (computes, rest) = split(t.take());
     assert_eq!(
         rest,
-        vec![Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 0 })]
+        vec![Sent::W(a, ToWorker::ShuffleDone { id: sid(), run: 1 })]
     );
     assert_eq!(computes.len(), 1);
     assert_eq!(
         (computes[0].1, computes[0].2.as_ref().unwrap().run),
-        (k("tr-0"), 1)
+        (k("tr-0"), 2)
     );
     // An ordinary error still fails at once.
     t.core.on_worker_message(
@@ -334,7 +344,7 @@ fn workers_lost_together_restart_the_shuffle_once_without_them() {
         assert_eq!(*w, a);
         assert_eq!(
             (run.run, run.owners.clone()),
-            (1, vec!["tcp://a".to_string()]),
+            (2, vec!["tcp://a".to_string()]),
             "one new run, owned by the worker left"
         );
     }
