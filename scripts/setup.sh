@@ -13,6 +13,20 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# The job launchers the launch tests run under (scripts/launch_test.sh, slurm_test.sh):
+# Open MPI, MPICH, Slurm and munge, without their recommended extras.
+launchers=()
+for pkg in openmpi-bin mpich slurm-wlm munge; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || launchers+=("$pkg")
+done
+if [ ${#launchers[@]} -gt 0 ]; then
+  echo "setup: installing ${launchers[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  [ ${#need[@]} -gt 0 ] || $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${launchers[@]}" >/dev/null \
+    || echo "setup: the launchers could not be installed: the launch tests will say so and skip"
+fi
 if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 fi

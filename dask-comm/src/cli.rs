@@ -8,13 +8,18 @@
 //! dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N]
 //!                  [--memory-limit 4GiB|auto|0] [--local-directory D] [--listen URI] [--name N]
 //!                  [--no-nanny]
+//! mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0]
+//!                            [--interface IF] [--protocol tcp|ucx] [--scheduler-rank R]
+//!                            [--local-directory D]
 //! dask-comm bench [--workload merge-10000,tree-12,chain-10000,roundtrip] [--workers 2]
 //!                 [--threads 1] [--protocol tcp|ucx] [--zero-work] [--rounds 3]
 //!                 [--scheduler-process] [--json]
 //! ```
 //! The scheduler listens on loopback unless told otherwise, generates the cluster's secret
 //! (or reads it from `--secret-file` or `DASK_COMM_SECRET`), prints `LISTENING <address>`, and
-//! writes the scheduler file (JSON: `address`, `secret`; readable by its owner only).
+//! writes the scheduler file (JSON: `address`, `secret`; readable by its owner only); it runs
+//! until a client shuts the cluster down (`Client::shutdown`) or SIGINT/SIGTERM, then tells
+//! the workers to close and removes the file.
 //!
 //! A worker's memory limit is by default the machine's memory (`auto`; `0`: none). The
 //! worker runs under a nanny: this process starts it as a child and starts it again when it
@@ -147,6 +152,7 @@ fn secret_from(file: Option<String>) -> Result<Option<Secret>> {
 
 const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F] [--no-work-stealing] [--allowed-failures N]
        dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--local-directory D] [--listen URI] [--name N] [--no-nanny]
+       mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0] [--interface IF] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D]
        dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
 
 /// Runs the command line (the process's arguments); returns the exit status.
@@ -168,6 +174,7 @@ pub fn main() -> i32 {
     let r = match cmd.as_str() {
         "scheduler" => scheduler(args),
         "worker" => worker(args),
+        "mpi" => mpi(args),
         "bench" => crate::benchcli::bench(args.words),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -209,7 +216,7 @@ fn scheduler(mut a: Args) -> Result<()> {
     }
     a.done()?;
     runtime()?.block_on(async {
-        let server = SchedulerServer::start(&listen, secret.clone(), cfg).await?;
+        let mut server = SchedulerServer::start(&listen, secret.clone(), cfg).await?;
         if let Some(f) = &file {
             SchedulerFile {
                 address: server.address().to_string(),
@@ -218,8 +225,17 @@ fn scheduler(mut a: Args) -> Result<()> {
             .write(f)?;
         }
         println!("LISTENING {}", server.address());
-        let _ = tokio::signal::ctrl_c().await;
-        server.shutdown().await;
+        // Until a client shuts the cluster down, or a signal.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| Error::os("listening for SIGTERM", e))?;
+        tokio::select! {
+            _ = server.stopped() => {}
+            _ = tokio::signal::ctrl_c() => server.shutdown().await,
+            _ = term.recv() => server.shutdown().await,
+        }
+        if let Some(f) = &file {
+            let _ = std::fs::remove_file(f);
+        }
         Ok(())
     })
 }
@@ -279,6 +295,40 @@ fn worker(mut a: Args) -> Result<()> {
         return crate::cluster::nanny(&opts);
     }
     runtime()?.block_on(run_worker(opts))
+}
+
+/// `mpi`: under a launcher, the scheduler's rank runs the scheduler (until a client shuts
+/// the cluster down) and every other rank a worker ([`crate::launch`]).
+fn mpi(mut a: Args) -> Result<()> {
+    let mut opts = crate::launch::LaunchOptions {
+        scheduler_file: a.value("--scheduler-file")?.map(PathBuf::from),
+        interface: a.value("--interface")?,
+        local_directory: a.value("--local-directory")?.map(PathBuf::from),
+        ..Default::default()
+    };
+    if let Some(n) = a.value("--nthreads")? {
+        opts.nthreads = n
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| Error::Config(format!("--nthreads {n:?}")))?;
+    }
+    if let Some(r) = a.value("--scheduler-rank")? {
+        opts.scheduler_rank = r
+            .parse()
+            .map_err(|_| Error::Config(format!("--scheduler-rank {r:?}")))?;
+    }
+    if let Some(p) = a.value("--protocol")? {
+        opts.protocol = p.parse()?;
+    }
+    opts.memory_limit = match a.value("--memory-limit")?.as_deref() {
+        None | Some("auto") => None,
+        Some(m) => {
+            Some(parse_bytes(m).ok_or_else(|| Error::Config(format!("--memory-limit {m:?}")))?)
+        }
+    };
+    a.done()?;
+    crate::launch::serve_ranks(&opts)
 }
 
 /// Waits for a scheduler file to appear (the scheduler may start after the workers).

@@ -708,6 +708,18 @@ impl Client {
             .map_err(|_| Error::Disconnected("the scheduler did not answer".into()))
     }
 
+    /// Where the futures' values are: each future's key and the data addresses of the
+    /// workers holding it (none while it is not computed).
+    pub async fn holders(&self, futures: &[DFuture]) -> Result<Vec<(Key, Vec<String>)>> {
+        self.who_has(futures.iter().map(DFuture::key).collect())
+            .await
+    }
+
+    /// [`Client::holders`], blocking.
+    pub fn holders_blocking(&self, futures: &[DFuture]) -> Result<Vec<(Key, Vec<String>)>> {
+        block_on(self.holders(futures))
+    }
+
     /// Puts values on workers (spread over them) and returns futures for them.
     pub async fn scatter(&self, values: Vec<Value>) -> Result<Vec<DFuture>> {
         self.wait_for_workers(1, Duration::from_secs(30)).await?;
@@ -815,6 +827,39 @@ impl Client {
     /// [`Client::cancel`], blocking.
     pub fn cancel_blocking(&self, futures: &[DFuture]) -> Result<()> {
         block_on(self.cancel(futures))
+    }
+
+    /// Shuts the whole cluster down: the scheduler tells every worker to close and stops.
+    /// Waits (at most `limit`) until the scheduler has closed this client's connection.
+    /// A cluster already gone is not an error.
+    pub async fn shutdown(&self, limit: Duration) -> Result<()> {
+        if self.send(FromClient::Shutdown).is_err() {
+            return Ok(());
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            let changed = self.inner.changed.notified();
+            if self.inner.lock().closed.is_some() {
+                tracing::info!("the cluster is shut down");
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout(format!(
+                    "the scheduler did not stop within {limit:?} of a shutdown"
+                )));
+            }
+            self.sleep_or(changed, Duration::from_millis(100)).await;
+        }
+    }
+
+    /// [`Client::wait_for_workers`], blocking.
+    pub fn wait_for_workers_blocking(&self, n: usize, limit: Duration) -> Result<()> {
+        block_on(self.wait_for_workers(n, limit))
+    }
+
+    /// [`Client::shutdown`], blocking.
+    pub fn shutdown_blocking(&self, limit: Duration) -> Result<()> {
+        block_on(self.shutdown(limit))
     }
 
     /// [`Client::close`], blocking (errors are logged: the connection is gone either way).

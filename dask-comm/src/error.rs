@@ -42,6 +42,9 @@ pub enum Error {
     /// Something took longer than its limit.
     #[error("timed out: {0}")]
     Timeout(String),
+    /// A launched process could not take its part ([`crate::launch`]).
+    #[error("launch: {0}")]
+    Launch(#[from] crate::launch::LaunchError),
     /// The scheduler refused a request (a retirement); the text says why.
     #[error("refused by the scheduler: {0}")]
     Refused(String),

@@ -217,6 +217,9 @@ pub enum FromClient {
         /// Their data addresses.
         workers: Vec<String>,
     },
+    /// Shut the cluster down: the scheduler tells every worker to close, closes every
+    /// connection and stops (handled by the scheduler process, not the core).
+    Shutdown,
 }
 
 impl Payloads for FromClient {

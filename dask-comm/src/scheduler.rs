@@ -58,6 +58,8 @@ pub struct SchedulerServer {
     events: mpsc::UnboundedSender<Event>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    /// `task` has been awaited to its end.
+    finished: bool,
 }
 
 impl SchedulerServer {
@@ -104,6 +106,7 @@ impl SchedulerServer {
             events,
             stop: Some(stop),
             task,
+            finished: false,
         })
     }
 
@@ -141,12 +144,23 @@ impl SchedulerServer {
         }
     }
 
+    /// Waits until the scheduler stops (a client shut the cluster down with
+    /// [`Client::shutdown`](crate::Client::shutdown)).
+    pub async fn stopped(&mut self) {
+        if !self.finished {
+            let _ = (&mut self.task).await;
+            self.finished = true;
+        }
+    }
+
     /// Tells the workers to close, closes every connection and stops.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        let _ = (&mut self.task).await;
+        if !self.finished {
+            let _ = (&mut self.task).await;
+        }
     }
 }
 
@@ -177,10 +191,14 @@ async fn run(
             _ = &mut stopped => break,
             ev = rx.recv() => {
                 let Some(ev) = ev else { break };
-                handle(&mut core, ev, &mut out, &mut clients, &mut workers, &events);
+                let mut stop = handle(&mut core, ev, &mut out, &mut clients, &mut workers, &events);
                 // Everything already waiting goes into the same pass.
                 while let Ok(ev) = rx.try_recv() {
-                    handle(&mut core, ev, &mut out, &mut clients, &mut workers, &events);
+                    stop |= handle(&mut core, ev, &mut out, &mut clients, &mut workers, &events);
+                }
+                if stop {
+                    flush(&mut out, &clients, &workers);
+                    break;
                 }
             }
             _ = tick.tick() => core.on_tick(Instant::now(), &mut out),
@@ -230,7 +248,7 @@ fn handle(
     clients: &mut BTreeMap<ClientId, Peer<ToClient>>,
     workers: &mut BTreeMap<WorkerId, Peer<ToWorker>>,
     events: &mpsc::UnboundedSender<Event>,
-) {
+) -> bool {
     match ev {
         Event::Joined(conn, Hello::Client { name }) => {
             let id = core.on_client_added(name, out);
@@ -282,6 +300,10 @@ fn handle(
         }
         Event::Client(c, msgs) => {
             for m in msgs {
+                if m == FromClient::Shutdown {
+                    tracing::info!(client = c.0, "a client shuts the cluster down");
+                    return true;
+                }
                 core.on_client_message(c, m, out);
             }
         }
@@ -308,6 +330,7 @@ fn handle(
             core.on_worker_removed(w, out);
         }
     }
+    false
 }
 
 /// Reads batches from a peer until its connection ends, then says why.

@@ -76,6 +76,8 @@ impl Core {
                 comm.send_client(c, ToClient::WhoHas { holders });
             }
             FromClient::Retire { id, workers } => self.retire(c, id, workers, comm),
+            // The scheduler process stops; nothing for the books.
+            FromClient::Shutdown => tracing::debug!(client = c.0, "shutdown asked"),
         }
     }
 

@@ -1,0 +1,413 @@
+//! Starting a cluster where HPC jobs start things: under Open MPI's `mpirun`, MPICH's
+//! `mpiexec` or Slurm's `srun` (as dask-mpi does; MPI is only used to start the right
+//! number of processes).
+//!
+//! [`initialize`] is called at the top of a program that every rank runs: rank 0 becomes the
+//! scheduler, ranks 2 and up workers (neither returns: each exits when the cluster shuts
+//! down), and rank 1 gets a [`Launched`] client and runs the rest of `main`; when that ends
+//! (or unwinds), the cluster shuts down and every rank exits.
+//!
+//! ```no_run
+//! use dask_comm::launch::{initialize, LaunchOptions};
+//! # fn is_prime(n: u64) -> bool { n > 1 && (2..n).all(|d| n % d != 0) }
+//! dask_graph::registry().register("is_prime", is_prime);
+//! let cluster = initialize(LaunchOptions::default())?; // mpirun -np 6 ./program
+//! let flags = cluster.client().map_blocking("is_prime", 1u64..1000)?;
+//! # Ok::<(), dask_comm::Error>(())
+//! ```
+//!
+//! The ranks find the scheduler through a scheduler file on a file system they share
+//! (`LaunchOptions::scheduler_file`, by default `dask-comm-scheduler-{job}.json` in the
+//! working directory, named after the launcher's job id). `dask-comm mpi` starts a scheduler
+//! and workers alone, for a client started elsewhere.
+
+mod env;
+mod host;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use transport::Address;
+
+use crate::cli::SchedulerFile;
+use crate::client::Client;
+use crate::cluster::Protocol;
+use crate::error::{Error, Result};
+use crate::scheduler::SchedulerServer;
+use crate::security::Secret;
+use crate::worker::{run_worker, WorkerOptions};
+
+pub use env::{Launcher, Rank};
+pub use host::interface_address;
+
+/// Why a launched process could not take its part.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// No launcher's variables are set.
+    #[error("not started by a launcher (mpirun, mpiexec, srun): none of OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, SLURM_PROCID is set")]
+    NotLaunched,
+    /// A rank variable without the matching size variable.
+    #[error("the launcher set a rank but not {variable}")]
+    NoSize {
+        /// The size variable looked for.
+        variable: &'static str,
+    },
+    /// A variable that is not a number.
+    #[error("{name}={value:?} is not a number")]
+    BadVariable {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// A rank not below the size.
+    #[error("rank {rank} of a job of {size}")]
+    BadRank {
+        /// The rank.
+        rank: u32,
+        /// The size.
+        size: u32,
+    },
+    /// Too few ranks for the parts.
+    #[error("{size} ranks: this needs at least {need} ({parts})")]
+    TooFewRanks {
+        /// The job's size.
+        size: u32,
+        /// The least it needs.
+        need: u32,
+        /// What the ranks are for.
+        parts: &'static str,
+    },
+    /// The scheduler's rank is not in the job.
+    #[error("scheduler rank {rank} in a job of {size}")]
+    SchedulerRank {
+        /// The rank asked for.
+        rank: u32,
+        /// The size.
+        size: u32,
+    },
+    /// No interface of that name (with an IPv4 address).
+    #[error("no network interface {name:?} with an IPv4 address (there are {have:?})")]
+    NoInterface {
+        /// The name asked for.
+        name: String,
+        /// The interfaces there are.
+        have: Vec<String>,
+    },
+    /// The ranks may span hosts and no address other ranks could reach was found.
+    #[error("the ranks may span hosts and {host:?} resolves to no address but loopback: name a network interface (--interface)")]
+    NoAddress {
+        /// This host's name.
+        host: String,
+    },
+    /// The interfaces could not be listed.
+    #[error("listing the network interfaces: {reason}")]
+    Interfaces {
+        /// The system's reason.
+        reason: String,
+    },
+    /// The protocol cannot be used between launched processes.
+    #[error("protocol {0:?} under a launcher: use tcp or ucx")]
+    Protocol(Protocol),
+}
+
+/// What a launched cluster is made of (dask-mpi's options).
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// Where the scheduler writes its address and secret for the other ranks (a file system
+    /// every rank sees). `None`: `dask-comm-scheduler-{job}.json` in the working directory.
+    pub scheduler_file: Option<PathBuf>,
+    /// The scheduler's rank (0). The client is the lowest other rank.
+    pub scheduler_rank: u32,
+    /// Threads per worker (1).
+    pub nthreads: usize,
+    /// Each worker's memory limit in bytes; `None`: this host's memory shared by the ranks
+    /// on it; `Some(0)`: none.
+    pub memory_limit: Option<u64>,
+    /// The network interface to listen on (`ib0`, `eth0`); `None`: loopback when every rank
+    /// runs on this host, else the address this host's name resolves to.
+    pub interface: Option<String>,
+    /// `tcp` or `ucx`.
+    pub protocol: Protocol,
+    /// The workers' folder for spilled values.
+    pub local_directory: Option<PathBuf>,
+    /// How long the client waits for every worker to join, and workers for the scheduler
+    /// file (60 s).
+    pub timeout: Duration,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> LaunchOptions {
+        LaunchOptions {
+            scheduler_file: None,
+            scheduler_rank: 0,
+            nthreads: 1,
+            memory_limit: None,
+            interface: None,
+            protocol: Protocol::Tcp,
+            local_directory: None,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a rank does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Runs the scheduler.
+    Scheduler,
+    /// Returns a client to the program.
+    Client,
+    /// Runs a worker.
+    Worker,
+}
+
+impl LaunchOptions {
+    /// The role of `rank` when a client rank is wanted (`with_client`) or not.
+    pub fn role(&self, rank: &Rank, with_client: bool) -> Result<Role> {
+        let need = if with_client { 3 } else { 2 };
+        if rank.size < need {
+            return Err(LaunchError::TooFewRanks {
+                size: rank.size,
+                need,
+                parts: if with_client {
+                    "a scheduler, a client and a worker"
+                } else {
+                    "a scheduler and a worker"
+                },
+            }
+            .into());
+        }
+        if self.scheduler_rank >= rank.size {
+            return Err(LaunchError::SchedulerRank {
+                rank: self.scheduler_rank,
+                size: rank.size,
+            }
+            .into());
+        }
+        let client_rank = if self.scheduler_rank == 0 { 1 } else { 0 };
+        Ok(if rank.rank == self.scheduler_rank {
+            Role::Scheduler
+        } else if with_client && rank.rank == client_rank {
+            Role::Client
+        } else {
+            Role::Worker
+        })
+    }
+
+    fn file(&self) -> PathBuf {
+        self.scheduler_file.clone().unwrap_or_else(|| {
+            let job = env::job_id(|n| std::env::var(n).ok()).unwrap_or_else(|| "job".into());
+            PathBuf::from(format!("dask-comm-scheduler-{job}.json"))
+        })
+    }
+
+    fn scheme(&self) -> Result<&'static str> {
+        match self.protocol {
+            Protocol::Tcp => Ok("tcp"),
+            Protocol::Ucx => Ok("ucx"),
+            p => Err(LaunchError::Protocol(p).into()),
+        }
+    }
+}
+
+/// A cluster started by a launcher, on the client's rank: the client, and the shutdown of
+/// every rank when it is dropped.
+pub struct Launched {
+    client: Client,
+    rank: Rank,
+    workers: usize,
+}
+
+impl Launched {
+    /// The connected client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// How many workers joined.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+}
+
+impl std::fmt::Debug for Launched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launched")
+            .field("rank", &self.rank)
+            .field("workers", &self.workers)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for Launched {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        tracing::info!("the program's main is done: shutting the cluster down");
+        if let Err(e) = self.client.shutdown_blocking(Duration::from_secs(10)) {
+            tracing::warn!(error = %e, "shutting the launched cluster down");
+        }
+    }
+}
+
+/// Takes this process's part in a launched cluster (dask-mpi's `initialize`): on the
+/// scheduler's rank runs the scheduler, on the client's rank returns the client once every
+/// worker has joined, on the other ranks runs a worker. The scheduler's and workers' ranks
+/// never return: they exit when the cluster shuts down (status 0), or with status 1 and the
+/// reason on stderr when their part fails. Errors: not launched, too few ranks (3 at least),
+/// no scheduler file in time, workers missing.
+pub fn initialize(opts: LaunchOptions) -> Result<Launched> {
+    let started = SystemTime::now();
+    let rank = Rank::from_env()?;
+    let role = opts.role(&rank, true)?;
+    if role == Role::Client {
+        return client(&opts, rank, started);
+    }
+    std::process::exit(exit_status(role, serve(&opts, rank, role, started)))
+}
+
+/// The CLI's `mpi` mode: the scheduler's rank runs the scheduler until a client shuts the
+/// cluster down, every other rank a worker (returns when the part is over).
+pub fn serve_ranks(opts: &LaunchOptions) -> Result<()> {
+    let started = SystemTime::now();
+    let rank = Rank::from_env()?;
+    let role = opts.role(&rank, false)?;
+    serve(opts, rank, role, started)
+}
+
+fn exit_status(role: Role, r: Result<()>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("dask-comm {role:?} rank: {e}");
+            1
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::os("starting a tokio runtime", e))
+}
+
+fn serve(opts: &LaunchOptions, rank: Rank, role: Role, started: SystemTime) -> Result<()> {
+    let scheme = opts.scheme()?;
+    let host = host::listen_host(opts.interface.as_deref(), rank.one_host)?;
+    let file = opts.file();
+    tracing::info!(rank = rank.rank, size = rank.size, ?role, %host, file = %file.display(), "launched");
+    match role {
+        Role::Scheduler => scheduler(&file, &format!("{scheme}://{host}:0")),
+        Role::Worker | Role::Client => {
+            let sf = fresh_file(&file, started, opts.timeout)?;
+            let mut w = WorkerOptions::new(
+                parse(&sf.address)?,
+                Secret::from_hex(&sf.secret)?,
+                opts.nthreads.max(1),
+            );
+            w.listen = Some(parse(&format!("{scheme}://{host}:0"))?);
+            w.memory_limit = opts.memory_limit.unwrap_or_else(|| {
+                let local = u64::from(rank.local_size.unwrap_or(1).max(1));
+                crate::worker::memory::machine_memory().unwrap_or(0) / local
+            });
+            w.local_directory = opts.local_directory.clone();
+            w.name = format!("rank-{}", rank.rank);
+            match runtime()?.block_on(run_worker(w)) {
+                // The scheduler removes its file when it stops cleanly: a worker that finds
+                // it gone (it joined late, or the scheduler was signalled) has nothing to do.
+                Err(e) if !file.exists() => {
+                    tracing::info!(error = %e, "the scheduler has shut down: this worker ends");
+                    Ok(())
+                }
+                r => r,
+            }
+        }
+    }
+}
+
+fn parse(text: &str) -> Result<Address> {
+    Ok(text.parse().map_err(transport::TransportError::from)?)
+}
+
+/// Runs the scheduler until a client shuts the cluster down (or SIGINT/SIGTERM), with its
+/// file written meanwhile and removed after.
+fn scheduler(file: &Path, listen: &str) -> Result<()> {
+    // A file left by an earlier job that died must not send this job's ranks there.
+    let _ = std::fs::remove_file(file);
+    let listen = parse(listen)?;
+    let secret = Secret::generate();
+    runtime()?.block_on(async {
+        let mut server =
+            SchedulerServer::start(&listen, secret.clone(), crate::core::Config::default()).await?;
+        SchedulerFile {
+            address: server.address().to_string(),
+            secret: secret.to_hex(),
+        }
+        .write(file)?;
+        println!("LISTENING {}", server.address());
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| Error::os("listening for SIGTERM", e))?;
+        let signalled = tokio::select! {
+            _ = server.stopped() => false,
+            _ = tokio::signal::ctrl_c() => true,
+            _ = term.recv() => true,
+        };
+        let _ = std::fs::remove_file(file);
+        if signalled {
+            tracing::info!("signalled: shutting the cluster down");
+            server.shutdown().await;
+        }
+        Ok(())
+    })
+}
+
+/// The scheduler file once it is there and written by this job (not older than this
+/// process, less a few seconds for ranks started at slightly different times).
+fn fresh_file(file: &Path, started: SystemTime, limit: Duration) -> Result<SchedulerFile> {
+    let deadline = Instant::now() + limit;
+    let not_before = started - Duration::from_secs(10);
+    loop {
+        let fresh = std::fs::metadata(file)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t >= not_before);
+        if fresh {
+            if let Ok(sf) = SchedulerFile::read(file) {
+                return Ok(sf);
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout(format!(
+                "no scheduler file from this job at {} after {limit:?}",
+                file.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn client(opts: &LaunchOptions, rank: Rank, started: SystemTime) -> Result<Launched> {
+    let file = opts.file();
+    let sf = fresh_file(&file, started, opts.timeout)?;
+    let client = Client::connect_blocking(&parse(&sf.address)?, Secret::from_hex(&sf.secret)?)?;
+    let workers = (rank.size - 2) as usize;
+    client.wait_for_workers_blocking(workers, opts.timeout)?;
+    tracing::info!(rank = rank.rank, workers, "the launched cluster is up");
+    Ok(Launched {
+        client,
+        rank,
+        workers,
+    })
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The launched cluster under a real Slurm: a one-node cluster (slurmctld, slurmd, munge from
+# Debian's packages, which scripts/setup.sh installs) configured and started here, stopped
+# afterwards; `srun -n 6` runs the mpi_tour example, and an sbatch job script like the
+# seed's (--nodes, --ntasks, --cpus-per-task, read back from SLURM_*) completes. Needs root
+# (slurmd runs the job steps); skips, saying why, where Slurm cannot run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+skip() { echo "slurm: skipped: $*"; exit 0; }
+[ "$(id -u)" = 0 ] || skip "the one-node cluster needs root"
+for c in slurmctld slurmd srun sbatch sinfo scontrol munged; do
+  command -v "$c" > /dev/null || skip "$c not found (slurm-wlm and munge not installed)"
+done
+cargo build -q -j2 --release -p dask-collections --example mpi_tour
+tour="$PWD/target/release/examples/mpi_tour"
+dir=$(mktemp -d /tmp/slurm-test.XXXXXX)
+chmod 755 "$dir"
+host=$(hostname -s)
+started_munge=""
+cleanup() {
+  scontrol shutdown > /dev/null 2>&1 || true
+  for p in slurmd slurmctld; do
+    [ -f "$dir/$p.pid" ] && kill "$(cat "$dir/$p.pid")" 2> /dev/null || true
+  done
+  [ -n "$started_munge" ] && pkill -f "munged" 2> /dev/null || true
+  pkill -9 -f "$tour" 2> /dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+mkdir -p "$dir/state" "$dir/spool"
+cat > "$dir/slurm.conf" <<CONF
+ClusterName=dasktest
+SlurmctldHost=$host(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
+SlurmctldPort=6817
+SlurmdPort=6818
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+MpiDefault=none
+ReturnToService=2
+NodeName=$host NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+export SLURM_CONF="$dir/slurm.conf"
+if ! pgrep -x munged > /dev/null; then
+  mkdir -p /run/munge && chown munge:munge /run/munge
+  runuser -u munge -- munged || skip "munged does not start"
+  started_munge=1
+fi
+slurmctld || skip "slurmctld does not start: $(tail -3 "$dir/slurmctld.log" 2>/dev/null)"
+slurmd || skip "slurmd does not start: $(tail -3 "$dir/slurmd.log" 2>/dev/null)"
+for _ in $(seq 60); do
+  state=$(sinfo -h -o %T 2> /dev/null || true)
+  [ "$state" = idle ] && break
+  sleep 0.5
+done
+[ "$state" = idle ] || { echo "slurm: the node is '$state', not idle"; tail -20 "$dir/slurmd.log" "$dir/slurmctld.log"; exit 1; }
+echo "slurm: one-node cluster up ($(sinfo -h -o '%N %c CPUs %T'))"
+cd "$dir"
+failures=0
+
+echo "slurm: srun -n 6"
+if timeout 180 srun -n 6 --overcommit "$tour" > out.txt 2>&1 && grep -q "all answers right" out.txt; then
+  grep -E "^(rank|primes|sum)" out.txt | sed 's/^/  /'
+else
+  echo "FAILED: srun"; cat out.txt; failures=$((failures + 1))
+fi
+
+echo "slurm: sbatch (the seed's job script)"
+cat > job.sh <<JOB
+#!/bin/bash
+#SBATCH --job-name=dask-comm
+#SBATCH --nodes=1
+#SBATCH --ntasks=6
+#SBATCH --cpus-per-task=1
+#SBATCH --overcommit
+#SBATCH --output=$dir/job.out
+echo "job \$SLURM_JOB_ID: \$SLURM_JOB_NUM_NODES node(s), \$SLURM_NTASKS tasks, \$SLURM_CPUS_PER_TASK CPU(s) each"
+srun --overcommit "$tour" --nthreads "\$SLURM_CPUS_PER_TASK"
+JOB
+if timeout 240 sbatch --wait job.sh > sbatch.txt 2>&1 && grep -q "all answers right" job.out; then
+  grep -E "^(job|rank|primes|sum)" job.out | sed 's/^/  /'
+else
+  echo "FAILED: sbatch"; cat sbatch.txt job.out 2> /dev/null; failures=$((failures + 1))
+fi
+sleep 0.5
+if pgrep -f "$tour" > /dev/null; then
+  echo "FAILED: processes left:"; pgrep -fa "$tour"; failures=$((failures + 1))
+fi
+[ "$failures" -eq 0 ] || { echo "slurm: $failures failed"; exit 1; }
+echo "slurm: srun and sbatch ran the cluster"
