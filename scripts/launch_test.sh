@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The launched cluster (dask_comm::initialize, `dask-comm mpi`) under the real launchers:
-# Open MPI's mpirun and MPICH's mpiexec (from Debian's packages, which scripts/setup.sh
+# Open MPI's mpirun and MPICH's mpiexec (from Debian's packages, which scripts/setup_test_tools.sh
 # installs), 6 ranks running the mpi_tour example (the seed's primes and a chunked-array sum,
 # checked against the same computation in the client), over tcp:// and ucx://; the CLI's mpi
 # mode with a client started apart; the refusal of too few ranks. After each run no process

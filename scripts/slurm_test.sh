@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The launched cluster under a real Slurm: a one-node cluster (slurmctld, slurmd, munge from
-# Debian's packages, which scripts/setup.sh installs) configured and started here, stopped
+# Debian's packages, which scripts/setup_test_tools.sh installs) configured and started here, stopped
 # afterwards; `srun -n 6` runs the mpi_tour example, and an sbatch job script like the
 # seed's (--nodes, --ntasks, --cpus-per-task, read back from SLURM_*) completes. Needs root
 # (slurmd runs the job steps); skips, saying why, where Slurm cannot run.

@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+source scripts/setup_test_tools.sh
 # Disk (a CI machine ran out of it): a clean build needs no incremental caches, and the test
 # binaries carry symbols but no debug info (panics still name file and line; a test binary of
 # the transport is 13 MB instead of 75). Local `cargo test` keeps full debug info.
@@ -69,6 +70,8 @@ timeout 600 bash scripts/launch_test.sh
 timeout 600 bash scripts/slurm_test.sh
 # A scheduler and two workers on three "hosts" (network namespaces), over tcp:// and ucx://.
 timeout 600 bash scripts/multihost_test.sh
+# The dashboard in headless Chromium during a computation (DOM, screenshot, status, /metrics).
+timeout 600 bash scripts/dashboard_test.sh
 python3 -m py_compile scripts/compare.py scripts/runner.py scripts/gpu/proof.py scripts/netns_compare.py
 # Interop with the real UCXX from PyPI, both directions (installs it into target/ucxx-venv once).
 bash tests/interop/run.sh

@@ -47,6 +47,7 @@ fn finished() -> Vec<FromWorker> {
             nbytes: 8,
             micros: 3,
             small: None,
+            thread: 0,
         })
         .collect()
 }

@@ -5,6 +5,8 @@
 //! ```text
 //! dask-comm scheduler [--listen tcp://127.0.0.1:8786] [--scheduler-file F] [--secret-file F]
 //!                     [--no-work-stealing] [--allowed-failures 3]
+//!                     [--dashboard-address 127.0.0.1:8787 | --no-dashboard]
+//! dask-comm status (--scheduler-file F | --dashboard HOST:PORT) [--window 10]
 //! dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N]
 //!                  [--memory-limit 4GiB|auto|0] [--local-directory D] [--listen URI] [--name N]
 //!                  [--no-nanny]
@@ -19,7 +21,9 @@
 //! (or reads it from `--secret-file` or `DASK_COMM_SECRET`), prints `LISTENING <address>`, and
 //! writes the scheduler file (JSON: `address`, `secret`; readable by its owner only); it runs
 //! until a client shuts the cluster down (`Client::shutdown`) or SIGINT/SIGTERM, then tells
-//! the workers to close and removes the file.
+//! the workers to close and removes the file. It serves the dashboard on loopback port 8787
+//! (another free port when that one is taken; printed as `DASHBOARD <url>` and kept in the
+//! scheduler file), which `dask-comm status` prints in the terminal.
 //!
 //! A worker's memory limit is by default the machine's memory (`auto`; `0`: none). The
 //! worker runs under a nanny: this process starts it as a child and starts it again when it
@@ -45,6 +49,9 @@ pub struct SchedulerFile {
     pub address: String,
     /// The cluster's secret (hex).
     pub secret: String,
+    /// The scheduler's dashboard (`host:port`), when it serves one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dashboard: Option<String>,
 }
 
 impl SchedulerFile {
@@ -150,7 +157,8 @@ fn secret_from(file: Option<String>) -> Result<Option<Secret>> {
     }
 }
 
-const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F] [--no-work-stealing] [--allowed-failures N]
+const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F] [--no-work-stealing] [--allowed-failures N] [--dashboard-address HOST:PORT | --no-dashboard]
+       dask-comm status (--scheduler-file F | --dashboard HOST:PORT) [--window SECONDS]
        dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--local-directory D] [--listen URI] [--name N] [--no-nanny]
        mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0] [--interface IF] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D]
        dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
@@ -175,6 +183,7 @@ pub fn main() -> i32 {
         "scheduler" => scheduler(args),
         "worker" => worker(args),
         "mpi" => mpi(args),
+        "status" => status(args),
         "bench" => crate::benchcli::bench(args.words),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
@@ -214,17 +223,26 @@ fn scheduler(mut a: Args) -> Result<()> {
             Error::Config(format!("--allowed-failures {n:?}: a count of at least 1"))
         })?;
     }
+    let dashboard = dashboard_choice(&mut a)?;
     a.done()?;
     runtime()?.block_on(async {
         let mut server = SchedulerServer::start(&listen, secret.clone(), cfg).await?;
+        let dashboard = match dashboard {
+            Some(at) => Some(crate::dashboard::start(&mut server, at).await?),
+            None => None,
+        };
         if let Some(f) = &file {
             SchedulerFile {
                 address: server.address().to_string(),
                 secret: secret.to_hex(),
+                dashboard: dashboard.map(|d| d.to_string()),
             }
             .write(f)?;
         }
         println!("LISTENING {}", server.address());
+        if let Some(d) = dashboard {
+            println!("DASHBOARD http://{d}/");
+        }
         // Until a client shuts the cluster down, or a signal.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| Error::os("listening for SIGTERM", e))?;
@@ -295,6 +313,66 @@ fn worker(mut a: Args) -> Result<()> {
         return crate::cluster::nanny(&opts);
     }
     runtime()?.block_on(run_worker(opts))
+}
+
+/// The dashboard's address from `--dashboard-address A` (`host:port`, or `:port` for
+/// loopback) and `--no-dashboard`: `None` for none, else where to try.
+fn dashboard_choice(a: &mut Args) -> Result<Option<crate::dashboard::At>> {
+    let off = a.flag("--no-dashboard");
+    let asked = a.value("--dashboard-address")?;
+    match (off, asked) {
+        (true, Some(_)) => Err(Error::Config(
+            "--no-dashboard and --dashboard-address together".into(),
+        )),
+        (true, None) => Ok(None),
+        (false, None) => Ok(Some(crate::dashboard::At::Default)),
+        (false, Some(text)) => {
+            let text = if text.starts_with(':') {
+                format!("127.0.0.1{text}")
+            } else {
+                text
+            };
+            let at = text.parse().map_err(|_| {
+                Error::Config(format!("--dashboard-address {text:?}: expected host:port"))
+            })?;
+            Ok(Some(crate::dashboard::At::Exactly(at)))
+        }
+    }
+}
+
+/// `status`: what the dashboard shows, in the terminal.
+fn status(mut a: Args) -> Result<()> {
+    let file = a.value("--scheduler-file")?.map(PathBuf::from);
+    let direct = a.value("--dashboard")?;
+    let window: f64 = a
+        .value("--window")?
+        .map(|w| {
+            w.parse()
+                .map_err(|_| Error::Config(format!("--window {w:?}")))
+        })
+        .transpose()?
+        .unwrap_or(10.0);
+    a.done()?;
+    let at = match (file, direct) {
+        (Some(f), None) => SchedulerFile::read(&f)?.dashboard.ok_or_else(|| {
+            Error::Config(format!(
+                "{}: the scheduler serves no dashboard",
+                f.display()
+            ))
+        })?,
+        (None, Some(d)) => d
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string(),
+        _ => {
+            return Err(Error::Config(format!(
+                "give one of --scheduler-file, --dashboard\n{USAGE}"
+            )))
+        }
+    };
+    let snapshot = crate::dashboard::fetch(&at, window)?;
+    print!("{}", crate::dashboard::summary(&snapshot));
+    Ok(())
 }
 
 /// `mpi`: under a launcher, the scheduler's rank runs the scheduler (until a client shuts

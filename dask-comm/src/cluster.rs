@@ -100,6 +100,9 @@ pub struct ClusterOptions {
     pub restart: bool,
     /// The scheduler's settings (work stealing, saturation, allowed failures, ...).
     pub scheduler: Config,
+    /// Serve the scheduler's dashboard (`None`: no dashboard; see
+    /// [`LocalCluster::dashboard_address`]).
+    pub dashboard: Option<crate::dashboard::At>,
 }
 
 impl Default for ClusterOptions {
@@ -113,6 +116,7 @@ impl Default for ClusterOptions {
             memory_limit: None,
             restart: true,
             scheduler: Config::default(),
+            dashboard: None,
         }
     }
 }
@@ -241,6 +245,7 @@ fn supervise(sup: Arc<Mutex<Supervised>>, spawner: Spawner, restart: bool) {
 /// A scheduler and its workers on this machine. Dropping it shuts them down.
 pub struct LocalCluster {
     scheduler: Option<SchedulerServer>,
+    dashboard: Option<std::net::SocketAddr>,
     workers: Workers,
     address: Address,
     secret: Secret,
@@ -418,8 +423,15 @@ impl LocalCluster {
         .map_err(transport::TransportError::from)?;
         let s = secret.clone();
         let cfg = opts.scheduler.clone();
-        let scheduler =
-            block_on(rt.run(async move { SchedulerServer::start(&listen, s, cfg).await }))??;
+        let dashboard_at = opts.dashboard;
+        let (scheduler, dashboard) = block_on(rt.run(async move {
+            let mut server = SchedulerServer::start(&listen, s, cfg).await?;
+            let dashboard = match dashboard_at {
+                Some(at) => Some(crate::dashboard::start(&mut server, at).await?),
+                None => None,
+            };
+            Ok::<_, Error>((server, dashboard))
+        }))??;
         let address = scheduler.address().clone();
         let local_dir = std::env::temp_dir().join(format!(
             "dask-comm-cluster-{}-{:08x}",
@@ -486,6 +498,7 @@ impl LocalCluster {
         };
         let mut cluster = LocalCluster {
             scheduler: Some(scheduler),
+            dashboard,
             workers,
             address,
             secret,
@@ -614,6 +627,12 @@ impl LocalCluster {
     /// The scheduler's address.
     pub fn address(&self) -> &Address {
         &self.address
+    }
+
+    /// Where the scheduler's dashboard listens (`http://{it}/`), when
+    /// [`ClusterOptions::dashboard`] asked for one.
+    pub fn dashboard_address(&self) -> Option<std::net::SocketAddr> {
+        self.dashboard
     }
 
     /// The cluster's secret.

@@ -36,6 +36,7 @@ pub mod cli;
 mod client;
 mod cluster;
 pub mod core;
+pub mod dashboard;
 pub mod drills;
 mod error;
 pub mod launch;

@@ -396,6 +396,24 @@ impl Payloads for ToWorker {
     }
 }
 
+/// Most fetches a heartbeat reports.
+pub const FETCHES_KEPT: usize = 256;
+
+/// A fetch of values from another worker, as a heartbeat reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fetch {
+    /// The worker fetched from (its data address).
+    pub peer: String,
+    /// Values asked for.
+    pub keys: u32,
+    /// Bytes that arrived.
+    pub bytes: u64,
+    /// How long it took, in microseconds.
+    pub micros: u64,
+    /// How long before the heartbeat it ended, in microseconds.
+    pub ago_micros: u64,
+}
+
 /// Worker → scheduler.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FromWorker {
@@ -409,6 +427,8 @@ pub enum FromWorker {
         micros: u64,
         /// The value, when a client wants it and it is small ([`SMALL_RESULT`]).
         small: Option<Payload>,
+        /// The worker thread that ran it (`0..nthreads`), for the task stream.
+        thread: u32,
     },
     /// A task failed.
     Erred {
@@ -438,6 +458,12 @@ pub enum FromWorker {
         executing: u32,
         /// It is above its pause threshold: it starts no new task.
         paused: bool,
+        /// The process's CPU time since the last heartbeat per second of it, in thousandths
+        /// of a core (1500: one and a half cores busy).
+        cpu_milli: u32,
+        /// The fetches of values from other workers that ended since the last heartbeat
+        /// (the last [`FETCHES_KEPT`] of them), for the task stream.
+        fetches: Vec<Fetch>,
     },
     /// The answer to [`ToWorker::Steal`]: whether the task was given back (it had not
     /// started; it will not run here).

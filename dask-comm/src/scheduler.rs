@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use transport::{Address, Connection};
 
 use crate::core::{Comm, Config, Core, NewWorker, Stats, WorkerSummary};
+use crate::dashboard::{Recorder, Snapshot};
 use crate::error::Result;
 use crate::net;
 use crate::protocol::{ClientId, FromClient, FromWorker, Hello, ToClient, ToWorker, WorkerId};
@@ -28,6 +29,10 @@ enum Event {
     Stats(oneshot::Sender<(Stats, Vec<WorkerSummary>)>),
     /// Someone asks which tasks are not done, and why.
     Describe(oneshot::Sender<Vec<String>>),
+    /// Start recording what the dashboard shows.
+    Record,
+    /// The dashboard asks for its view, with the task stream of the last this long.
+    Dashboard(Duration, oneshot::Sender<Snapshot>),
 }
 
 /// Messages the core produced in one pass, by peer.
@@ -60,6 +65,8 @@ pub struct SchedulerServer {
     task: JoinHandle<()>,
     /// `task` has been awaited to its end.
     finished: bool,
+    /// The dashboard's server, when one was started.
+    dashboard: Option<JoinHandle<()>>,
 }
 
 impl SchedulerServer {
@@ -107,12 +114,46 @@ impl SchedulerServer {
             stop: Some(stop),
             task,
             finished: false,
+            dashboard: None,
         })
     }
 
     /// Where clients and workers connect.
     pub fn address(&self) -> &Address {
         &self.address
+    }
+
+    /// Serves the dashboard ([`crate::dashboard`]) on `at` (port 0 picks one) and starts
+    /// recording what it shows; returns where it listens. It needs no secret: keep it on
+    /// loopback (or a trusted network).
+    pub async fn serve_dashboard(
+        &mut self,
+        at: std::net::SocketAddr,
+    ) -> Result<std::net::SocketAddr> {
+        let listener = tokio::net::TcpListener::bind(at)
+            .await
+            .map_err(|e| crate::Error::os(format!("the dashboard listening on {at}"), e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| crate::Error::os("the dashboard's address", e))?;
+        let _ = self.events.send(Event::Record);
+        let events = self.events.clone();
+        let snapshot = move |window: Duration| {
+            let events = events.clone();
+            async move {
+                let (tx, rx) = oneshot::channel();
+                events.send(Event::Dashboard(window, tx)).ok()?;
+                rx.await.ok()
+            }
+        };
+        if let Some(old) = self
+            .dashboard
+            .replace(tokio::spawn(crate::dashboard::serve(listener, snapshot)))
+        {
+            old.abort();
+        }
+        tracing::info!(address = %local, "dashboard listening");
+        Ok(local)
     }
 
     /// What the core counted since it started (workers lost and retired, tasks rescheduled
@@ -155,6 +196,9 @@ impl SchedulerServer {
 
     /// Tells the workers to close, closes every connection and stops.
     pub async fn shutdown(mut self) {
+        if let Some(d) = self.dashboard.take() {
+            d.abort();
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -166,6 +210,9 @@ impl SchedulerServer {
 
 impl Drop for SchedulerServer {
     fn drop(&mut self) {
+        if let Some(d) = self.dashboard.take() {
+            d.abort();
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -182,6 +229,8 @@ async fn run(
     let mut clients: BTreeMap<ClientId, Peer<ToClient>> = BTreeMap::new();
     let mut workers: BTreeMap<WorkerId, Peer<ToWorker>> = BTreeMap::new();
     let mut out = Outboxes::default();
+    let mut recorder: Option<Recorder> = None;
+    let started = Instant::now();
     // Heartbeat checks, work stealing and retirements move on this clock.
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -191,10 +240,15 @@ async fn run(
             _ = &mut stopped => break,
             ev = rx.recv() => {
                 let Some(ev) = ev else { break };
-                let mut stop = handle(&mut core, ev, &mut out, &mut clients, &mut workers, &events);
+                let t0 = Instant::now();
+                let mut peers = Peers { clients: &mut clients, workers: &mut workers, events: &events };
+                let mut stop = handle(&mut core, ev, &mut out, &mut peers, &mut recorder, started);
                 // Everything already waiting goes into the same pass.
                 while let Ok(ev) = rx.try_recv() {
-                    stop |= handle(&mut core, ev, &mut out, &mut clients, &mut workers, &events);
+                    stop |= handle(&mut core, ev, &mut out, &mut peers, &mut recorder, started);
+                }
+                if let Some(r) = &mut recorder {
+                    r.busy(t0.elapsed());
                 }
                 if stop {
                     flush(&mut out, &clients, &workers);
@@ -241,14 +295,23 @@ fn flush(
     }
 }
 
+/// The scheduler's connections, and its own event queue.
+struct Peers<'a> {
+    clients: &'a mut BTreeMap<ClientId, Peer<ToClient>>,
+    workers: &'a mut BTreeMap<WorkerId, Peer<ToWorker>>,
+    events: &'a mpsc::UnboundedSender<Event>,
+}
+
+/// Handles one event; true when a client asked the cluster to shut down.
 fn handle(
     core: &mut Core,
     ev: Event,
     out: &mut Outboxes,
-    clients: &mut BTreeMap<ClientId, Peer<ToClient>>,
-    workers: &mut BTreeMap<WorkerId, Peer<ToWorker>>,
-    events: &mpsc::UnboundedSender<Event>,
+    peers: &mut Peers<'_>,
+    recorder: &mut Option<Recorder>,
+    started: Instant,
 ) -> bool {
+    let (clients, workers, events) = (&mut *peers.clients, &mut *peers.workers, peers.events);
     match ev {
         Event::Joined(conn, Hello::Client { name }) => {
             let id = core.on_client_added(name, out);
@@ -309,6 +372,11 @@ fn handle(
         }
         Event::Worker(w, msgs) => {
             let now = Instant::now();
+            if let Some(r) = recorder {
+                for m in &msgs {
+                    r.on_worker_message(w, m, now);
+                }
+            }
             for m in msgs {
                 core.on_worker_message(w, m, now, out);
             }
@@ -324,8 +392,18 @@ fn handle(
         Event::Describe(tx) => {
             let _ = tx.send(core.describe_pending(50));
         }
+        Event::Record => {
+            recorder.get_or_insert_with(|| Recorder::new(started));
+        }
+        Event::Dashboard(window, tx) => {
+            let r = recorder.get_or_insert_with(|| Recorder::new(started));
+            let _ = tx.send(r.snapshot(core, window, Instant::now()));
+        }
         Event::WorkerLeft(w, why) => {
             tracing::info!(worker = w.0, %why, "worker left");
+            if let Some(r) = recorder {
+                r.worker_left(w);
+            }
             workers.remove(&w);
             core.on_worker_removed(w, out);
         }
@@ -390,6 +468,7 @@ mod tests {
                     key: dask_graph::Key::name_only("x"),
                     nbytes: 1,
                     micros: 1,
+                    thread: 0,
                     small: Some(crate::protocol::Payload {
                         header: vec![],
                         nframes: 1,

@@ -255,6 +255,13 @@ impl Core {
             .collect()
     }
 
+    /// Calls `f` with every task's key and state (the dashboard's progress and counts).
+    pub fn for_each_task(&self, mut f: impl FnMut(&Key, Status)) {
+        for (_, t) in self.tasks.iter() {
+            f(&t.key, t.status);
+        }
+    }
+
     /// The average duration of each task prefix seen, in seconds.
     pub fn prefix_durations(&self) -> Vec<(&'static str, Option<f64>)> {
         self.prefixes.iter().map(|p| (p.name, p.average)).collect()

@@ -13,7 +13,7 @@ use crate::protocol::{ClientId, Payload, Priority, WorkerId};
 pub type TaskId = u32;
 
 /// A task's state, as Dask names them (forgotten tasks leave the core).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
     /// Known, not computed, not needed now (or lost).
     Released,
@@ -29,6 +29,32 @@ pub enum Status {
     Memory,
     /// It failed (or a dependency did).
     Erred,
+}
+
+impl Status {
+    /// Every state, in the order a task moves through them.
+    pub const ALL: [Status; 7] = [
+        Status::Released,
+        Status::Waiting,
+        Status::Queued,
+        Status::NoWorker,
+        Status::Processing,
+        Status::Memory,
+        Status::Erred,
+    ];
+
+    /// Its name, as Dask's (`no-worker` and all).
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Released => "released",
+            Status::Waiting => "waiting",
+            Status::Queued => "queued",
+            Status::NoWorker => "no-worker",
+            Status::Processing => "processing",
+            Status::Memory => "memory",
+            Status::Erred => "erred",
+        }
+    }
 }
 
 /// One task.

@@ -156,6 +156,7 @@ impl Core {
                 nbytes,
                 micros,
                 small,
+                ..
             } => self.finished(w, key, nbytes, micros, small, comm),
             FromWorker::Erred { key, failure } => self.erred(w, key, failure, comm),
             FromWorker::MissingDep { key, dep, tried } => {

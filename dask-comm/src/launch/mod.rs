@@ -352,9 +352,12 @@ fn scheduler(file: &Path, listen: &str) -> Result<()> {
     runtime()?.block_on(async {
         let mut server =
             SchedulerServer::start(&listen, secret.clone(), crate::core::Config::default()).await?;
+        let dashboard = crate::dashboard::start(&mut server, crate::dashboard::At::Default).await?;
+        println!("DASHBOARD http://{dashboard}/");
         SchedulerFile {
             address: server.address().to_string(),
             secret: secret.to_hex(),
+            dashboard: Some(dashboard.to_string()),
         }
         .write(file)?;
         println!("LISTENING {}", server.address());

@@ -45,6 +45,8 @@ pub(super) struct Done {
     pub key: Key,
     pub result: Result<Value, Box<TaskFailure>>,
     pub micros: u64,
+    /// The thread that ran it.
+    pub thread: u32,
 }
 
 struct Queue {
@@ -89,7 +91,7 @@ impl Executor {
                     .name(format!("dask-worker-{i}"))
                     .spawn(move || {
                         dask_graph::shuffle::install(Some(shuffles));
-                        run(&q, &r, &done)
+                        run(i as u32, &q, &r, &done)
                     })
                     .expect("spawning a worker thread")
             })
@@ -163,7 +165,12 @@ impl Drop for Executor {
     }
 }
 
-fn run(queue: &(Mutex<Queue>, Condvar), running: &AtomicUsize, done: &mpsc::UnboundedSender<Done>) {
+fn run(
+    thread: u32,
+    queue: &(Mutex<Queue>, Condvar),
+    running: &AtomicUsize,
+    done: &mpsc::UnboundedSender<Done>,
+) {
     let (lock, cv) = queue;
     loop {
         let job = {
@@ -192,6 +199,7 @@ fn run(queue: &(Mutex<Queue>, Condvar), running: &AtomicUsize, done: &mpsc::Unbo
                 key,
                 result,
                 micros,
+                thread,
             })
             .is_err()
         {

@@ -26,6 +26,30 @@ pub(crate) struct Fetched {
     conn: Option<Arc<Connection>>,
     asked: Vec<Key>,
     result: Result<Vec<(Key, Option<Payload>)>>,
+    /// How long the request took.
+    micros: u64,
+}
+
+impl Fetched {
+    /// For the task stream: the peer, the values asked for, the bytes that came, and how
+    /// long it took (`None` when nothing was asked of anyone).
+    pub(crate) fn summary(&self) -> Option<crate::protocol::Fetch> {
+        if self.peer.is_empty() {
+            return None;
+        }
+        let bytes = self.result.as_ref().map_or(0, |vs| {
+            vs.iter()
+                .filter_map(|(_, p)| p.as_ref().map(|p| p.len() as u64))
+                .sum()
+        });
+        Some(crate::protocol::Fetch {
+            peer: self.peer.clone(),
+            keys: self.asked.len() as u32,
+            bytes,
+            micros: self.micros,
+            ago_micros: 0,
+        })
+    }
 }
 
 struct Want {
@@ -121,6 +145,7 @@ impl Fetcher {
                     conn: None,
                     asked: vec![key],
                     result: Err(Error::Unexpected("no holder".into())),
+                    micros: 0,
                 });
             }
         }
@@ -154,12 +179,14 @@ impl Fetcher {
                 self.tx.clone(),
             );
             tokio::spawn(async move {
+                let t0 = std::time::Instant::now();
                 let (conn, result) = get(&peer, conn, &me, &secret, keys.clone()).await;
                 let _ = tx.send(Fetched {
                     peer,
                     conn,
                     asked: keys,
                     result,
+                    micros: t0.elapsed().as_micros() as u64,
                 });
             });
         }

@@ -74,6 +74,28 @@ pub fn rss() -> u64 {
     pages * page.max(4096) as u64
 }
 
+/// This process's CPU time so far (user and system), in seconds; 0 where `/proc` is not
+/// there.
+pub fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // The fields after the command (which may hold spaces) in parentheses: utime and stime
+    // are the 12th and 13th.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf has no preconditions; it reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ticks as f64 / hz.max(1) as f64
+}
+
 /// Allocations of 1 MiB and more get their own mappings, returned to the system when freed.
 pub fn tune_allocator() {
     #[cfg(target_env = "gnu")]

@@ -18,6 +18,7 @@ pub mod shuffle;
 pub(crate) mod store;
 
 use std::collections::hash_map::Entry;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,7 +30,9 @@ use transport::{Address, Connection};
 
 use crate::error::{Error, Result};
 use crate::net;
-use crate::protocol::{DataMsg, Dep, FromWorker, Hello, Payload, Priority, ToWorker};
+use crate::protocol::{
+    DataMsg, Dep, Fetch, FromWorker, Hello, Payload, Priority, ToWorker, FETCHES_KEPT,
+};
 use crate::security::Secret;
 use exec::{Done, Executor};
 use fetch::{Fetched, Fetcher};
@@ -238,6 +241,10 @@ struct Worker {
     report: bool,
     /// Peer-to-peer shuffles: the service the task threads use.
     shuffles: Arc<shuffle::Shuffles>,
+    /// Fetches ended since the last heartbeat, with when (at most [`FETCHES_KEPT`]).
+    fetches: VecDeque<(Fetch, Instant)>,
+    /// The process's CPU seconds at the last heartbeat, and when that was.
+    cpu_at: (f64, Instant),
 }
 
 impl Worker {
@@ -282,6 +289,8 @@ impl Worker {
             acquire_failed: Vec::new(),
             report: false,
             shuffles,
+            fetches: VecDeque::new(),
+            cpu_at: (memory::cpu_seconds(), Instant::now()),
         }
     }
 
@@ -347,7 +356,8 @@ impl Worker {
                 });
             }
             if std::mem::take(&mut self.report) {
-                self.out.push(self.heartbeat());
+                let beat = self.heartbeat();
+                self.out.push(beat);
             }
             if !self.out.is_empty() && to_scheduler.send(std::mem::take(&mut self.out)).is_err() {
                 break Err(Error::Disconnected(
@@ -409,6 +419,7 @@ impl Worker {
                 nbytes: 0,
                 micros: 0,
                 small,
+                thread: 0,
             });
             return;
         }
@@ -578,7 +589,24 @@ impl Worker {
     }
 
     /// How the worker is doing.
-    fn heartbeat(&self) -> FromWorker {
+    fn heartbeat(&mut self) -> FromWorker {
+        let now = Instant::now();
+        let cpu = memory::cpu_seconds();
+        let (was, at) = std::mem::replace(&mut self.cpu_at, (cpu, now));
+        let wall = now.duration_since(at).as_secs_f64();
+        let cpu_milli = if wall > 0.0 {
+            ((cpu - was).max(0.0) / wall * 1000.0) as u32
+        } else {
+            0
+        };
+        let fetches = self
+            .fetches
+            .drain(..)
+            .map(|(mut f, ended)| {
+                f.ago_micros = now.duration_since(ended).as_micros() as u64;
+                f
+            })
+            .collect();
         let store = lock(&self.store);
         FromWorker::Heartbeat {
             stored: store.memory_bytes(),
@@ -586,6 +614,8 @@ impl Worker {
             rss: memory::rss(),
             executing: self.executing,
             paused: self.paused,
+            cpu_milli,
+            fetches,
         }
     }
 
@@ -685,6 +715,7 @@ impl Worker {
                     nbytes,
                     micros: d.micros,
                     small,
+                    thread: d.thread,
                 });
             }
             Err(f) => self.out.push(FromWorker::Erred {
@@ -695,6 +726,12 @@ impl Worker {
     }
 
     fn on_fetched(&mut self, f: Fetched) {
+        if let Some(summary) = f.summary() {
+            if self.fetches.len() == FETCHES_KEPT {
+                self.fetches.pop_front();
+            }
+            self.fetches.push_back((summary, Instant::now()));
+        }
         let fetch::Arrivals {
             values: arrived,
             missing,

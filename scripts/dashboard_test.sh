@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The dashboard in a real browser: a local cluster under load (the dashboard example), headless
+# Chromium (Debian's, which scripts/setup_test_tools.sh installs) loads the page while it computes; the
+# DOM must show the workers and task bars; a screenshot is saved (target/dashboard.png, or
+# the path given). `dask-comm status` must print the same summary, and /metrics must be
+# Prometheus text. Skips, saying why, only where Chromium is not there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+shot=${1:-$PWD/target/dashboard.png}
+browser=$(command -v chromium || command -v chromium-browser || true)
+[ -n "$browser" ] || { echo "dashboard: skipped: chromium not found (not installable here)"; exit 0; }
+cargo build -q -j2 --release -p dask-comm --example dashboard --bin dask-comm
+work=$(mktemp -d)
+demo=""
+cleanup() { [ -n "$demo" ] && kill "$demo" 2> /dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+target/release/examples/dashboard --seconds 25 --dashboard-address 127.0.0.1:0 > "$work/demo.txt" 2>&1 &
+demo=$!
+url=""
+for _ in $(seq 100); do
+  url=$(grep -o "http://[^ ]*" "$work/demo.txt" || true)
+  [ -n "$url" ] && break
+  sleep 0.1
+done
+[ -n "$url" ] || { echo "dashboard: FAILED: no address"; cat "$work/demo.txt"; exit 1; }
+echo "dashboard: $url"
+sleep 4 # a few rounds of tasks and a heartbeat's fetches
+chrome=("$browser" --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars
+        --user-data-dir="$work/profile" --virtual-time-budget=4000)
+timeout 120 "${chrome[@]}" --dump-dom "$url" > "$work/dom.html" 2> "$work/chrome.txt" \
+  || { echo "dashboard: FAILED: chromium"; tail -20 "$work/chrome.txt"; exit 1; }
+# Rendered elements only (the page's script holds the same tags as text).
+workers=$(grep -o '<tr class="worker"><td class="name">local-[0-9]' "$work/dom.html" | wc -l)
+bars=$(grep -o 'class="bar" data-group="sleep_ms" style="left:[0-9]' "$work/dom.html" | wc -l)
+fetches=$(grep -o 'class="bar fetch" style="left:[0-9]' "$work/dom.html" | wc -l)
+echo "dashboard: the page shows $workers workers, $bars task bars, $fetches fetch bars"
+if [ "$workers" -ne 2 ] || [ "$bars" -lt 1 ]; then
+  echo "dashboard: FAILED: expected 2 workers and task bars"; head -c 3000 "$work/dom.html"; exit 1
+fi
+mkdir -p "$(dirname "$shot")"
+timeout 120 "${chrome[@]}" --window-size=1280,720 --screenshot="$shot" "$url" > /dev/null 2>> "$work/chrome.txt" \
+  || { echo "dashboard: FAILED: the screenshot"; tail -20 "$work/chrome.txt"; exit 1; }
+[ -s "$shot" ] || { echo "dashboard: FAILED: an empty screenshot"; exit 1; }
+echo "dashboard: screenshot $shot"
+at=${url#http://}; at=${at%/}
+target/release/dask-comm status --dashboard "$at" > "$work/status.txt"
+sed 's/^/  /' "$work/status.txt"
+grep -q "^2 workers" "$work/status.txt" || { echo "dashboard: FAILED: dask-comm status"; exit 1; }
+python3 - "$url" <<'PY'
+import sys, urllib.request, urllib.error
+url = sys.argv[1]
+text = urllib.request.urlopen(url + "metrics", timeout=10).read().decode()
+for want in ("dask_comm_workers 2\n", "dask_comm_tasks_finished_total ", 'dask_comm_tasks{state="memory"}',
+             "dask_comm_scheduler_seconds_per_task "):
+    assert want in text, f"/metrics lacks {want!r}"
+for path, method, code in (("nothing", "GET", 404), ("", "POST", 405)):
+    try:
+        urllib.request.urlopen(urllib.request.Request(url + path, method=method, data=b"" if method == "POST" else None), timeout=10)
+        raise SystemExit(f"{method} /{path} answered 200")
+    except urllib.error.HTTPError as e:
+        assert e.code == code, f"{method} /{path}: {e.code}, expected {code}"
+print("dashboard: /metrics is Prometheus text; other paths and methods are refused")
+PY
+wait "$demo" || { echo "dashboard: FAILED: the example"; cat "$work/demo.txt"; exit 1; }
+demo=""
+tail -1 "$work/demo.txt"
