@@ -14,7 +14,7 @@ work=$(mktemp -d)
 demo=""
 cleanup() { [ -n "$demo" ] && kill "$demo" 2> /dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-target/release/examples/dashboard --seconds 25 --dashboard-address 127.0.0.1:0 > "$work/demo.txt" 2>&1 &
+target/release/examples/dashboard --seconds 60 --dashboard-address 127.0.0.1:0 > "$work/demo.txt" 2>&1 &
 demo=$!
 url=""
 for _ in $(seq 100); do
@@ -43,10 +43,11 @@ timeout 120 "${chrome[@]}" --window-size=1280,720 --screenshot="$shot" "$url" > 
 [ -s "$shot" ] || { echo "dashboard: FAILED: an empty screenshot"; exit 1; }
 echo "dashboard: screenshot $shot"
 at=${url#http://}; at=${at%/}
-target/release/dask-comm status --dashboard "$at" > "$work/status.txt"
+target/release/dask-comm status --dashboard "$at" > "$work/status.txt" 2>&1 \
+  || { echo "dashboard: FAILED: dask-comm status"; cat "$work/status.txt"; exit 1; }
 sed 's/^/  /' "$work/status.txt"
 grep -q "^2 workers" "$work/status.txt" || { echo "dashboard: FAILED: dask-comm status"; exit 1; }
-python3 - "$url" <<'PY'
+python3 - "$url" <<'PY' || { echo "dashboard: FAILED: /metrics or the refusals"; exit 1; }
 import sys, urllib.request, urllib.error
 url = sys.argv[1]
 text = urllib.request.urlopen(url + "metrics", timeout=10).read().decode()

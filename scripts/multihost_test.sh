@@ -20,8 +20,12 @@ br="dcbr$id"
 hosts=("dcs$id" "dca$id" "dcb$id")
 addrs=(10.78.0.1 10.78.0.2 10.78.0.3)
 dir=$(mktemp -d)
+bridge_nf=/proc/sys/net/bridge/bridge-nf-call-iptables
+bridge_nf_was=$(cat "$bridge_nf" 2> /dev/null || true)
 cleanup() {
   pkill -9 -f "$cli (scheduler|worker) .*$dir" 2> /dev/null || true
+  # The host's bridge filtering as it was.
+  if [ -n "$bridge_nf_was" ]; then echo "$bridge_nf_was" > "$bridge_nf" 2> /dev/null || true; fi
   for h in "${hosts[@]}"; do ip netns del "$h" 2> /dev/null || true; done
   ip link del "$br" 2> /dev/null || true
   rm -rf "$dir"

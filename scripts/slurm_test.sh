@@ -8,21 +8,35 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 skip() { echo "slurm: skipped: $*"; exit 0; }
 [ "$(id -u)" = 0 ] || skip "the one-node cluster needs root"
-for c in slurmctld slurmd srun sbatch sinfo scontrol munged; do
+for c in slurmctld slurmd srun sbatch sinfo scontrol scancel munged; do
   command -v "$c" > /dev/null || skip "$c not found (slurm-wlm and munge not installed)"
 done
+# Never touch a Slurm this machine already runs.
+pgrep -x slurmctld > /dev/null && skip "a slurmctld already runs here"
+pgrep -x slurmd > /dev/null && skip "a slurmd already runs here"
+# Two free ports for the controller and the node daemon.
+read -r ctld_port node_port < <(python3 -c '
+import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
 cargo build -q -j2 --release -p dask-collections --example mpi_tour
 tour="$PWD/target/release/examples/mpi_tour"
 dir=$(mktemp -d /tmp/slurm-test.XXXXXX)
 chmod 755 "$dir"
 host=$(hostname -s)
 started_munge=""
+# Stops only what this script started: its jobs, its daemons (by their pid files), its munged.
 cleanup() {
-  scontrol shutdown > /dev/null 2>&1 || true
+  if [ -f "$dir/slurmctld.pid" ] && kill -0 "$(cat "$dir/slurmctld.pid")" 2> /dev/null; then
+    scancel --full -u root > /dev/null 2>&1 || true
+  fi
   for p in slurmd slurmctld; do
-    [ -f "$dir/$p.pid" ] && kill "$(cat "$dir/$p.pid")" 2> /dev/null || true
+    if [ -f "$dir/$p.pid" ]; then kill "$(cat "$dir/$p.pid")" 2> /dev/null || true; fi
   done
-  [ -n "$started_munge" ] && pkill -f "munged" 2> /dev/null || true
+  if [ -n "$started_munge" ] && [ -f /run/munge/munged.pid ]; then
+    kill "$(cat /run/munge/munged.pid)" 2> /dev/null || true
+  fi
   pkill -9 -f "$tour" 2> /dev/null || true
   rm -rf "$dir"
 }
@@ -40,8 +54,8 @@ SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
-SlurmctldPort=6817
-SlurmdPort=6818
+SlurmctldPort=$ctld_port
+SlurmdPort=$node_port
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none

@@ -52,6 +52,9 @@ pub struct SchedulerFile {
     /// The scheduler's dashboard (`host:port`), when it serves one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dashboard: Option<String>,
+    /// The launcher's job id, when a launched job wrote it ([`crate::launch`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
 }
 
 impl SchedulerFile {
@@ -236,6 +239,7 @@ fn scheduler(mut a: Args) -> Result<()> {
                 address: server.address().to_string(),
                 secret: secret.to_hex(),
                 dashboard: dashboard.map(|d| d.to_string()),
+                job: None,
             }
             .write(f)?;
         }
@@ -246,15 +250,21 @@ fn scheduler(mut a: Args) -> Result<()> {
         // Until a client shuts the cluster down, or a signal.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| Error::os("listening for SIGTERM", e))?;
-        tokio::select! {
-            _ = server.stopped() => {}
-            _ = tokio::signal::ctrl_c() => server.shutdown().await,
-            _ = term.recv() => server.shutdown().await,
-        }
+        let ended = tokio::select! {
+            r = server.stopped() => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+            _ = term.recv() => None,
+        };
         if let Some(f) = &file {
             let _ = std::fs::remove_file(f);
         }
-        Ok(())
+        match ended {
+            Some(r) => r,
+            None => {
+                server.shutdown().await;
+                Ok(())
+            }
+        }
     })
 }
 

@@ -31,6 +31,8 @@ enum Event {
     Describe(oneshot::Sender<Vec<String>>),
     /// Start recording what the dashboard shows.
     Record,
+    /// Stop when the clients have all left (or none came within this long).
+    StopWhenClientsLeave(Duration),
     /// The dashboard asks for its view, with the task stream of the last this long.
     Dashboard(Duration, oneshot::Sender<Snapshot>),
 }
@@ -187,11 +189,23 @@ impl SchedulerServer {
 
     /// Waits until the scheduler stops (a client shut the cluster down with
     /// [`Client::shutdown`](crate::Client::shutdown)).
-    pub async fn stopped(&mut self) {
-        if !self.finished {
-            let _ = (&mut self.task).await;
-            self.finished = true;
+    pub async fn stopped(&mut self) -> Result<()> {
+        if self.finished {
+            return Ok(());
         }
+        let r = (&mut self.task).await;
+        self.finished = true;
+        r.map_err(|e| {
+            tracing::error!(error = %e, "the scheduler's loop ended abnormally");
+            crate::Error::Unexpected(format!("the scheduler's loop ended abnormally: {e}"))
+        })
+    }
+
+    /// Stops the scheduler (as a shutdown) once every client has left after one came, or when
+    /// none came within `grace`: a launched job's scheduler outlives neither its client rank
+    /// nor a client rank that never came.
+    pub fn stop_when_clients_leave(&self, grace: Duration) {
+        let _ = self.events.send(Event::StopWhenClientsLeave(grace));
     }
 
     /// Tells the workers to close, closes every connection and stops.
@@ -230,6 +244,7 @@ async fn run(
     let mut workers: BTreeMap<WorkerId, Peer<ToWorker>> = BTreeMap::new();
     let mut out = Outboxes::default();
     let mut recorder: Option<Recorder> = None;
+    let mut watch: Option<ClientWatch> = None;
     let started = Instant::now();
     // Heartbeat checks, work stealing and retirements move on this clock.
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -241,7 +256,7 @@ async fn run(
             ev = rx.recv() => {
                 let Some(ev) = ev else { break };
                 let t0 = Instant::now();
-                let mut peers = Peers { clients: &mut clients, workers: &mut workers, events: &events };
+                let mut peers = Peers { clients: &mut clients, workers: &mut workers, events: &events, watch: &mut watch };
                 let mut stop = handle(&mut core, ev, &mut out, &mut peers, &mut recorder, started);
                 // Everything already waiting goes into the same pass.
                 while let Ok(ev) = rx.try_recv() {
@@ -255,7 +270,20 @@ async fn run(
                     break;
                 }
             }
-            _ = tick.tick() => core.on_tick(Instant::now(), &mut out),
+            _ = tick.tick() => {
+                core.on_tick(Instant::now(), &mut out);
+                if let Some(w) = &watch {
+                    if !clients.is_empty() {
+                        // Still here.
+                    } else if w.seen {
+                        tracing::info!("every client has left: shutting the cluster down");
+                        break;
+                    } else if w.since.elapsed() > w.grace {
+                        tracing::warn!(grace = ?w.grace, "no client came: shutting the cluster down");
+                        break;
+                    }
+                }
+            }
         }
         flush(&mut out, &clients, &workers);
     }
@@ -295,11 +323,20 @@ fn flush(
     }
 }
 
-/// The scheduler's connections, and its own event queue.
+/// The scheduler's connections, its own event queue, and whether it stops when its clients
+/// leave.
 struct Peers<'a> {
     clients: &'a mut BTreeMap<ClientId, Peer<ToClient>>,
     workers: &'a mut BTreeMap<WorkerId, Peer<ToWorker>>,
     events: &'a mpsc::UnboundedSender<Event>,
+    watch: &'a mut Option<ClientWatch>,
+}
+
+/// Stop once the clients have left, or when none came within `grace` of `since`.
+struct ClientWatch {
+    grace: Duration,
+    since: Instant,
+    seen: bool,
 }
 
 /// Handles one event; true when a client asked the cluster to shut down.
@@ -314,6 +351,9 @@ fn handle(
     let (clients, workers, events) = (&mut *peers.clients, &mut *peers.workers, peers.events);
     match ev {
         Event::Joined(conn, Hello::Client { name }) => {
+            if let Some(w) = peers.watch.as_mut() {
+                w.seen = true;
+            }
             let id = core.on_client_added(name, out);
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(net::writer(Arc::clone(&conn), rx));
@@ -394,6 +434,13 @@ fn handle(
         }
         Event::Record => {
             recorder.get_or_insert_with(|| Recorder::new(started));
+        }
+        Event::StopWhenClientsLeave(grace) => {
+            *peers.watch = Some(ClientWatch {
+                grace,
+                since: Instant::now(),
+                seen: !peers.clients.is_empty(),
+            });
         }
         Event::Dashboard(window, tx) => {
             let r = recorder.get_or_insert_with(|| Recorder::new(started));

@@ -116,6 +116,13 @@ fn connected(file: PathBuf, workers: usize) -> Result<bool, Failure> {
 }
 
 fn main() {
+    // Logs to standard error, as RUST_LOG says (warnings by default).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     // Every rank registers the same functions before taking its part.
     registry().register("is_prime", is_prime);
     dask_comm::bench::register();

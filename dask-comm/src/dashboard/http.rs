@@ -15,6 +15,9 @@ use tokio::net::TcpListener;
 
 use super::{page, Snapshot};
 
+/// Connections served at once (more wait to be accepted).
+const CONNECTIONS: usize = 32;
+
 /// The task stream's window when the request names none, and the most it may be.
 const WINDOW: f64 = 10.0;
 const MAX_WINDOW: f64 = 300.0;
@@ -26,7 +29,11 @@ where
     F: Fn(Duration) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Option<Snapshot>> + Send,
 {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
     loop {
+        let Ok(slot) = std::sync::Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
@@ -47,6 +54,7 @@ where
             if let Err(e) = served {
                 tracing::debug!(%peer, error = %e, "a dashboard connection ended");
             }
+            drop(slot);
         });
     }
 }

@@ -327,7 +327,12 @@ pub(crate) struct Recorder {
     groups: FxHashMap<&'static str, Arc<str>>,
     cpu: FxHashMap<WorkerId, u32>,
     totals: Totals,
+    /// Time spent on snapshots in the current pass (not the scheduler's work).
+    snapshots: Duration,
 }
+
+/// Key names whose groups the recorder remembers at most (then it forgets them all).
+const GROUPS_KEPT: usize = 10_000;
 
 impl Recorder {
     pub(crate) fn new(started: Instant) -> Recorder {
@@ -337,6 +342,7 @@ impl Recorder {
             groups: FxHashMap::default(),
             cpu: FxHashMap::default(),
             totals: Totals::default(),
+            snapshots: Duration::ZERO,
         }
     }
 
@@ -357,6 +363,9 @@ impl Recorder {
                 ..
             } => {
                 let name = key.name().as_str();
+                if self.groups.len() >= GROUPS_KEPT && !self.groups.contains_key(name) {
+                    self.groups.clear();
+                }
                 let group = Arc::clone(
                     self.groups
                         .entry(name)
@@ -405,14 +414,22 @@ impl Recorder {
         self.cpu.remove(&w);
     }
 
-    /// Time the scheduler's loop spent on a pass.
+    /// Time the scheduler's loop spent on a pass (less what the dashboard's snapshots took).
     pub(crate) fn busy(&mut self, d: Duration) {
-        self.totals.scheduler_busy_seconds += d.as_secs_f64();
+        let own = std::mem::take(&mut self.snapshots);
+        self.totals.scheduler_busy_seconds += d.saturating_sub(own).as_secs_f64();
     }
 
     /// The dashboard's view of the recorder and `core` now, with the bars of the last
     /// `window`.
     pub(crate) fn snapshot(&mut self, core: &Core, window: Duration, now: Instant) -> Snapshot {
+        let t0 = Instant::now();
+        let s = self.view(core, window, now);
+        self.snapshots += t0.elapsed();
+        s
+    }
+
+    fn view(&mut self, core: &Core, window: Duration, now: Instant) -> Snapshot {
         while self
             .bars
             .front()

@@ -126,24 +126,37 @@ impl Rank {
     }
 }
 
-/// A name for this job's scheduler file, from the launcher's job identifiers (the same in
-/// every rank of a job, different between jobs) where it sets one.
-pub(crate) fn job_id(var: impl Fn(&str) -> Option<String>) -> Option<String> {
-    if let Some(j) = var("SLURM_JOB_ID") {
-        let step = var("SLURM_STEP_ID").unwrap_or_default();
-        return Some(format!("slurm-{j}.{step}"));
-    }
-    [
-        "PMIX_NAMESPACE",
-        "OMPI_MCA_orte_ess_jobid",
-        "PMI_KVSNAME",
-        "PMI_ID",
-    ]
-    .into_iter()
-    .find_map(var)
-    .map(|j| {
+/// This job's identifier, from the variables of the launcher that started the ranks (the
+/// same in every rank of a job, different between jobs), where it sets one: Open MPI's and
+/// PMIx's namespace or job id, Slurm's job and step. MPICH's Hydra sets none. Under `mpirun`
+/// inside a Slurm job, Slurm's variables differ between the ranks `mpirun` starts itself and
+/// those it starts through `srun`, so they are read only when Slurm started the ranks.
+pub(crate) fn job_id(launcher: Launcher, var: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let slurm = || {
+        var("SLURM_JOB_ID")
+            .map(|j| format!("slurm-{j}.{}", var("SLURM_STEP_ID").unwrap_or_default()))
+    };
+    let id = match launcher {
+        Launcher::OpenMpi => [
+            "PMIX_NAMESPACE",
+            "OMPI_MCA_ess_base_jobid",
+            "OMPI_MCA_orte_ess_jobid",
+        ]
+        .into_iter()
+        .find_map(&var),
+        Launcher::Pmix => var("PMIX_NAMESPACE").or_else(slurm),
+        Launcher::Slurm => slurm(),
+        Launcher::Pmi => None,
+    };
+    id.map(|j| {
         j.chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' {
+                    c
+                } else {
+                    '-'
+                }
+            })
             .collect()
     })
 }
@@ -217,13 +230,31 @@ mod tests {
     }
 
     #[test]
-    fn job_ids_are_file_name_safe() {
-        let vars = [("PMIX_NAMESPACE", "prterun-host-123@1")];
-        let id = job_id(|n| vars.iter().find(|v| v.0 == n).map(|v| v.1.to_string()));
-        assert_eq!(id.as_deref(), Some("prterun-host-123-1"));
-        let vars = [("SLURM_JOB_ID", "77"), ("SLURM_STEP_ID", "0")];
-        let id = job_id(|n| vars.iter().find(|v| v.0 == n).map(|v| v.1.to_string()));
-        assert_eq!(id.as_deref(), Some("slurm-77.0"));
-        assert_eq!(job_id(|_| None), None);
+    fn job_ids_are_the_launchers_and_file_name_safe() {
+        let id = |l: Launcher, vars: &[(&str, &str)]| {
+            job_id(l, |n| {
+                vars.iter().find(|v| v.0 == n).map(|v| v.1.to_string())
+            })
+        };
+        let ompi_in_slurm = [
+            ("PMIX_NAMESPACE", "prterun-host-123@1"),
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "0"),
+        ];
+        assert_eq!(
+            id(Launcher::OpenMpi, &ompi_in_slurm).as_deref(),
+            Some("prterun-host-123-1"),
+            "mpirun inside a Slurm job: Open MPI's namespace, not Slurm's step"
+        );
+        assert_eq!(
+            id(Launcher::Slurm, &ompi_in_slurm[1..]).as_deref(),
+            Some("slurm-77.0")
+        );
+        assert_eq!(
+            id(Launcher::Pmi, &ompi_in_slurm),
+            None,
+            "Hydra sets no job id"
+        );
+        assert_eq!(id(Launcher::OpenMpi, &[]), None);
     }
 }

@@ -24,7 +24,7 @@
 mod env;
 mod host;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use transport::Address;
@@ -196,11 +196,28 @@ impl LaunchOptions {
         })
     }
 
-    fn file(&self) -> PathBuf {
-        self.scheduler_file.clone().unwrap_or_else(|| {
-            let job = env::job_id(|n| std::env::var(n).ok()).unwrap_or_else(|| "job".into());
-            PathBuf::from(format!("dask-comm-scheduler-{job}.json"))
-        })
+    /// This rank's view of the job: its id, the scheduler file, when this process began.
+    fn job(&self, rank: Rank) -> Job {
+        let started = SystemTime::now();
+        let id = env::job_id(rank.launcher, |n| std::env::var(n).ok());
+        let file = self.scheduler_file.clone().unwrap_or_else(|| {
+            if id.is_none() {
+                tracing::warn!(
+                    "the launcher sets no job id: jobs started in this directory at once would \
+                     share a scheduler file; give each its own (scheduler_file, --scheduler-file)"
+                );
+            }
+            PathBuf::from(format!(
+                "dask-comm-scheduler-{}.json",
+                id.as_deref().unwrap_or("job")
+            ))
+        });
+        Job {
+            rank,
+            id,
+            file,
+            started,
+        }
     }
 
     fn scheme(&self) -> Result<&'static str> {
@@ -210,6 +227,15 @@ impl LaunchOptions {
             p => Err(LaunchError::Protocol(p).into()),
         }
     }
+}
+
+/// What the ranks of a job share.
+struct Job {
+    rank: Rank,
+    /// The launcher's job id, written into the scheduler file and checked by the readers.
+    id: Option<String>,
+    file: PathBuf,
+    started: SystemTime,
 }
 
 /// A cluster started by a launcher, on the client's rank: the client, and the shutdown of
@@ -269,22 +295,21 @@ impl Drop for Launched {
 /// reason on stderr when their part fails. Errors: not launched, too few ranks (3 at least),
 /// no scheduler file in time, workers missing.
 pub fn initialize(opts: LaunchOptions) -> Result<Launched> {
-    let started = SystemTime::now();
     let rank = Rank::from_env()?;
     let role = opts.role(&rank, true)?;
+    let job = opts.job(rank);
     if role == Role::Client {
-        return client(&opts, rank, started);
+        return client(&opts, &job);
     }
-    std::process::exit(exit_status(role, serve(&opts, rank, role, started)))
+    std::process::exit(exit_status(role, serve(&opts, &job, role, true)))
 }
 
 /// The CLI's `mpi` mode: the scheduler's rank runs the scheduler until a client shuts the
 /// cluster down, every other rank a worker (returns when the part is over).
 pub fn serve_ranks(opts: &LaunchOptions) -> Result<()> {
-    let started = SystemTime::now();
     let rank = Rank::from_env()?;
     let role = opts.role(&rank, false)?;
-    serve(opts, rank, role, started)
+    serve(opts, &opts.job(rank), role, false)
 }
 
 fn exit_status(role: Role, r: Result<()>) -> i32 {
@@ -304,15 +329,20 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .map_err(|e| Error::os("starting a tokio runtime", e))
 }
 
-fn serve(opts: &LaunchOptions, rank: Rank, role: Role, started: SystemTime) -> Result<()> {
+/// Runs the scheduler's or a worker's part; `launched`: a client rank is part of the job (the
+/// scheduler stops when it leaves, or when none comes within the timeout).
+fn serve(opts: &LaunchOptions, job: &Job, role: Role, launched: bool) -> Result<()> {
+    let (rank, file) = (job.rank, &job.file);
     let scheme = opts.scheme()?;
     let host = host::listen_host(opts.interface.as_deref(), rank.one_host)?;
-    let file = opts.file();
     tracing::info!(rank = rank.rank, size = rank.size, ?role, %host, file = %file.display(), "launched");
     match role {
-        Role::Scheduler => scheduler(&file, &format!("{scheme}://{host}:0")),
+        Role::Scheduler => {
+            let until = launched.then_some(opts.timeout);
+            scheduler(job, &format!("{scheme}://{host}:0"), until)
+        }
         Role::Worker | Role::Client => {
-            let sf = fresh_file(&file, started, opts.timeout)?;
+            let sf = fresh_file(job, opts.timeout)?;
             let mut w = WorkerOptions::new(
                 parse(&sf.address)?,
                 Secret::from_hex(&sf.secret)?,
@@ -320,8 +350,12 @@ fn serve(opts: &LaunchOptions, rank: Rank, role: Role, started: SystemTime) -> R
             );
             w.listen = Some(parse(&format!("{scheme}://{host}:0"))?);
             w.memory_limit = opts.memory_limit.unwrap_or_else(|| {
-                let local = u64::from(rank.local_size.unwrap_or(1).max(1));
-                crate::worker::memory::machine_memory().unwrap_or(0) / local
+                // The ranks on this host share its memory.
+                let local = match rank.one_host {
+                    Some(true) => rank.size,
+                    _ => rank.local_size.unwrap_or(1),
+                };
+                crate::worker::memory::machine_memory().unwrap_or(0) / u64::from(local.max(1))
             });
             w.local_directory = opts.local_directory.clone();
             w.name = format!("rank-{}", rank.rank);
@@ -343,8 +377,10 @@ fn parse(text: &str) -> Result<Address> {
 }
 
 /// Runs the scheduler until a client shuts the cluster down (or SIGINT/SIGTERM), with its
-/// file written meanwhile and removed after.
-fn scheduler(file: &Path, listen: &str) -> Result<()> {
+/// file written meanwhile and removed after. With `client_within`, also until the clients
+/// have all left (the launched client's rank ended, whichever way), or none came that soon.
+fn scheduler(job: &Job, listen: &str, client_within: Option<Duration>) -> Result<()> {
+    let file = &job.file;
     // A file left by an earlier job that died must not send this job's ranks there.
     let _ = std::fs::remove_file(file);
     let listen = parse(listen)?;
@@ -354,40 +390,55 @@ fn scheduler(file: &Path, listen: &str) -> Result<()> {
             SchedulerServer::start(&listen, secret.clone(), crate::core::Config::default()).await?;
         let dashboard = crate::dashboard::start(&mut server, crate::dashboard::At::Default).await?;
         println!("DASHBOARD http://{dashboard}/");
+        if let Some(grace) = client_within {
+            server.stop_when_clients_leave(grace);
+        }
         SchedulerFile {
             address: server.address().to_string(),
             secret: secret.to_hex(),
             dashboard: Some(dashboard.to_string()),
+            job: job.id.clone(),
         }
         .write(file)?;
         println!("LISTENING {}", server.address());
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| Error::os("listening for SIGTERM", e))?;
-        let signalled = tokio::select! {
-            _ = server.stopped() => false,
-            _ = tokio::signal::ctrl_c() => true,
-            _ = term.recv() => true,
+        let ended = tokio::select! {
+            r = server.stopped() => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+            _ = term.recv() => None,
         };
         let _ = std::fs::remove_file(file);
-        if signalled {
-            tracing::info!("signalled: shutting the cluster down");
-            server.shutdown().await;
+        match ended {
+            Some(r) => r,
+            None => {
+                tracing::info!("signalled: shutting the cluster down");
+                server.shutdown().await;
+                Ok(())
+            }
         }
-        Ok(())
     })
 }
 
-/// The scheduler file once it is there and written by this job (not older than this
-/// process, less a few seconds for ranks started at slightly different times).
-fn fresh_file(file: &Path, started: SystemTime, limit: Duration) -> Result<SchedulerFile> {
+/// How much older than a reading rank a scheduler file of a job without an id may be.
+const SLACK: Duration = Duration::from_secs(60);
+
+/// The scheduler file once it is there and written by this job: one naming this job's id, or
+/// where the launcher sets none, one not older than this process (less [`SLACK`] for ranks
+/// started at different times), so a file a dead job left cannot send the ranks to it.
+fn fresh_file(job: &Job, limit: Duration) -> Result<SchedulerFile> {
+    let file = &job.file;
     let deadline = Instant::now() + limit;
-    let not_before = started - Duration::from_secs(10);
+    let not_before = job.started - SLACK;
     loop {
-        let fresh = std::fs::metadata(file)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t >= not_before);
-        if fresh {
-            if let Ok(sf) = SchedulerFile::read(file) {
+        let ours = |sf: &SchedulerFile| match &job.id {
+            Some(id) => sf.job.as_ref() == Some(id),
+            None => std::fs::metadata(file)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t >= not_before),
+        };
+        if let Ok(sf) = SchedulerFile::read(file) {
+            if ours(&sf) {
                 return Ok(sf);
             }
         }
@@ -401,12 +452,16 @@ fn fresh_file(file: &Path, started: SystemTime, limit: Duration) -> Result<Sched
     }
 }
 
-fn client(opts: &LaunchOptions, rank: Rank, started: SystemTime) -> Result<Launched> {
-    let file = opts.file();
-    let sf = fresh_file(&file, started, opts.timeout)?;
+fn client(opts: &LaunchOptions, job: &Job) -> Result<Launched> {
+    let rank = job.rank;
+    let sf = fresh_file(job, opts.timeout)?;
     let client = Client::connect_blocking(&parse(&sf.address)?, Secret::from_hex(&sf.secret)?)?;
     let workers = (rank.size - 2) as usize;
-    client.wait_for_workers_blocking(workers, opts.timeout)?;
+    if let Err(e) = client.wait_for_workers_blocking(workers, opts.timeout) {
+        // The other ranks must not wait for a client that gave up.
+        let _ = client.shutdown_blocking(Duration::from_secs(10));
+        return Err(e);
+    }
     tracing::info!(rank = rank.rank, workers, "the launched cluster is up");
     Ok(Launched {
         client,

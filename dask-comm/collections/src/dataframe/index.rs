@@ -235,10 +235,15 @@ impl DataFrame {
         let mut g = Graph::new();
         sort::range_shuffle(&d, column, &name, Arg::lit(Frame(bounds)), parts, &mut g);
         let t = self.schema.get(column).expect("checked");
-        let divisions = found
-            .map(|s| s.cast(t).map(|s| s.with_name(column.into())))
-            .transpose()
-            .map_err(|e| invalid(e.to_string()))?;
+        // In the column's type where every value fits it exactly (a `u64` past 2^53 went
+        // through a float: then the floats).
+        let divisions = found.map(|s| {
+            s.strict_cast(t)
+                .ok()
+                .filter(|c| c.null_count() == 0)
+                .unwrap_or(s)
+                .with_name(column.into())
+        });
         Ok(DataFrame {
             layers: stack(&[&d.layers], &name, g),
             name,
@@ -267,7 +272,11 @@ impl DataFrame {
             Op::Filter(col(c).ge(lit(lo.clone())).and(col(c).le(lit(hi.clone())))),
             "loc",
         )?;
-        let Some(divisions) = &index.divisions else {
+        let Some(divisions) = index
+            .divisions
+            .as_ref()
+            .filter(|d| d.len() == self.npartitions + 1 && d.null_count() == 0)
+        else {
             return Ok(filtered);
         };
         let invalid = |reason: String| DataFrameError::Invalid { op: "loc", reason };
@@ -334,15 +343,22 @@ impl DataFrame {
                 .and_then(|i| i.divisions.clone())
         };
         let (ld, rd) = (known(self), known(other));
-        let (divisions, keys_within) = match (&ld, &rd) {
-            (Some(l), Some(r)) if l.equals(r) => (l.clone(), true),
+        let (divisions, keys_within, moved) = match (&ld, &rd) {
+            (Some(l), Some(r)) if l.equals(r) => (l.clone(), true, None),
             // The result's keys are the indexed side's only where the other side's rows
             // cannot add keys outside its divisions.
-            (Some(l), _) => (l.clone(), spec.how != super::How::Outer),
-            (None, Some(r)) => (r.clone(), spec.how == super::How::Inner),
+            (Some(l), _) => (l.clone(), spec.how != super::How::Outer, Some(other)),
+            (None, Some(r)) => (r.clone(), spec.how == super::How::Inner, Some(self)),
             (None, None) => return Ok(None),
         };
+        if divisions.len() < 2 || divisions.null_count() > 0 {
+            return Ok(None);
+        }
         let parts = divisions.len() - 1;
+        // A side moved into far fewer partitions than it has would crowd them: hash both.
+        if moved.is_some_and(|m| parts * 2 < m.npartitions) {
+            return Ok(None);
+        }
         let name = fresh_name("merge-aligned");
         let mut g = Graph::new();
         let mut inputs: Vec<(DataFrame, bool)> = Vec::with_capacity(2);
@@ -353,12 +369,15 @@ impl DataFrame {
             }
             let m = d.materialized();
             let part_name = format!("{name}-{side}");
-            let bounds = divisions
-                .cast(m.schema.get(on.as_str()).expect("checked by merge"))
-                .map_err(|e| DataFrameError::Invalid {
-                    op: "merge",
-                    reason: e.to_string(),
-                })?;
+            // Divisions that do not fit this side's type exactly: the hash join instead.
+            let Ok(bounds) =
+                divisions.strict_cast(m.schema.get(on.as_str()).expect("checked by merge"))
+            else {
+                return Ok(None);
+            };
+            if bounds.null_count() > 0 {
+                return Ok(None);
+            }
             let bounds = bounds.slice(1, parts - 1).with_name(sort::BOUND.into());
             let bounds = PlFrame::new(bounds.len(), vec![bounds.into()]).map_err(|e| {
                 DataFrameError::Invalid {

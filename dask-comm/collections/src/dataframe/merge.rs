@@ -183,9 +183,10 @@ impl DataFrame {
     /// When either side is indexed by the one key with known divisions
     /// ([`set_index`](Self::set_index)) and neither is broadcast, the join goes partition by
     /// partition along those divisions: a side indexed the same way does not move, the other
-    /// is range-partitioned to them; the result keeps the index (with the divisions where
-    /// its keys stay within them: inner joins, left joins of the indexed side, and sides
-    /// with equal divisions).
+    /// is range-partitioned to them (when that leaves it at least half its partitions and the
+    /// divisions fit its key type exactly; otherwise the hash join); the result keeps the
+    /// index (with the divisions where its keys stay within them: inner joins, left joins of
+    /// the indexed side, and sides with equal divisions).
     /// The keys appear once; other columns the right side shares with the left get
     /// [`RIGHT_SUFFIX`]. Row order within a partition is not defined.
     ///
