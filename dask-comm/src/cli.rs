@@ -243,9 +243,10 @@ fn scheduler(mut a: Args) -> Result<()> {
             }
             .write(f)?;
         }
-        println!("LISTENING {}", server.address());
+        // LISTENING first: starters read up to it and may then close the pipe.
+        announce(&format!("LISTENING {}", server.address()));
         if let Some(d) = dashboard {
-            println!("DASHBOARD http://{d}/");
+            announce(&format!("DASHBOARD http://{d}/"));
         }
         // Until a client shuts the cluster down, or a signal.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -417,6 +418,15 @@ fn mpi(mut a: Args) -> Result<()> {
     };
     a.done()?;
     crate::launch::serve_ranks(&opts)
+}
+
+/// Prints a line for whoever started this process (a `LISTENING` or `DASHBOARD` address). A
+/// reader that stopped reading (its pipe closed) must not end the scheduler: write errors are
+/// ignored, where `println!` would panic.
+pub(crate) fn announce(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 /// Waits for a scheduler file to appear (the scheduler may start after the workers).

@@ -389,7 +389,7 @@ fn scheduler(job: &Job, listen: &str, client_within: Option<Duration>) -> Result
         let mut server =
             SchedulerServer::start(&listen, secret.clone(), crate::core::Config::default()).await?;
         let dashboard = crate::dashboard::start(&mut server, crate::dashboard::At::Default).await?;
-        println!("DASHBOARD http://{dashboard}/");
+        crate::cli::announce(&format!("DASHBOARD http://{dashboard}/"));
         if let Some(grace) = client_within {
             server.stop_when_clients_leave(grace);
         }
@@ -400,7 +400,7 @@ fn scheduler(job: &Job, listen: &str, client_within: Option<Duration>) -> Result
             job: job.id.clone(),
         }
         .write(file)?;
-        println!("LISTENING {}", server.address());
+        crate::cli::announce(&format!("LISTENING {}", server.address()));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| Error::os("listening for SIGTERM", e))?;
         let ended = tokio::select! {
