@@ -233,7 +233,15 @@ impl DataFrame {
         .map_err(|e| invalid(e.to_string()))?;
         let name = fresh_name("indexed");
         let mut g = Graph::new();
-        sort::range_shuffle(&d, column, &name, Arg::lit(Frame(bounds)), parts, &mut g);
+        sort::range_shuffle(
+            &d,
+            &[column],
+            &[false],
+            &name,
+            Arg::lit(Frame(bounds)),
+            parts,
+            &mut g,
+        );
         let t = self.schema.get(column).expect("checked");
         // In the column's type where every value fits it exactly (a `u64` past 2^53 went
         // through a float: then the floats).
@@ -385,7 +393,15 @@ impl DataFrame {
                     reason: e.to_string(),
                 }
             })?;
-            sort::range_shuffle(&m, on, &part_name, Arg::lit(Frame(bounds)), parts, &mut g);
+            sort::range_shuffle(
+                &m,
+                &[on],
+                &[false],
+                &part_name,
+                Arg::lit(Frame(bounds)),
+                parts,
+                &mut g,
+            );
             inputs.push((
                 DataFrame {
                     name: part_name,

@@ -187,8 +187,8 @@ pub fn register() {
         );
         r.register(
             SORT_UNPACK,
-            |_barrier: Value, id: String, part: u64, inputs: u64, by: String| {
-                sort::unpack(&id, part as u32, inputs as u32, &by)
+            |_barrier: Value, spec: Arc<sort::SortSpec>, part: u64, inputs: u64| {
+                sort::unpack(&spec, part as u32, inputs as u32)
             },
         );
     });

@@ -1,13 +1,15 @@
-//! Sorting by a column: range partitioning on the peer-to-peer shuffle.
+//! Sorting by columns: range partitioning on the peer-to-peer shuffle.
 //!
-//! A sample task per partition takes up to [`SAMPLE`] evenly spaced values of the sort
-//! column (nulls and NaN left out); one boundaries task sorts every sample and picks
+//! A sample task per partition takes up to [`SAMPLE`] evenly spaced values of the first
+//! sort column (nulls and NaN left out); one boundaries task sorts every sample and picks
 //! `n - 1` evenly spaced boundaries; each partition's transfer task sends every row to the
-//! output its value falls in (`b[i-1] <= x < b[i]`; nulls to the first output, NaN to the
-//! last, as polars orders them), and each output's unpack task stacks its pieces in input
-//! order and sorts them, keeping the order of equal values. The outputs in order are the
-//! whole frame sorted by the column, as one stable sort of it would be. The boundaries are
-//! computed inside the graph, so building the sort computes nothing.
+//! output its first column's value falls in (`b[i-1] <= x < b[i]`, outputs in reverse when
+//! that column is descending; nulls to the first output, NaN to the last ascending and the
+//! first descending, as polars orders them), and each output's unpack task stacks its pieces
+//! in input order and sorts them by every sort column, keeping the order of equal rows. Equal
+//! values of the first column always land in one output, so the outputs in order are the
+//! whole frame sorted, as one stable sort of it would be. The boundaries are computed inside
+//! the graph, so building the sort computes nothing.
 
 use std::sync::Arc;
 
@@ -127,8 +129,10 @@ pub(crate) fn boundaries(samples: &[&PlFrame], parts: usize) -> Result<Frame, St
 /// What a sort's transfer and unpack tasks need to know, as a task argument.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SortSpec {
-    /// The column.
-    pub by: String,
+    /// The columns; the rows are range-partitioned by the first.
+    pub by: Vec<String>,
+    /// Whether each column sorts in descending order (as many as `by`).
+    pub descending: Vec<bool>,
     /// The shuffle's name.
     pub shuffle: String,
     /// Outputs.
@@ -138,42 +142,54 @@ pub(crate) struct SortSpec {
 dask_graph::serde_data!(SortSpec);
 
 /// `df` split by `by` at `bounds` into `parts` pieces (more than the boundaries allow are
-/// empty: with no sampled value at all, every row but NaN goes to the first).
+/// empty: with no sampled value at all, every row but NaN goes to the first). Descending,
+/// the pieces are in reverse order but nulls still come first, and NaN (the largest) too.
 pub(crate) fn split(
     df: &PlFrame,
     by: &str,
+    descending: bool,
     bounds: &PlFrame,
     parts: usize,
 ) -> Result<Vec<Frame>, String> {
     let b = keys(bounds, BOUND)?;
     let parts = parts.max(bounds.height() + 1);
-    let outputs: Vec<usize> = match (keys(df, by)?, b) {
+    // The output of each row in ascending order; None for a null.
+    let outputs: Vec<Option<usize>> = match (keys(df, by)?, b) {
         (Keys::Ints(v), Keys::Ints(b)) => {
             let b: Vec<i64> = b.into_iter().flatten().collect();
             v.into_iter()
-                .map(|x| x.map_or(0, |x| b.partition_point(|&y| y <= x)))
+                .map(|x| x.map(|x| b.partition_point(|&y| y <= x)))
                 .collect()
         }
         (Keys::Numbers(v), Keys::Numbers(b)) => {
             let b: Vec<f64> = b.into_iter().flatten().collect();
             v.into_iter()
-                .map(|x| match x {
-                    None => 0,
-                    Some(x) if x.is_nan() => parts - 1,
-                    Some(x) => b.partition_point(|&y| y <= x),
+                .map(|x| {
+                    x.map(|x| match x {
+                        // Last ascending; the reversal below makes it first descending.
+                        x if x.is_nan() => parts - 1,
+                        x => b.partition_point(|&y| y <= x),
+                    })
                 })
                 .collect()
         }
         (Keys::Text(v), Keys::Text(b)) => {
             let b: Vec<String> = b.into_iter().flatten().collect();
             v.into_iter()
-                .map(|x| x.map_or(0, |x| b.partition_point(|y| *y <= x)))
+                .map(|x| x.map(|x| b.partition_point(|y| *y <= x)))
                 .collect()
         }
         _ => return Err(format!("the boundaries of {by} are not of its type")),
     };
     let mut rows: Vec<Vec<IdxSize>> = vec![Vec::new(); parts];
     for (i, o) in outputs.into_iter().enumerate() {
+        // Nulls first either way; descending, output o of the ascending order is the
+        // (parts - 1 - o)-th.
+        let o = match o {
+            None => 0,
+            Some(o) if descending => parts - 1 - o,
+            Some(o) => o,
+        };
         rows[o].push(i as IdxSize);
     }
     rows.into_iter()
@@ -185,26 +201,30 @@ pub(crate) fn split(
         .collect()
 }
 
-/// Output `part` of sort `shuffle`: its pieces stacked in input order, sorted stably.
-pub(crate) fn unpack(shuffle: &str, part: u32, inputs: u32, by: &str) -> Result<Frame, String> {
-    let pieces = dask_graph::shuffle::receive(ShuffleId::new(shuffle), part, inputs)
+/// Output `part` of a sort: its pieces stacked in input order, sorted stably.
+pub(crate) fn unpack(spec: &SortSpec, part: u32, inputs: u32) -> Result<Frame, String> {
+    let pieces = dask_graph::shuffle::receive(ShuffleId::new(&spec.shuffle), part, inputs)
         .map_err(|e| e.to_string())?;
     let frames = frame::frames_of(&pieces, "shuffle pieces")?;
     frame::concat(&frames)?
         .sort(
-            [by],
-            SortMultipleOptions::default().with_maintain_order(true),
+            spec.by.iter().map(String::as_str),
+            SortMultipleOptions::default()
+                .with_order_descending_multi(spec.descending.iter().copied())
+                .with_maintain_order(true),
         )
         .map(Frame)
         .map_err(|e| e.to_string())
 }
 
-/// The tasks of a range shuffle into `g`: partition `i` of `d` (materialized) split by `by`
-/// at `bounds` (a task's or a literal [`Frame`] of boundaries) into `outputs` pieces, sent
-/// on the peer-to-peer shuffle; output `j` (key `(name, j)`) its pieces sorted stably.
+/// The tasks of a range shuffle into `g`: partition `i` of `d` (materialized) split by
+/// `by[0]` at `bounds` (a task's or a literal [`Frame`] of boundaries) into `outputs`
+/// pieces, sent on the peer-to-peer shuffle; output `j` (key `(name, j)`) its pieces sorted
+/// stably by `by`, each column descending where `descending` says.
 pub(crate) fn range_shuffle(
     d: &DataFrame,
-    by: &str,
+    by: &[&str],
+    descending: &[bool],
     name: &str,
     bounds: Arg,
     outputs: usize,
@@ -213,7 +233,8 @@ pub(crate) fn range_shuffle(
     let n = d.npartitions;
     let id = ShuffleId::new(&format!("{name}-shuffle"));
     let spec = SortSpec {
-        by: by.to_string(),
+        by: by.iter().map(|c| c.to_string()).collect(),
+        descending: descending.to_vec(),
         shuffle: id.as_str().to_string(),
         parts: outputs as u64,
     };
@@ -246,10 +267,9 @@ pub(crate) fn range_shuffle(
                 kernels::SORT_UNPACK,
                 [
                     Arg::key(barrier),
-                    Arg::lit(id.as_str().to_string()),
+                    Arg::lit(spec.clone()),
                     Arg::lit(j as u64),
                     Arg::lit(n as u64),
-                    Arg::lit(by.to_string()),
                 ],
             )
             .with_shuffle(ShuffleRole::Unpack { id, part: j }),
@@ -265,12 +285,19 @@ pub(crate) fn transfer(
     spec: &SortSpec,
     index: u32,
 ) -> Result<(), String> {
-    let (by, shuffle) = (spec.by.as_str(), spec.shuffle.as_str());
-    let pieces = split(&ops::run(input, ops)?, by, &bounds.0, spec.parts as usize)?
-        .into_iter()
-        .enumerate()
-        .map(|(j, f)| (j as u32, Value::new(f)))
-        .collect();
+    let (by, shuffle) = (spec.by[0].as_str(), spec.shuffle.as_str());
+    let descending = spec.descending[0];
+    let pieces = split(
+        &ops::run(input, ops)?,
+        by,
+        descending,
+        &bounds.0,
+        spec.parts as usize,
+    )?
+    .into_iter()
+    .enumerate()
+    .map(|(j, f)| (j as u32, Value::new(f)))
+    .collect();
     dask_graph::shuffle::send(ShuffleId::new(shuffle), index, pieces).map_err(|e| e.to_string())
 }
 
@@ -290,18 +317,62 @@ impl DataFrame {
     /// assert_eq!(x, vec![1, 2, 3, 5, 7, 9]);
     /// ```
     pub fn sort_values(&self, by: &str) -> Result<DataFrame, DataFrameError> {
-        self.check_sortable(by, "sort_values")?;
+        self.sort_values_by(&[by], &[false])
+    }
+
+    /// The rows sorted by the columns `by` in turn, each descending where `descending` says
+    /// (one flag for every column, or one per column), as polars' stable `sort` with
+    /// `with_order_descending_multi` orders them: nulls first, NaN the largest value. The
+    /// partitions are ranges of the first column (all its equal values in one partition,
+    /// so a first column of few values makes as many partitions full, the others empty).
+    ///
+    /// ```
+    /// use dask_collections::dataframe;
+    /// use polars::prelude::*;
+    /// let df = df!("g" => ["a", "b", "a", "b", "a"], "x" => [1i64, 2, 3, 4, 5]).unwrap();
+    /// let d = dataframe::from_polars(df, 2).unwrap();
+    /// let got = d.sort_values_by(&["g", "x"], &[false, true]).unwrap()
+    ///     .compute(&dask_graph::Sync).unwrap();
+    /// let x: Vec<i64> = got.column("x").unwrap().i64().unwrap().into_no_null_iter().collect();
+    /// assert_eq!(x, vec![5, 3, 1, 4, 2]);
+    /// ```
+    pub fn sort_values_by(
+        &self,
+        by: &[&str],
+        descending: &[bool],
+    ) -> Result<DataFrame, DataFrameError> {
+        let Some(&first) = by.first() else {
+            return Err(DataFrameError::Invalid {
+                op: "sort_values",
+                reason: "no column to sort by".into(),
+            });
+        };
+        let descending: Vec<bool> = match descending.len() {
+            1 => vec![descending[0]; by.len()],
+            l if l == by.len() => descending.to_vec(),
+            l => {
+                return Err(DataFrameError::Invalid {
+                    op: "sort_values",
+                    reason: format!("{l} descending flags for {} columns", by.len()),
+                })
+            }
+        };
+        for c in by {
+            self.check_sortable(c, "sort_values")?;
+        }
         let d = self.materialized();
         let n = d.npartitions;
         let name = fresh_name("sort");
-        let by_arg = || Arg::lit(by.to_string());
         let mut g = Graph::new();
         let samples: Vec<Key> = (0..n as u32)
             .map(|i| Key::new(&format!("{name}-sample"), &[i]))
             .collect();
         for (i, &k) in samples.iter().enumerate() {
             let [p, o] = d.input_args(i);
-            g.insert(k, Task::new(kernels::SORT_SAMPLE, [p, o, by_arg()]));
+            g.insert(
+                k,
+                Task::new(kernels::SORT_SAMPLE, [p, o, Arg::lit(first.to_string())]),
+            );
         }
         let bounds = Key::name_only(&format!("{name}-bounds"));
         g.insert(
@@ -313,7 +384,7 @@ impl DataFrame {
                     .chain(samples.into_iter().map(Arg::Key)),
             ),
         );
-        range_shuffle(&d, by, &name, Arg::key(bounds), n, &mut g);
+        range_shuffle(&d, by, &descending, &name, Arg::key(bounds), n, &mut g);
         Ok(DataFrame {
             layers: stack(&[&d.layers], &name, g),
             name,

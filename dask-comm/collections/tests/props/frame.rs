@@ -175,6 +175,25 @@ proptest! {
                 assert!(got.equals_missing(&want), "{name} by {by}\ngot {got}\nwant {want}");
             });
         }
+        // Descending and by several columns: each flag as polars takes it (nulls first, NaN
+        // the largest), ties of the first column broken by the next.
+        for (by, desc) in [(&["k"][..], &[true][..]), (&["s"], &[true]), (&["v"], &[true]),
+                           (&["s", "k"], &[false, true]), (&["k", "v"], &[true, false]),
+                           (&["s", "k", "v"], &[true])] {
+            let flags = if desc.len() == 1 { vec![desc[0]; by.len()] } else { desc.to_vec() };
+            let want = whole.sort(by.to_vec(), SortMultipleOptions::default()
+                .with_order_descending_multi(flags).with_maintain_order(true)).unwrap();
+            let sorted = d.sort_values_by(by, desc).unwrap();
+            prop_assert_eq!(sorted.npartitions(), d.npartitions());
+            each(|name, s| {
+                let got = sorted.compute(s).unwrap();
+                assert!(got.equals_missing(&want), "{name} by {by:?} {desc:?}\ngot {got}\nwant {want}");
+            });
+        }
+        for (by, desc) in [(&[][..], &[true][..]), (&["k", "v"], &[true, false, true])] {
+            let refused = d.sort_values_by(by, desc);
+            assert!(matches!(refused, Err(DataFrameError::Invalid { .. })), "{refused:?}");
+        }
         // No sortable value anywhere (every key null): one output takes every row.
         let mut none = whole.clone();
         none.with_column(Series::new("k".into(), vec![None::<i64>; whole.height()]).into()).unwrap();
