@@ -14,6 +14,10 @@ Workloads (issue 18's bag workloads):
   rsds-bag    RSDS's bench_bag: 10,000 people in 50 partitions, filter(age > 30), product with
               itself (2,500 partitions), filter(first older than second), pluck(1),
               map(len(name)), sum; Python: the same loops over one list
+  groupby     the JSON records grouped by y (100 keys) on a shuffle, each group's size:
+              read_text().map(json.loads).groupby(y).map((key, len)); ours on the
+              peer-to-peer shuffle, Dask's default (disk/partd locally, tasks on
+              distributed); Python: a dict of lists
 
 Engines, on this machine's 2 cores: Python (one process), Dask threaded (2 threads), Dask's
 bag default (multiprocessing, 2 processes), Dask distributed (LocalCluster, 2 worker
@@ -30,7 +34,7 @@ import collections_bench as bench  # noqa: E402
 from collections_bench import ROOT  # noqa: E402
 
 OURS = bench.example("bag_tour")
-WORKLOADS = ["word-count", "json-lines", "rsds-bag"]
+WORKLOADS = ["word-count", "json-lines", "rsds-bag", "groupby"]
 
 
 def write_data(d, small):
@@ -109,6 +113,14 @@ if engine == "python":
     def rsds_bag():
         p1 = [r for r in people if r["age"] > 30]
         return sum(len(b["name"]) for a in p1 for b in p1 if a["age"] > b["age"])
+    def groupby():
+        g = {}
+        for f in records:
+            with open(f) as fh:
+                for line in fh:
+                    r = json.loads(line)
+                    g.setdefault(r["y"], []).append(r)
+        return sorted([k, len(v)] for k, v in g.items())
     run = lambda f: f()
 else:
     import dask, dask.bag as db
@@ -133,7 +145,12 @@ else:
         p2 = p1.product(p1)
         p3 = p2.filter(lambda x: x[0]["age"] > x[1]["age"]).pluck(1).map(lambda r: len(r["name"]))
         return p3.sum().compute()
-fs = {"word-count": word_count, "json-lines": json_lines, "rsds-bag": rsds_bag}
+    def groupby():
+        b = db.read_text(records).map(json.loads).groupby(lambda r: r["y"]) \
+            .map(lambda g: [g[0], len(g[1])])
+        return sorted(b.compute())
+fs = {"word-count": word_count, "json-lines": json_lines, "rsds-bag": rsds_bag,
+      "groupby": groupby}
 for name in names:
     t0 = time.perf_counter()
     v = run(fs[name])

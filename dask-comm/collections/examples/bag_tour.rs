@@ -1,6 +1,7 @@
 //! Bags on text, JSON lines and records, on `Threaded` and on a `LocalCluster` of worker
-//! processes, with timings: a word count, a JSON-lines filter and sum, and the RSDS bag
-//! benchmark (people, `filter`, `product`, `filter`, `pluck`, `map`, `sum`).
+//! processes, with timings: a word count, a JSON-lines filter and sum, the RSDS bag
+//! benchmark (people, `filter`, `product`, `filter`, `pluck`, `map`, `sum`), and a groupby
+//! of the JSON records (on the peer-to-peer shuffle, and as tasks).
 //!
 //! ```text
 //! cargo run --release -p dask-collections --example bag_tour
@@ -13,7 +14,13 @@
 
 use std::time::Instant;
 
+/// Bags make and drop many small items (a JSON record is a map of strings): mimalloc frees
+/// them, across threads too, far faster than glibc's malloc.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use dask_collections::bag::{self, Bag, BagError, Item};
+use dask_collections::ShuffleMethod;
 use dask_comm::{ClusterOptions, LocalCluster};
 use dask_graph::{Scheduler, Threaded};
 
@@ -32,6 +39,13 @@ fn register() {
     bag::register_predicate("tour-older-first", |pair: &Item| {
         let age = |i: i64| pair.at(i).and_then(|r| r.get("age"));
         matches!((age(0), age(1)), (Some(a), Some(b)) if a > b)
+    });
+    bag::register_map("tour-y", |r: &Item| r.get("y").cloned().unwrap_or_default());
+    bag::register_map("tour-group-size", |pair: &Item| -> Result<Item, String> {
+        match (pair.at(0), pair.at(1).and_then(Item::as_list)) {
+            (Some(k), Some(items)) => Ok(Item::pair(k.clone(), items.len() as i64)),
+            _ => Err(format!("not a group: {}", pair.to_json())),
+        }
     });
     bag::register_map("tour-name-len", |r: &Item| -> Result<Item, String> {
         match r.get("name") {
@@ -60,6 +74,18 @@ fn json_lines(dir: &str, s: &dyn Scheduler) -> Result<Item, BagError> {
         .pluck("y")
         .sum()
         .compute(s)
+}
+
+/// `read_text(...).map(json.loads).groupby(lambda r: r["y"]).map(lambda g: [g[0], len(g[1])])`,
+/// sorted by key.
+fn groupby(dir: &str, method: ShuffleMethod, s: &dyn Scheduler) -> Result<Item, BagError> {
+    let mut sizes = bag::read_text(&format!("{dir}/records-*.jsonl"), None)?
+        .map(bag::JSON_LOADS)?
+        .groupby_with("tour-y", None, method)?
+        .map("tour-group-size")?
+        .compute(s)?;
+    sizes.sort();
+    Ok(Item::list(sizes))
 }
 
 /// The people records of `people.jsonl` (read before timing, as Dask's `make_people`
@@ -100,6 +126,8 @@ fn run(
         "word-count" => word_count(dir, s)?,
         "json-lines" => json_lines(dir, s)?,
         "rsds-bag" => rsds_bag(&recs, 50, s)?,
+        "groupby" => groupby(dir, ShuffleMethod::P2p, s)?,
+        "groupby-tasks" => groupby(dir, ShuffleMethod::Tasks, s)?,
         other => return Err(format!("no workload {other:?}").into()),
     };
     Ok((t0.elapsed().as_secs_f64(), answer))
@@ -192,7 +220,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let c = cluster()?;
     let client = c.client()?;
     let threaded = Threaded::new(2);
-    for name in ["word-count", "json-lines", "rsds-bag"] {
+    for name in [
+        "word-count",
+        "json-lines",
+        "rsds-bag",
+        "groupby",
+        "groupby-tasks",
+    ] {
         let (t1, v1) = run(name, &d, &threaded)?;
         let (t2, v2) = run(name, &d, &client)?;
         if v1 != v2 {

@@ -14,3 +14,18 @@ pub mod bag;
 pub mod dataframe;
 mod files;
 mod layers;
+
+/// How a shuffle (a dataframe's hash join, a bag's `groupby`) moves its buckets (Dask's
+/// `shuffle_method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum ShuffleMethod {
+    /// Peer-to-peer: each partition's transfer task sends its buckets straight to the
+    /// workers that own their outputs, outside the task graph (`n + 1 + m` tasks for `n`
+    /// inputs and `m` outputs; on a cluster the bytes move worker to worker over the data
+    /// connections, in bounded batches).
+    #[default]
+    P2p,
+    /// Tasks: one task per bucket per partition (`n × m` of them), fetched by the output
+    /// tasks like any value.
+    Tasks,
+}

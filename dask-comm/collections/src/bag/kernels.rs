@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Once};
 
-use dask_graph::{registry, List, Value};
+use dask_graph::{registry, List, ShuffleId, Value};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +22,8 @@ pub(crate) const FINISH_PART: &str = "dask-bag-finish-part";
 pub(crate) const SPLIT: &str = "dask-bag-split";
 pub(crate) const PICK: &str = "dask-bag-pick";
 pub(crate) const GROUP: &str = "dask-bag-group";
+pub(crate) const GROUP_TRANSFER: &str = "dask-bag-group-transfer";
+pub(crate) const GROUP_UNPACK: &str = "dask-bag-group-unpack";
 pub(crate) const WRITE: &str = "dask-bag-write";
 
 /// A partition split by the hash of a key: bucket `j` holds `[key, item]` pairs for output
@@ -59,6 +61,34 @@ fn split(part: Value, steps: Arc<Steps>, key: String, n: u64) -> Result<Buckets,
     Ok(Buckets(out))
 }
 
+/// A peer-to-peer groupby's transfer: partition `index` split as [`split`] does, each bucket
+/// sent to the worker of its output.
+fn group_transfer(
+    part: Value,
+    steps: Arc<Steps>,
+    key: String,
+    n: u64,
+    shuffle: String,
+    index: u64,
+) -> Result<(), String> {
+    let buckets = split(part, steps, key, n)?;
+    let pieces = buckets
+        .0
+        .into_iter()
+        .enumerate()
+        .map(|(j, b)| (j as u32, Value::new(Part(b))))
+        .collect();
+    dask_graph::shuffle::send(ShuffleId::new(&shuffle), index as u32, pieces)
+        .map_err(|e| e.to_string())
+}
+
+/// A peer-to-peer groupby's output `part`: its buckets from every input, grouped.
+fn group_unpack(_barrier: Value, shuffle: String, part: u64, inputs: u64) -> Result<Part, String> {
+    let pieces = dask_graph::shuffle::receive(ShuffleId::new(&shuffle), part as u32, inputs as u32)
+        .map_err(|e| e.to_string())?;
+    group_buckets(&pieces)
+}
+
 /// Groups the `[key, item]` pairs of every input's bucket: `[key, [items...]]` per key, keys in
 /// order, items in partition order.
 fn group(args: &[Value]) -> Result<Value, String> {
@@ -66,8 +96,13 @@ fn group(args: &[Value]) -> Result<Value, String> {
         .first()
         .and_then(|v| v.downcast_ref::<List>())
         .ok_or("a list of buckets expected")?;
+    group_buckets(&list.0).map(Value::new)
+}
+
+/// The groups of `buckets` (each a [`Part`] of `[key, item]` pairs), as [`group`] makes them.
+fn group_buckets(buckets: &[Value]) -> Result<Part, String> {
     let mut groups: FxHashMap<Item, Vec<Item>> = FxHashMap::default();
-    for v in &list.0 {
+    for v in buckets {
         let part = v.downcast_ref::<Part>().ok_or("a bucket expected")?;
         for pair in &part.0 {
             let (Some(k), Some(x)) = (pair.at(0), pair.at(1)) else {
@@ -78,11 +113,11 @@ fn group(args: &[Value]) -> Result<Value, String> {
     }
     let mut v: Vec<(Item, Vec<Item>)> = groups.into_iter().collect();
     v.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    Ok(Value::new(Part(
+    Ok(Part(
         v.into_iter()
             .map(|(k, xs)| Item::pair(k, Item::List(xs.into())))
             .collect(),
-    )))
+    ))
 }
 
 fn combine(args: &[Value]) -> Result<Value, String> {
@@ -134,6 +169,8 @@ pub fn register() {
                 .ok_or_else(|| format!("bucket {j} of {}", b.0.len()))
         });
         r.register_values(GROUP, group);
+        r.register(GROUP_TRANSFER, group_transfer);
+        r.register(GROUP_UNPACK, group_unpack);
         r.register(
             WRITE,
             |p: Value, steps: Arc<Steps>, path: String| -> Result<u64, String> {

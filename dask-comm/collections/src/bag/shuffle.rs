@@ -1,9 +1,11 @@
-//! Operations that move items between partitions: `groupby` (a hash shuffle in the task
-//! graph) and `product`.
+//! Operations that move items between partitions: `groupby` (a hash shuffle, peer-to-peer
+//! or made of tasks) and `product`.
 
 use std::sync::Arc;
 
-use dask_graph::{Arg, Graph, Key, Task};
+use dask_graph::{Arg, Graph, Key, ShuffleId, ShuffleRole, Task};
+
+use crate::ShuffleMethod;
 
 use super::functions;
 use super::steps::Steps;
@@ -21,7 +23,8 @@ impl Bag {
     /// bag's when `None`) of `[key, [items...]]` pairs, every key in exactly one partition
     /// (chosen by its hash), keys in order within a partition, a key's items in partition
     /// order. Each input partition is split once; output partition `j` gathers bucket `j`
-    /// of every split.
+    /// of every split. The buckets move on the peer-to-peer shuffle (as
+    /// [`groupby_with`](Self::groupby_with) with [`ShuffleMethod::P2p`]).
     ///
     /// ```
     /// use dask_collections::bag::{self, Item};
@@ -33,14 +36,96 @@ impl Bag {
     /// # Ok::<(), bag::BagError>(())
     /// ```
     pub fn groupby(&self, key: &str, npartitions: Option<usize>) -> Result<Bag, BagError> {
+        self.groupby_with(key, npartitions, ShuffleMethod::P2p)
+    }
+
+    /// [`groupby`](Self::groupby), the buckets moved by `method`: peer-to-peer (each
+    /// partition's transfer task sends its buckets to the workers of their outputs, outside
+    /// the task graph), or as tasks (a task per bucket per partition, `n × m` of them).
+    ///
+    /// ```
+    /// use dask_collections::{bag::{self, Item}, ShuffleMethod};
+    /// bag::register_map("groupby-with-doc-odd", |x: &Item| Item::Bool(x.as_i64().unwrap() % 2 == 1));
+    /// let g = bag::range(5, 2)?.groupby_with("groupby-with-doc-odd", None, ShuffleMethod::Tasks)?;
+    /// let mut got = g.compute(&dask_graph::Sync)?;
+    /// got.sort();
+    /// assert_eq!(got[1], Item::pair(true, vec![1, 3]));
+    /// # Ok::<(), bag::BagError>(())
+    /// ```
+    pub fn groupby_with(
+        &self,
+        key: &str,
+        npartitions: Option<usize>,
+        method: ShuffleMethod,
+    ) -> Result<Bag, BagError> {
         functions::map_fn(key)?;
         let n = npartitions.unwrap_or(self.npartitions);
         if n == 0 {
             return Err(BagError::NoPartitions { what: "groupby" });
         }
         let name = fresh_name("groupby");
-        let (split, pick) = (format!("{name}-split"), format!("{name}-pick"));
         let mut g = Graph::new();
+        match method {
+            ShuffleMethod::P2p => self.p2p_groupby(key, &name, n, &mut g),
+            ShuffleMethod::Tasks => self.task_groupby(key, &name, n, &mut g),
+        }
+        Ok(Bag {
+            split_every: self.split_every,
+            ..Bag::new(name, n, &[&self.layers], g)
+        })
+    }
+
+    /// A peer-to-peer groupby's tasks: a transfer per partition, the barrier, an unpack per
+    /// output.
+    fn p2p_groupby(&self, key: &str, name: &str, n: usize, g: &mut Graph) {
+        let id = ShuffleId::new(&format!("{name}-shuffle"));
+        let inputs = self.npartitions as u32;
+        let transfers: Vec<Key> = (0..inputs)
+            .map(|i| Key::new(&format!("{name}-transfer"), &[i]))
+            .collect();
+        for (i, &k) in transfers.iter().enumerate() {
+            let [p, s] = self.input_args(i);
+            g.insert(
+                k,
+                Task::new(
+                    kernels::GROUP_TRANSFER,
+                    [
+                        p,
+                        s,
+                        Arg::lit(key.to_string()),
+                        Arg::lit(n as u64),
+                        Arg::lit(id.as_str().to_string()),
+                        Arg::lit(i as u64),
+                    ],
+                )
+                .with_shuffle(ShuffleRole::Transfer {
+                    id,
+                    input: i as u32,
+                }),
+            );
+        }
+        let barrier = Key::name_only(&format!("{name}-barrier"));
+        g.insert(barrier, dask_graph::shuffle::barrier(id, transfers));
+        for j in 0..n as u32 {
+            g.insert(
+                Key::new(name, &[j]),
+                Task::new(
+                    kernels::GROUP_UNPACK,
+                    [
+                        Arg::key(barrier),
+                        Arg::lit(id.as_str().to_string()),
+                        Arg::lit(j as u64),
+                        Arg::lit(inputs as u64),
+                    ],
+                )
+                .with_shuffle(ShuffleRole::Unpack { id, part: j }),
+            );
+        }
+    }
+
+    /// A groupby made of tasks: a split per partition, a pick per bucket, a group per output.
+    fn task_groupby(&self, key: &str, name: &str, n: usize, g: &mut Graph) {
+        let (split, pick) = (format!("{name}-split"), format!("{name}-pick"));
         for i in 0..self.npartitions {
             let [p, s] = self.input_args(i);
             g.insert(
@@ -65,14 +150,10 @@ impl Bag {
                 .map(|i| Arg::key(Key::new(&pick, &[i as u32, j as u32])))
                 .collect();
             g.insert(
-                Key::new(&name, &[j as u32]),
+                Key::new(name, &[j as u32]),
                 Task::new(kernels::GROUP, [Arg::List(picks)]),
             );
         }
-        Ok(Bag {
-            split_every: self.split_every,
-            ..Bag::new(name, n, &[&self.layers], g)
-        })
     }
 
     /// The Cartesian product: `[a, b]` for every item `a` of this bag and `b` of `other`, in

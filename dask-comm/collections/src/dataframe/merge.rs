@@ -28,18 +28,7 @@ pub enum How {
     Outer,
 }
 
-/// How a hash join moves its buckets (Dask's `shuffle_method`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum ShuffleMethod {
-    /// Peer-to-peer: each partition's transfer task sends its buckets straight to the
-    /// workers that join them, outside the task graph (`n + m + 1 + n` tasks; on a cluster
-    /// the bytes move worker to worker over the data connections, in bounded batches).
-    #[default]
-    P2p,
-    /// Tasks: one task per bucket per partition (`n × m` of them), fetched by the joining
-    /// tasks like any value.
-    Tasks,
-}
+pub use crate::ShuffleMethod;
 
 /// A join's keys and kind, as a task argument.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

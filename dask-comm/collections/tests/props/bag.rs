@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::common::{cluster, schedulers};
 use dask_collections::bag::{self, Bag, BagError, Item};
+use dask_collections::ShuffleMethod;
 use dask_graph::Scheduler;
 use proptest::prelude::*;
 
@@ -150,8 +151,9 @@ proptest! {
             assert_eq!(b.distinct_by("t-mod7").unwrap().compute(s).unwrap(), firsts, "{name}");
             let fb = b.foldby("t-mod7", bag::ADD, Some(Item::Int(0)), None, Some(Item::Int(1000)));
             assert_eq!(fb.unwrap().compute(s).unwrap(), foldby, "{name}");
-            for out in [1, 3] {
-                let g = b.groupby("t-mod7", Some(out)).unwrap();
+            for (out, method) in [(1, ShuffleMethod::P2p), (3, ShuffleMethod::P2p),
+                                  (1, ShuffleMethod::Tasks), (3, ShuffleMethod::Tasks)] {
+                let g = b.groupby_with("t-mod7", Some(out), method).unwrap();
                 assert_eq!(g.npartitions(), out);
                 let mut got = g.compute(s).unwrap();
                 got.sort();
@@ -159,7 +161,7 @@ proptest! {
                     .map(|(&k, v)| Item::pair(k, ints(v)))
                     .collect();
                 want.sort();
-                assert_eq!(got, want, "{name} groupby into {out}");
+                assert_eq!(got, want, "{name} groupby into {out} by {method:?}");
             }
             let small = bag::from_sequence(ints(&xs[..xs.len().min(5)]), 2).unwrap();
             let prod = small.product(&b.map("t-neg").unwrap());
