@@ -249,23 +249,11 @@ fn scheduler(mut a: Args) -> Result<()> {
             announce(&format!("DASHBOARD http://{d}/"));
         }
         // Until a client shuts the cluster down, or a signal.
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| Error::os("listening for SIGTERM", e))?;
-        let ended = tokio::select! {
-            r = server.stopped() => Some(r),
-            _ = tokio::signal::ctrl_c() => None,
-            _ = term.recv() => None,
-        };
+        let ended = server.serve_until_signalled().await;
         if let Some(f) = &file {
             let _ = std::fs::remove_file(f);
         }
-        match ended {
-            Some(r) => r,
-            None => {
-                server.shutdown().await;
-                Ok(())
-            }
-        }
+        ended
     })
 }
 

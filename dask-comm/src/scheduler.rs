@@ -201,6 +201,29 @@ impl SchedulerServer {
         })
     }
 
+    /// Runs until a client shuts the cluster down (the scheduler's own result, as
+    /// [`stopped`](Self::stopped)), or SIGINT or SIGTERM comes: then shuts the cluster down
+    /// ([`shutdown`](Self::shutdown)) and returns `Ok`. What a scheduler process's `main` waits
+    /// on.
+    pub async fn serve_until_signalled(mut self) -> Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())
+            .map_err(|e| crate::Error::os("listening for SIGTERM", e))?;
+        let ended = tokio::select! {
+            r = self.stopped() => Some(r),
+            _ = tokio::signal::ctrl_c() => None,
+            _ = term.recv() => None,
+        };
+        match ended {
+            Some(r) => r,
+            None => {
+                tracing::info!("signalled: shutting the cluster down");
+                self.shutdown().await;
+                Ok(())
+            }
+        }
+    }
+
     /// Stops the scheduler (as a shutdown) once every client has left after one came, or when
     /// none came within `grace`: a launched job's scheduler outlives neither its client rank
     /// nor a client rank that never came.

@@ -401,22 +401,9 @@ fn scheduler(job: &Job, listen: &str, client_within: Option<Duration>) -> Result
         }
         .write(file)?;
         crate::cli::announce(&format!("LISTENING {}", server.address()));
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| Error::os("listening for SIGTERM", e))?;
-        let ended = tokio::select! {
-            r = server.stopped() => Some(r),
-            _ = tokio::signal::ctrl_c() => None,
-            _ = term.recv() => None,
-        };
+        let ended = server.serve_until_signalled().await;
         let _ = std::fs::remove_file(file);
-        match ended {
-            Some(r) => r,
-            None => {
-                tracing::info!("signalled: shutting the cluster down");
-                server.shutdown().await;
-                Ok(())
-            }
-        }
+        ended
     })
 }
 

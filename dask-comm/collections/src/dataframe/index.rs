@@ -196,16 +196,7 @@ impl DataFrame {
         let n = d.npartitions;
         let name = fresh_name("set-index");
         let mut g = Graph::new();
-        let samples: Vec<Key> = (0..n as u32)
-            .map(|i| Key::new(&format!("{name}-sample"), &[i]))
-            .collect();
-        for (i, &k) in samples.iter().enumerate() {
-            let [p, o] = d.input_args(i);
-            g.insert(
-                k,
-                Task::new(kernels::SORT_SAMPLE, [p, o, Arg::lit(column.to_string())]),
-            );
-        }
+        let samples = sort::sample_tasks(&d, column, &name, &mut g);
         let layers = stack(&[&d.layers], &name, g);
         let values = scheduler.get(graph_for(&layers, &samples), &samples)?;
         let frames =

@@ -126,6 +126,22 @@ pub(crate) fn boundaries(samples: &[&PlFrame], parts: usize) -> Result<Frame, St
         .map_err(|e| e.to_string())
 }
 
+/// A sample task per partition of `d` (materialized) into `g`, keys `(name-sample, i)`: the
+/// [`sample`] of column `by`.
+pub(crate) fn sample_tasks(d: &DataFrame, by: &str, name: &str, g: &mut Graph) -> Vec<Key> {
+    (0..d.npartitions)
+        .map(|i| {
+            let key = Key::new(&format!("{name}-sample"), &[i as u32]);
+            let [p, o] = d.input_args(i);
+            g.insert(
+                key,
+                Task::new(kernels::SORT_SAMPLE, [p, o, Arg::lit(by.to_string())]),
+            );
+            key
+        })
+        .collect()
+}
+
 /// What a sort's transfer and unpack tasks need to know, as a task argument.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct SortSpec {
@@ -364,16 +380,7 @@ impl DataFrame {
         let n = d.npartitions;
         let name = fresh_name("sort");
         let mut g = Graph::new();
-        let samples: Vec<Key> = (0..n as u32)
-            .map(|i| Key::new(&format!("{name}-sample"), &[i]))
-            .collect();
-        for (i, &k) in samples.iter().enumerate() {
-            let [p, o] = d.input_args(i);
-            g.insert(
-                k,
-                Task::new(kernels::SORT_SAMPLE, [p, o, Arg::lit(first.to_string())]),
-            );
-        }
+        let samples = sample_tasks(&d, first, &name, &mut g);
         let bounds = Key::name_only(&format!("{name}-bounds"));
         g.insert(
             bounds,
