@@ -295,16 +295,9 @@ async fn run(
             }
             _ = tick.tick() => {
                 core.on_tick(Instant::now(), &mut out);
-                if let Some(w) = &watch {
-                    if !clients.is_empty() {
-                        // Still here.
-                    } else if w.seen {
-                        tracing::info!("every client has left: shutting the cluster down");
-                        break;
-                    } else if w.since.elapsed() > w.grace {
-                        tracing::warn!(grace = ?w.grace, "no client came: shutting the cluster down");
-                        break;
-                    }
+                if let Some(why) = watch.as_ref().and_then(|w| w.ended(clients.len())) {
+                    tracing::info!("{why}: shutting the cluster down");
+                    break;
                 }
             }
         }
@@ -360,6 +353,18 @@ struct ClientWatch {
     grace: Duration,
     since: Instant,
     seen: bool,
+}
+
+impl ClientWatch {
+    /// Why the scheduler stops now, with `clients` connected: none left after one came, or
+    /// none came within the grace.
+    fn ended(&self, clients: usize) -> Option<&'static str> {
+        match (clients, self.seen) {
+            (0, true) => Some("every client has left"),
+            (0, false) if self.since.elapsed() > self.grace => Some("no client came in time"),
+            _ => None,
+        }
+    }
 }
 
 /// Handles one event; true when a client asked the cluster to shut down.

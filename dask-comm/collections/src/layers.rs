@@ -53,3 +53,43 @@ pub(crate) fn graph_for(layers: &Layers, keys: &[Key]) -> Graph {
     }
     g
 }
+
+/// The id of the peer-to-peer shuffle of layer `name`.
+pub(crate) fn shuffle_id(name: &str) -> dask_graph::ShuffleId {
+    dask_graph::ShuffleId::new(&format!("{name}-shuffle"))
+}
+
+/// The tasks of a peer-to-peer shuffle into `g` (a bag's groupby, a dataframe's hash join
+/// and range partitioning): transfer `i` of `inputs` (key `(name-transfer, i)`) is
+/// `transfer(i)`; the barrier over them (`name-barrier`); output `j` of `outputs` (key
+/// `(name, j)`) is `unpack(barrier, j)`, which must take the barrier as an argument. The
+/// roles the scheduler and workers run the shuffle by are set here.
+pub(crate) fn p2p_shuffle(
+    g: &mut Graph,
+    name: &str,
+    inputs: u32,
+    outputs: u32,
+    transfer: impl Fn(u32) -> dask_graph::Task,
+    unpack: impl Fn(dask_graph::Arg, u32) -> dask_graph::Task,
+) {
+    use dask_graph::{Arg, ShuffleRole};
+    let id = shuffle_id(name);
+    let transfers: Vec<Key> = (0..inputs)
+        .map(|i| {
+            let key = Key::new(&format!("{name}-transfer"), &[i]);
+            g.insert(
+                key,
+                transfer(i).with_shuffle(ShuffleRole::Transfer { id, input: i }),
+            );
+            key
+        })
+        .collect();
+    let barrier = Key::name_only(&format!("{name}-barrier"));
+    g.insert(barrier, dask_graph::shuffle::barrier(id, transfers));
+    for j in 0..outputs {
+        g.insert(
+            Key::new(name, &[j]),
+            unpack(Arg::key(barrier), j).with_shuffle(ShuffleRole::Unpack { id, part: j }),
+        );
+    }
+}

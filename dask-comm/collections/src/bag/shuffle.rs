@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
-use dask_graph::{Arg, Graph, Key, ShuffleId, ShuffleRole, Task};
+use dask_graph::{Arg, Graph, Key, Task};
 
+use crate::layers::{p2p_shuffle, shuffle_id};
 use crate::ShuffleMethod;
 
 use super::functions;
@@ -78,15 +79,15 @@ impl Bag {
     /// A peer-to-peer groupby's tasks: a transfer per partition, the barrier, an unpack per
     /// output.
     fn p2p_groupby(&self, key: &str, name: &str, n: usize, g: &mut Graph) {
-        let id = ShuffleId::new(&format!("{name}-shuffle"));
+        let shuffle = shuffle_id(name).as_str().to_string();
         let inputs = self.npartitions as u32;
-        let transfers: Vec<Key> = (0..inputs)
-            .map(|i| Key::new(&format!("{name}-transfer"), &[i]))
-            .collect();
-        for (i, &k) in transfers.iter().enumerate() {
-            let [p, s] = self.input_args(i);
-            g.insert(
-                k,
+        p2p_shuffle(
+            g,
+            name,
+            inputs,
+            n as u32,
+            |i| {
+                let [p, s] = self.input_args(i as usize);
                 Task::new(
                     kernels::GROUP_TRANSFER,
                     [
@@ -94,33 +95,23 @@ impl Bag {
                         s,
                         Arg::lit(key.to_string()),
                         Arg::lit(n as u64),
-                        Arg::lit(id.as_str().to_string()),
-                        Arg::lit(i as u64),
+                        Arg::lit(shuffle.clone()),
+                        Arg::lit(u64::from(i)),
                     ],
                 )
-                .with_shuffle(ShuffleRole::Transfer {
-                    id,
-                    input: i as u32,
-                }),
-            );
-        }
-        let barrier = Key::name_only(&format!("{name}-barrier"));
-        g.insert(barrier, dask_graph::shuffle::barrier(id, transfers));
-        for j in 0..n as u32 {
-            g.insert(
-                Key::new(name, &[j]),
+            },
+            |barrier, j| {
                 Task::new(
                     kernels::GROUP_UNPACK,
                     [
-                        Arg::key(barrier),
-                        Arg::lit(id.as_str().to_string()),
-                        Arg::lit(j as u64),
-                        Arg::lit(inputs as u64),
+                        barrier,
+                        Arg::lit(shuffle.clone()),
+                        Arg::lit(u64::from(j)),
+                        Arg::lit(u64::from(inputs)),
                     ],
                 )
-                .with_shuffle(ShuffleRole::Unpack { id, part: j }),
-            );
-        }
+            },
+        );
     }
 
     /// A groupby made of tasks: a split per partition, a pick per bucket, a group per output.

@@ -12,10 +12,11 @@ use polars::prelude::{
 };
 use serde::{Deserialize, Serialize};
 
-use dask_graph::{Arg, Graph, Key, ShuffleId, ShuffleRole, Task};
+use dask_graph::{Arg, Graph, Key, Task};
 
 use super::frame::{ColumnType, Frame};
 use super::{fresh_name, kernels, stack, DataFrame, DataFrameError, Source};
+use crate::layers::{p2p_shuffle, shuffle_id};
 
 /// How rows without a match are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -323,17 +324,20 @@ impl DataFrame {
     /// `0..n` are this side's, then `other`'s), the barrier, and one unpack-and-join task per
     /// output.
     fn p2p_join(&self, other: &DataFrame, spec: &JoinSpec, name: &str, n: usize, g: &mut Graph) {
-        let id = ShuffleId::new(&format!("{name}-shuffle"));
-        let transfer = format!("{name}-transfer");
-        let inputs = (self.npartitions + other.npartitions) as u32;
-        let mut transfers = Vec::with_capacity(inputs as usize);
-        let parts = (0..self.npartitions)
-            .map(|i| self.input_args(i))
-            .chain((0..other.npartitions).map(|i| other.input_args(i)));
-        for (index, [p, o]) in (0..inputs).zip(parts) {
-            let key = Key::new(&transfer, &[index]);
-            g.insert(
-                key,
+        let shuffle = shuffle_id(name).as_str().to_string();
+        let left = self.npartitions;
+        let inputs = (left + other.npartitions) as u32;
+        p2p_shuffle(
+            g,
+            name,
+            inputs,
+            n as u32,
+            |index| {
+                let i = index as usize;
+                let [p, o] = match i.checked_sub(left) {
+                    None => self.input_args(i),
+                    Some(r) => other.input_args(r),
+                };
                 Task::new(
                     kernels::SHUFFLE_TRANSFER,
                     [
@@ -341,32 +345,24 @@ impl DataFrame {
                         o,
                         Arg::lit(spec.clone()),
                         Arg::lit(n as u64),
-                        Arg::lit(id.as_str().to_string()),
-                        Arg::lit(index as u64),
+                        Arg::lit(shuffle.clone()),
+                        Arg::lit(u64::from(index)),
                     ],
                 )
-                .with_shuffle(ShuffleRole::Transfer { id, input: index }),
-            );
-            transfers.push(key);
-        }
-        let barrier = Key::name_only(&format!("{name}-barrier"));
-        g.insert(barrier, dask_graph::shuffle::barrier(id, transfers));
-        for j in 0..n as u32 {
-            g.insert(
-                Key::new(name, &[j]),
+            },
+            |barrier, j| {
                 Task::new(
                     kernels::SHUFFLE_JOIN,
                     [
-                        Arg::key(barrier),
-                        Arg::lit(id.as_str().to_string()),
-                        Arg::lit(j as u64),
-                        Arg::lit(self.npartitions as u64),
-                        Arg::lit(inputs as u64),
+                        barrier,
+                        Arg::lit(shuffle.clone()),
+                        Arg::lit(u64::from(j)),
+                        Arg::lit(left as u64),
+                        Arg::lit(u64::from(inputs)),
                         Arg::lit(spec.clone()),
                     ],
                 )
-                .with_shuffle(ShuffleRole::Unpack { id, part: j }),
-            );
-        }
+            },
+        );
     }
 }

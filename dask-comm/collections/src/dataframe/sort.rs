@@ -17,11 +17,12 @@ use polars::prelude::{
     DataFrame as PlFrame, DataType, IdxCa, IdxSize, NamedFrom, Series, SortMultipleOptions,
 };
 
-use dask_graph::{Arg, Graph, Key, ShuffleId, ShuffleRole, Task, Value};
+use dask_graph::{Arg, Graph, Key, ShuffleId, Task, Value};
 
 use super::frame::{self, Frame};
 use super::ops::{self, Ops};
 use super::{fresh_name, kernels, stack, DataFrame, DataFrameError};
+use crate::layers::{p2p_shuffle, shuffle_id};
 
 /// Most values each partition contributes to the boundaries.
 pub const SAMPLE: usize = 256;
@@ -246,20 +247,20 @@ pub(crate) fn range_shuffle(
     outputs: usize,
     g: &mut Graph,
 ) {
-    let n = d.npartitions;
-    let id = ShuffleId::new(&format!("{name}-shuffle"));
+    let n = d.npartitions as u32;
     let spec = SortSpec {
         by: by.iter().map(|c| c.to_string()).collect(),
         descending: descending.to_vec(),
-        shuffle: id.as_str().to_string(),
+        shuffle: shuffle_id(name).as_str().to_string(),
         parts: outputs as u64,
     };
-    let mut transfers = Vec::with_capacity(n);
-    for i in 0..n as u32 {
-        let [p, o] = d.input_args(i as usize);
-        let key = Key::new(&format!("{name}-transfer"), &[i]);
-        g.insert(
-            key,
+    p2p_shuffle(
+        g,
+        name,
+        n,
+        outputs as u32,
+        |i| {
+            let [p, o] = d.input_args(i as usize);
             Task::new(
                 kernels::SORT_TRANSFER,
                 [
@@ -267,30 +268,22 @@ pub(crate) fn range_shuffle(
                     o,
                     bounds.clone(),
                     Arg::lit(spec.clone()),
-                    Arg::lit(i as u64),
+                    Arg::lit(u64::from(i)),
                 ],
             )
-            .with_shuffle(ShuffleRole::Transfer { id, input: i }),
-        );
-        transfers.push(key);
-    }
-    let barrier = Key::name_only(&format!("{name}-barrier"));
-    g.insert(barrier, dask_graph::shuffle::barrier(id, transfers));
-    for j in 0..outputs as u32 {
-        g.insert(
-            Key::new(name, &[j]),
+        },
+        |barrier, j| {
             Task::new(
                 kernels::SORT_UNPACK,
                 [
-                    Arg::key(barrier),
+                    barrier,
                     Arg::lit(spec.clone()),
-                    Arg::lit(j as u64),
-                    Arg::lit(n as u64),
+                    Arg::lit(u64::from(j)),
+                    Arg::lit(u64::from(n)),
                 ],
             )
-            .with_shuffle(ShuffleRole::Unpack { id, part: j }),
-        );
-    }
+        },
+    );
 }
 
 /// A transfer: partition `input` (with its operations) split at the boundaries and sent.
