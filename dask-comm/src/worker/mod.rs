@@ -623,6 +623,14 @@ impl Worker {
     /// `terminate`.
     fn check_memory(&mut self, stuck_since: &mut Option<Instant>) -> Result<()> {
         let mut rss = memory::rss();
+        {
+            // Until the next check, values may grow to the store's target on top of the
+            // process's own memory: bound them by what that memory leaves of the target, so
+            // that the process, not only its values, stays near it between checks.
+            let mut store = lock(&self.store);
+            let unmanaged = rss.saturating_sub(store.memory_bytes());
+            store.set_target(self.limits.target().saturating_sub(unmanaged));
+        }
         if rss > self.limits.spill() {
             let goal = self.limits.target();
             let mut store = lock(&self.store);

@@ -170,6 +170,16 @@ impl Store {
         self.spill_to_target();
     }
 
+    /// Spills above `target` bytes in memory from now on (at least 1: a store that spills
+    /// keeps spilling), spilling at once down to it. A store that never spills stays so.
+    pub fn set_target(&mut self, target: u64) {
+        if self.target == 0 {
+            return;
+        }
+        self.target = target.max(1);
+        self.spill_to_target();
+    }
+
     /// A value for a task here: from memory, or read back from disk (and kept in memory
     /// again). `Ok(None)`: not here.
     pub fn get(&mut self, k: &Key) -> Result<Option<Value>, SpillError> {
@@ -451,6 +461,38 @@ mod tests {
         assert!(s.get(&k(9)).unwrap().is_none());
         drop(s);
         assert!(!d.exists(), "the directory goes with the store");
+    }
+
+    #[test]
+    fn a_lower_target_spills_at_once_and_bounds_later_inserts() {
+        let d = dir("set-target");
+        let mut s = Store::new(Some(d.clone()), 5000).unwrap();
+        for i in 0..4 {
+            s.insert(k(i), val(i as u8));
+        }
+        assert_eq!(s.memory_bytes(), 4000);
+        s.set_target(1500);
+        assert_eq!((s.memory_bytes(), s.disk_bytes()), (1000, 3000));
+        s.insert(k(4), val(4));
+        assert_eq!(
+            s.memory_bytes(),
+            1000,
+            "inserts spill down to the new target"
+        );
+        s.set_target(0);
+        assert_eq!(
+            s.memory_bytes(),
+            0,
+            "a target of 0 still spills (at least 1 byte)"
+        );
+        let mut never = Store::in_memory_only();
+        never.set_target(10);
+        never.insert(k(0), val(0));
+        assert_eq!(
+            never.memory_bytes(),
+            1000,
+            "a store that never spills stays so"
+        );
     }
 
     #[test]
