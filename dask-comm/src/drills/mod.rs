@@ -210,6 +210,21 @@ struct Kills {
     slowest: Duration,
 }
 
+/// The scheduler's stats once the last kill is counted: the supervisor has replaced `kills`
+/// workers and the scheduler has seen them lost (it learns of a death from the connection,
+/// which under load can come after the supervisor's restart), or after 30 s.
+fn settled_stats(cluster: &LocalCluster, kills: u64) -> Result<Stats> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = cluster.scheduler_stats()?.0;
+        let counted = cluster.restarts() >= kills && stats.workers_lost >= kills;
+        if counted || Instant::now() >= deadline {
+            return Ok(stats);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `trials` trials of a kill drill on `cluster`'s 3 workers: each persists `make(trial)`'s
 /// graph, kills a random worker with SIGKILL after a random wait under `window` µs, and
 /// gathers the answer within `limit`, checked against `answer` (a wrong or late one is an
@@ -425,12 +440,7 @@ pub fn chaos(trials: usize, leaves: u32, seed: u64, trial_limit: Duration) -> Re
     )?;
     (report.trials, report.kills, report.kills_mid_run) = (k.trials, k.kills, k.kills_mid_run);
     report.slowest = k.slowest;
-    // The last kill's replacement, before counting.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster.restarts() < report.kills as u64 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    report.stats = cluster.scheduler_stats()?.0;
+    report.stats = settled_stats(&cluster, report.kills as u64)?;
     report.restarts = cluster.restarts();
     Ok(report)
 }

@@ -341,11 +341,6 @@ pub fn shuffle_chaos(
     )?;
     (report.trials, report.kills, report.kills_mid_run) = (k.trials, k.kills, k.kills_mid_run);
     report.slowest = k.slowest;
-    // The last kill's replacement (and so its loss), before counting.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster.restarts() < report.kills as u64 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    report.stats = cluster.scheduler_stats()?.0;
+    report.stats = super::settled_stats(&cluster, report.kills as u64)?;
     Ok(report)
 }
