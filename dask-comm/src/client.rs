@@ -669,8 +669,17 @@ impl Client {
             let inner = Arc::clone(&self.inner);
             fetches.push(self.inner.rt.run(async move {
                 let conn = inner.data.lock().await.get(&worker).cloned();
-                let (conn, r) =
-                    crate::worker::fetch::get(&worker, conn, &inner.name, &inner.secret, ks).await;
+                // The values' sizes are not known here: no limit on the answer's time but
+                // the worker's death or the connection's end.
+                let (conn, r) = crate::worker::fetch::get(
+                    &worker,
+                    conn,
+                    &inner.name,
+                    &inner.secret,
+                    ks,
+                    u64::MAX,
+                )
+                .await;
                 let mut pool = inner.data.lock().await;
                 match conn {
                     Some(c) => pool.insert(worker.clone(), c),

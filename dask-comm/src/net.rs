@@ -137,6 +137,40 @@ pub(crate) async fn recv_batch<M: DeserializeOwned + Payloads>(
     Ok(decode_batch(msg)?)
 }
 
+/// How long a peer may take to answer a request of no bytes (see [`request`]).
+pub(crate) const REPLY_BASE: std::time::Duration = std::time::Duration::from_secs(30);
+/// The slowest rate at which a request's bytes may travel before it counts as unanswered
+/// (8 MiB/s, on top of [`REPLY_BASE`]).
+pub(crate) const REPLY_FLOOR_BYTES_PER_SEC: u64 = 8 << 20;
+
+/// Sends `msgs` and receives the peer's answer, all within [`REPLY_BASE`] plus the time
+/// `bytes` (what the request and its answer should carry) take at
+/// [`REPLY_FLOOR_BYTES_PER_SEC`]: a peer that took the connection and never answers (or
+/// stops reading) is treated as unreachable, not waited for forever. Its connection should
+/// not be used again.
+pub(crate) async fn request<Q, A>(conn: &Connection, msgs: Vec<Q>, bytes: u64) -> Result<Vec<A>>
+where
+    Q: Serialize + Payloads,
+    A: DeserializeOwned + Payloads,
+{
+    let limit = REPLY_BASE
+        + std::time::Duration::from_millis(bytes.saturating_mul(1000) / REPLY_FLOOR_BYTES_PER_SEC);
+    let exchange = async {
+        send_batch(conn, msgs).await?;
+        recv_batch(conn).await
+    };
+    match tokio::time::timeout(limit, exchange).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!(peer = %conn.peer_addr(), ?limit, bytes, "a peer did not answer in time");
+            Err(Error::Timeout(format!(
+                "{} did not answer within {limit:?}",
+                conn.peer_addr()
+            )))
+        }
+    }
+}
+
 /// Sends what arrives on `rx` to `conn`, coalescing batches that are already waiting into one
 /// message. Ends when `rx` closes or the connection fails.
 pub(crate) async fn writer<M: Serialize + Payloads>(

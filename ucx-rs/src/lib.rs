@@ -60,6 +60,7 @@ mod context;
 pub mod cuda;
 mod endpoint;
 mod error;
+mod exit;
 mod listener;
 pub mod multi;
 mod ops;

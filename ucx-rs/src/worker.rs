@@ -102,6 +102,11 @@ impl WorkerShared {
         self.mode
     }
 
+    /// The worker's handle, for calls UCX allows from any thread without the lock.
+    pub(crate) fn raw_handle(&self) -> sys::ucp_worker_h {
+        self.raw.lock().unwrap_or_else(|e| e.into_inner()).handle
+    }
+
     /// Locks the worker for a sequence of UCX calls.
     pub(crate) fn lock(&self) -> Locked<'_> {
         #[cfg(feature = "cuda")]
@@ -565,8 +570,13 @@ const BLOCKING_SPIN: u32 = 64;
 const THREAD_SPIN: u32 = 2_000;
 
 fn thread_progress(weak: Weak<WorkerShared>, fd: OwnedFd) {
+    // Counted until this thread ends, after its reference to the worker is gone (crate::exit).
+    let _running = crate::exit::ProgressThread::enter(weak.clone());
     let mut idle = 0u32;
     loop {
+        if crate::exit::exiting() {
+            return;
+        }
         let Some(shared) = weak.upgrade() else { return };
         if shared.lock().progress() > 0 {
             idle = 0;

@@ -68,13 +68,15 @@ pub(crate) struct Fetcher {
     pool: FxHashMap<String, Arc<Connection>>,
 }
 
-/// Asks `peer` for `keys` over `conn` (or a new data connection).
+/// Asks `peer` for `keys` over `conn` (or a new data connection), expected to weigh `nbytes`
+/// (which bounds the wait for the answer: [`net::request`]).
 pub(crate) async fn get(
     peer: &str,
     conn: Option<Arc<Connection>>,
     me: &str,
     secret: &Secret,
     keys: Vec<Key>,
+    nbytes: u64,
 ) -> (Option<Arc<Connection>>, Result<Vec<(Key, Option<Payload>)>>) {
     let conn = match conn {
         Some(c) => c,
@@ -98,8 +100,8 @@ pub(crate) async fn get(
         }
     };
     let r = async {
-        net::send_batch(&conn, vec![DataMsg::Get { keys }]).await?;
-        let mut reply: Vec<DataMsg> = net::recv_batch(&conn).await?;
+        let mut reply: Vec<DataMsg> =
+            net::request(&conn, vec![DataMsg::Get { keys }], nbytes).await?;
         match (reply.pop(), reply.is_empty()) {
             (Some(DataMsg::Values { values }), true) => Ok(values),
             _ => Err(Error::Unexpected(
@@ -180,7 +182,7 @@ impl Fetcher {
             );
             tokio::spawn(async move {
                 let t0 = std::time::Instant::now();
-                let (conn, result) = get(&peer, conn, &me, &secret, keys.clone()).await;
+                let (conn, result) = get(&peer, conn, &me, &secret, keys.clone(), bytes).await;
                 let _ = tx.send(Fetched {
                     peer,
                     conn,

@@ -244,10 +244,10 @@ async fn deliver(
         }
     };
     for values in batches {
-        net::send_batch(&conn, vec![DataMsg::Pieces { values }])
+        let n: u64 = values.iter().map(|(_, p)| p.len() as u64).sum();
+        let reply: Vec<DataMsg> = net::request(&conn, vec![DataMsg::Pieces { values }], n)
             .await
             .map_err(|e| e.to_string())?;
-        let reply: Vec<DataMsg> = net::recv_batch(&conn).await.map_err(|e| e.to_string())?;
         if reply != [DataMsg::Stored] {
             return Err("the peer did not acknowledge the pieces".into());
         }
