@@ -399,6 +399,18 @@ impl Worker {
         !self.shared.orphaned.load(Ordering::Acquire)
     }
 
+    /// Whether `self` and `other` are handles of the same worker.
+    ///
+    /// ```
+    /// let ctx = ucx::Context::new().unwrap();
+    /// let w = ucx::Worker::new(&ctx, ucx::ProgressMode::Polling).unwrap();
+    /// let other = ucx::Worker::new(&ctx, ucx::ProgressMode::Polling).unwrap();
+    /// assert!(w.same_as(&w.clone()) && !w.same_as(&other));
+    /// ```
+    pub fn same_as(&self, other: &Worker) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// The context this worker belongs to.
     pub fn context(&self) -> &Context {
         &self.shared.context

@@ -14,6 +14,7 @@
 mod exec;
 pub(crate) mod fetch;
 pub mod memory;
+mod serve;
 pub mod shuffle;
 pub(crate) mod store;
 
@@ -30,9 +31,7 @@ use transport::{Address, Connection};
 
 use crate::error::{Error, Result};
 use crate::net;
-use crate::protocol::{
-    DataMsg, Dep, Fetch, FromWorker, Hello, Payload, Priority, ToWorker, FETCHES_KEPT,
-};
+use crate::protocol::{Dep, Fetch, FromWorker, Hello, Payload, Priority, ToWorker, FETCHES_KEPT};
 use crate::security::Secret;
 use exec::{Done, Executor};
 use fetch::{Fetched, Fetcher};
@@ -174,7 +173,13 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
         tokio::spawn(async move {
             while let Ok(conn) = listener.accept().await {
                 let (store, secret, lost) = (Arc::clone(&store), secret.clone(), lost_tx.clone());
-                tokio::spawn(serve_data(conn, store, secret, lost, Arc::clone(&shuffles)));
+                tokio::spawn(serve::serve_data(
+                    conn,
+                    store,
+                    secret,
+                    lost,
+                    Arc::clone(&shuffles),
+                ));
             }
         })
     };
@@ -785,110 +790,6 @@ impl Worker {
                     });
                 }
             }
-        }
-    }
-}
-
-/// Serves one data connection: values from the store, and values a client puts.
-async fn serve_data(
-    conn: Connection,
-    store: Store,
-    secret: Secret,
-    lost: mpsc::UnboundedSender<Key>,
-    shuffles: Arc<shuffle::Shuffles>,
-) {
-    let peer = conn.peer_addr().clone();
-    match net::admit(&conn, &secret).await {
-        Ok(Hello::Data { .. }) => {}
-        Ok(other) => {
-            tracing::warn!(%peer, ?other, "not a data connection: closed");
-            let _ = conn.close().await;
-            return;
-        }
-        Err(e) => {
-            tracing::warn!(%peer, error = %e, "refused a data connection");
-            let _ = conn.close().await;
-            return;
-        }
-    }
-    loop {
-        let msgs = match net::recv_batch::<DataMsg>(&conn).await {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::debug!(%peer, error = %e, "data connection ends");
-                return;
-            }
-        };
-        let mut reply = Vec::new();
-        for m in msgs {
-            match m {
-                DataMsg::Get { keys } => {
-                    let values = {
-                        let store = lock(&store);
-                        keys.into_iter()
-                            .map(|k| match store.peek(&k) {
-                                Ok(v) => (k, v),
-                                Err(e) => {
-                                    tracing::warn!(%peer, error = %e, "a value asked for is lost");
-                                    let _ = lost.send(k);
-                                    (k, None)
-                                }
-                            })
-                            .collect::<Vec<_>>()
-                    };
-                    let values = values
-                        .into_iter()
-                        .map(|(k, v)| {
-                            let p = v.and_then(|v| match Payload::from_value(&v) {
-                                Ok(p) => Some(p),
-                                Err(e) => {
-                                    tracing::warn!(key = %k, error = %e, "a value does not encode");
-                                    None
-                                }
-                            });
-                            (k, p)
-                        })
-                        .collect();
-                    reply.push(DataMsg::Values { values });
-                }
-                DataMsg::Put { values } => {
-                    let mut decoded = Vec::with_capacity(values.len());
-                    for (k, p) in values {
-                        match p.to_value() {
-                            Ok(v) => decoded.push((k, v)),
-                            Err(e) => {
-                                tracing::warn!(%peer, key = %k, error = %e, "a put value does not decode");
-                                let _ = conn.close().await;
-                                return;
-                            }
-                        }
-                    }
-                    let mut store = lock(&store);
-                    for (k, v) in decoded {
-                        store.insert(k, v);
-                    }
-                    reply.push(DataMsg::Stored);
-                }
-                DataMsg::Pieces { values } => {
-                    if let Err(e) = shuffles.keep_pieces(values) {
-                        tracing::warn!(%peer, error = %e, "bad shuffle pieces: closed");
-                        let _ = conn.close().await;
-                        return;
-                    }
-                    reply.push(DataMsg::Stored);
-                }
-                DataMsg::TransferLog => reply.push(DataMsg::Transfers {
-                    entries: shuffles.log().entries(),
-                }),
-                other => {
-                    tracing::warn!(%peer, ?other, "unexpected on a data connection: closed");
-                    let _ = conn.close().await;
-                    return;
-                }
-            }
-        }
-        if net::send_batch(&conn, reply).await.is_err() {
-            return;
         }
     }
 }

@@ -63,18 +63,10 @@ pub const CREDIT_TAG: ucx::Tag = ucx::Tag::User(0x5456);
 /// The process's UCX worker, made on first use. A `blocking` worker is progressed by a task
 /// on the runtime it was made in; when that runtime has shut down (a program that makes one
 /// runtime per phase, or a test after a test), the next connection makes a new worker in the
-/// current runtime. Connections of the old worker died with its runtime.
+/// current runtime. Connections of the old worker died with its runtime. A connect that UCX
+/// wedged gets a fresh worker too ([`fresh_worker`]).
 fn worker() -> Result<ucx::Worker> {
-    static CONTEXT: OnceLock<std::result::Result<ucx::Context, ucx::Error>> = OnceLock::new();
-    static WORKER: std::sync::Mutex<Option<ucx::Worker>> = std::sync::Mutex::new(None);
     let intent = crate::ucx_config::chosen();
-    let ctx = CONTEXT
-        .get_or_init(|| {
-            let opts = intent.options().unwrap_or_default();
-            tracing::debug!(ucx = %intent, "starting the UCX backend");
-            ucx::Context::builder().options(opts).build()
-        })
-        .clone()?;
     let mut current = WORKER.lock().unwrap_or_else(|e| e.into_inner());
     match &*current {
         Some(w) if w.is_progressing() => Ok(w.clone()),
@@ -82,11 +74,50 @@ fn worker() -> Result<ucx::Worker> {
             if stale.is_some() {
                 tracing::info!("the UCX worker's runtime shut down: making a new worker");
             }
-            let w = ucx::Worker::new(&ctx, intent.progress)?;
+            let w = ucx::Worker::new(&context()?, intent.progress)?;
             *current = Some(w.clone());
             Ok(w)
         }
     }
+}
+
+static WORKER: std::sync::Mutex<Option<ucx::Worker>> = std::sync::Mutex::new(None);
+
+/// The process's UCX context, from [`crate::UcxIntent`].
+fn context() -> Result<ucx::Context> {
+    static CONTEXT: OnceLock<std::result::Result<ucx::Context, ucx::Error>> = OnceLock::new();
+    let intent = crate::ucx_config::chosen();
+    Ok(CONTEXT
+        .get_or_init(|| {
+            let opts = intent.options().unwrap_or_default();
+            tracing::debug!(ucx = %intent, "starting the UCX backend");
+            ucx::Context::builder().options(opts).build()
+        })
+        .clone()?)
+}
+
+/// The most workers a process makes for connects that UCX wedged ([`fresh_worker`]).
+const MAX_FRESH_WORKERS: usize = 4;
+
+/// After a connect timed out on `stale`, makes the process's later connects use a new worker
+/// (unless another connect did already, or [`MAX_FRESH_WORKERS`] were made); returns whether
+/// the next connect gets a different worker (if not, it tries the same one again). UCX 1.13's TCP layer can reuse a closed
+/// connection of a dead peer for a new peer on the same address and port, after which that
+/// worker's connects hang (docs/transport.md, "A UCX 1.13 wedge"); a new worker has TCP
+/// interfaces of its own. The old one lives on for its connections and listeners.
+fn fresh_worker(stale: &ucx::Worker) -> bool {
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let mut current = WORKER.lock().unwrap_or_else(|e| e.into_inner());
+    match &*current {
+        Some(w) if w.same_as(stale) => {}
+        _ => return true,
+    }
+    if MADE.fetch_add(1, Ordering::Relaxed) >= MAX_FRESH_WORKERS as u64 {
+        return false;
+    }
+    tracing::warn!("a UCX connect timed out: later connects use a new worker");
+    *current = None;
+    true
 }
 
 #[derive(Debug)]
@@ -173,25 +204,38 @@ pub(crate) async fn connect(
     state: Arc<CloseState>,
 ) -> Result<Conn> {
     let at = resolve(host, port)?;
+    let deadline = std::time::Instant::now() + opts.connect_timeout;
     // A connect that UCX resets during the UCXX handshake is made again, twice at most (within
     // the caller's time limit): seen about once in 600 connects to a freshly started peer in
-    // `tests/peer_death.rs` (thread progress), before any application byte moved.
+    // `tests/peer_death.rs` (thread progress), before any application byte moved. The first
+    // try has half the time: one that times out is tried again on a fresh worker
+    // ([`fresh_worker`]).
     for attempt in 0.. {
+        let w = worker()?;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
         let connected = ucx::Endpoint::connect_with(
-            &worker()?,
+            &w,
             at,
             ucx::ConnectOptions {
-                timeout: opts.connect_timeout,
+                timeout: if attempt == 0 { left / 2 } else { left },
                 ..Default::default()
             },
         )
         .await;
         match connected {
             Ok(ep) => return Ok(Conn::new(ep, opts, state)),
+            Err(ucx::Error::Timeout(_)) if attempt == 0 => {
+                if fresh_worker(&w) {
+                    tracing::warn!(peer = %at, "connecting again on a new UCX worker");
+                }
+            }
             Err(ucx::Error::Handshake(
                 ucx::HandshakeError::Sending(e) | ucx::HandshakeError::Receiving(e),
             )) if attempt < 2 && matches!(*e, ucx::Error::Ucx(s) if s.is_peer_failure()) => {
                 tracing::warn!(peer = %at, error = %e, attempt, "UCX reset the connection during its handshake: connecting again");
+            }
+            Err(ucx::Error::Timeout(_)) => {
+                return Err(TransportError::Timeout(opts.connect_timeout))
             }
             Err(e) => return Err(e.into()),
         }
