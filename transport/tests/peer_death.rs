@@ -25,7 +25,8 @@ const HANG: Duration = Duration::from_secs(10);
 const ENV_CONFIG: &str = "PEER_DEATH_CONFIG";
 /// Trials with `Options::ucx_direct` (see `run_config`).
 const DIRECT_TRIALS: usize = 2;
-/// Connects that took half their time limit or more (see `trial`).
+/// Connects that took half their time limit or more: over ucx://, those made again on a fresh
+/// worker (see `trial`).
 static SLOW_CONNECTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// The exit code of a process whose connect failed (see `run_config`).
 const RESUME: i32 = 75;
@@ -170,7 +171,7 @@ fn report(config: &str, trials: usize, mid: usize, times: &mut [Duration]) {
             .map_or("-".into(), |t| format!("{t:.1?}"))
     };
     println!(
-        "{config:<13} {trials} trials ({mid} killed mid-echo, {} connects made again): detection p50 {} p90 {} p99 {} max {}",
+        "{config:<13} {trials} trials ({mid} killed mid-echo, {} slow connects): detection p50 {} p90 {} p99 {} max {}",
         SLOW_CONNECTS.load(std::sync::atomic::Ordering::Relaxed),
         pct(50),
         pct(90),

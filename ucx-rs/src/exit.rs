@@ -29,7 +29,8 @@ pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(2);
 /// Set once the process exits: progress threads stop.
 static EXITING: AtomicBool = AtomicBool::new(false);
 
-/// The workers of the running progress threads (to wake them at exit) and their count.
+/// The worker of each running progress thread (to wake it at exit; the exit handler waits
+/// until the list is empty).
 static THREADS: Mutex<Vec<Weak<WorkerShared>>> = Mutex::new(Vec::new());
 static DONE: Condvar = Condvar::new();
 
@@ -49,14 +50,17 @@ impl ProgressThread {
     pub(crate) fn enter(worker: Weak<WorkerShared>) -> ProgressThread {
         static REGISTER: Once = Once::new();
         REGISTER.call_once(|| {
-            // SAFETY: `on_exit` is an `extern "C" fn()` that never unwinds (it catches
-            // nothing that could panic: poisoned locks are taken as they are).
+            // SAFETY: `on_exit` is an `extern "C" fn()` taking nothing, as `atexit` requires;
+            // it cannot unwind into C (a panic in an `extern "C" fn` aborts), and it takes
+            // poisoned locks as they are rather than panicking.
             if unsafe { libc::atexit(on_exit) } != 0 {
                 tracing::warn!("cannot register the UCX progress threads' exit handler");
             }
         });
+        // No pruning of entries whose worker is gone: such a thread may be destroying its
+        // worker right now, which is what the exit handler must wait for. Each thread removes
+        // its own entry when it ends.
         let mut threads = THREADS.lock().unwrap_or_else(|e| e.into_inner());
-        threads.retain(|w| w.strong_count() > 0);
         threads.push(worker.clone());
         ProgressThread { worker }
     }
