@@ -11,7 +11,7 @@ use ucx_sys as sys;
 
 use super::{Endpoint, EpShared};
 use crate::buffer::{IoBuf, IoBufMut, MemoryType};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::request::{post_recvs, Cancel, InFlight};
 
 impl EpShared {
@@ -55,26 +55,42 @@ impl EpShared {
             return gather(done.into_iter());
         }
         let mut bufs = bufs;
-        let guard = {
+        let posted = {
             let locked = self.worker.lock();
-            if let Err(e) = self.live(&locked) {
-                return (Err(e), bufs);
-            }
-            let n = bufs.len();
-            let batch = post_recvs(&locked, MemoryType::Host.to_ucs(), n, |i, param| {
-                let b = &mut bufs[i];
-                let (p, cap) = (b.stable_mut_ptr(), b.bytes_total());
-                // SAFETY: the worker is locked; each buffer has `cap` writable bytes and stays
-                // alive and in place until the batch completes (owned by the guard made right
-                // below, before the lock is released, or parked in the batch by its drop).
-                unsafe {
-                    sys::ucp_tag_recv_nbx(locked.handle(), p.cast(), cap, tag, u64::MAX, param)
+            match self.live(&locked) {
+                Err(e) => Err((e, bufs)),
+                Ok(_) => {
+                    let n = bufs.len();
+                    let batch = post_recvs(&locked, MemoryType::Host.to_ucs(), n, |i, param| {
+                        let b = &mut bufs[i];
+                        let (p, cap) = (b.stable_mut_ptr(), b.bytes_total());
+                        // SAFETY: the worker is locked; each buffer has `cap` writable bytes
+                        // and stays alive and in place until the batch completes (owned by the
+                        // guard made right below, before the lock is released, or parked in
+                        // the batch by its drop).
+                        unsafe {
+                            sys::ucp_tag_recv_nbx(
+                                locked.handle(),
+                                p.cast(),
+                                cap,
+                                tag,
+                                u64::MAX,
+                                param,
+                            )
+                        }
+                    });
+                    if !batch.is_done() {
+                        self.track(&batch);
+                    }
+                    Ok(InFlight::new(batch, bufs, &self.worker, true))
                 }
-            });
-            if !batch.is_done() {
-                self.track(&batch);
             }
-            InFlight::new(batch, bufs, &self.worker, true)
+        };
+        let guard = match posted {
+            Ok(guard) => guard,
+            // The endpoint ended before the batch was posted (its worker's progress took in
+            // the peer's messages and then its failure or close): what arrived is delivered.
+            Err((e, bufs)) => return self.rescue_all(e, bufs, tag).await,
         };
         let (batch, mut bufs) = guard.done().await;
         // In place while every receive succeeded (the usual case).
@@ -110,6 +126,25 @@ impl EpShared {
                 }
                 Err(e) => self.rescue_queued(Err(e), b, tag).await,
             });
+        }
+        gather(done.into_iter())
+    }
+
+    /// A batch receive on an endpoint that already ended (`e`): as a single receive would,
+    /// each buffer in turn takes a message that arrived before the peer failed or closed and
+    /// still waits in UCX's queue, until none is left.
+    async fn rescue_all<B: IoBufMut>(
+        &self,
+        e: Error,
+        bufs: Vec<B>,
+        tag: u64,
+    ) -> (Result<usize>, Vec<B>) {
+        let Error::Ucx(status) = e else {
+            return (Err(e), bufs);
+        };
+        let mut done = Vec::with_capacity(bufs.len());
+        for b in bufs {
+            done.push(self.rescue_queued(Err(Error::Ucx(status)), b, tag).await);
         }
         gather(done.into_iter())
     }
