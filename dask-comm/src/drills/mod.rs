@@ -188,18 +188,37 @@ fn gather_within(client: &Client, fs: Vec<crate::client::DFuture>, limit: Durati
     }
 }
 
-fn wait_for_workers(client: &Client, n: usize, limit: Duration) -> Result<()> {
+/// The process ids of `n` workers that run under `cluster`'s supervisor, have registered
+/// with the scheduler (as `client` last heard), and are not in `killed`, waiting at most
+/// `limit`. A kill drill picks its victim among these: a restarted worker killed before it
+/// registered, or one killed twice (the supervisor and the client may not have noticed the
+/// first kill yet), would be a kill the scheduler never counts as a death.
+fn registered_pids(
+    cluster: &LocalCluster,
+    client: &Client,
+    n: usize,
+    killed: &[u32],
+    limit: Duration,
+) -> Result<Vec<u32>> {
     let deadline = Instant::now() + limit;
-    while client.workers().len() < n {
+    loop {
+        let known: Vec<u32> = client.workers().iter().map(|w| w.pid).collect();
+        let pids: Vec<u32> = cluster
+            .worker_pids()
+            .into_iter()
+            .filter(|p| known.contains(p) && !killed.contains(p))
+            .collect();
+        if pids.len() >= n {
+            return Ok(pids);
+        }
         if Instant::now() > deadline {
             return Err(Error::Timeout(format!(
-                "{} of {n} workers after {limit:?}",
-                client.workers().len()
+                "{} of {n} worker processes registered after {limit:?}",
+                pids.len()
             )));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(())
 }
 
 /// What [`kill_trials`] did.
@@ -226,7 +245,7 @@ fn settled_stats(cluster: &LocalCluster, kills: u64) -> Result<Stats> {
 }
 
 /// `trials` trials of a kill drill on `cluster`'s 3 workers: each persists `make(trial)`'s
-/// graph, kills a random worker with SIGKILL after a random wait under `window` µs, and
+/// graph, kills a random registered worker with SIGKILL after a random wait under `window` µs, and
 /// gathers the answer within `limit`, checked against `answer` (a wrong or late one is an
 /// error with the scheduler's view attached).
 #[allow(clippy::too_many_arguments)]
@@ -247,18 +266,21 @@ fn kill_trials(
         kills_mid_run: 0,
         slowest: Duration::ZERO,
     };
+    let mut killed = Vec::with_capacity(trials);
     for trial in 0..trials {
-        wait_for_workers(client, 3, Duration::from_secs(30))?;
+        // A pid the supervisor no longer lists was reaped, and may be reused by a new worker.
+        let running = cluster.worker_pids();
+        killed.retain(|p| running.contains(p));
+        let pids = registered_pids(cluster, client, 3, &killed, Duration::from_secs(30))?;
         let (graph, key) = make(trial);
         let start = Instant::now();
         let fs = client.persist_blocking(graph, &[key])?;
         std::thread::sleep(Duration::from_micros(rng.gen_range(0..window)));
-        let pids = cluster.worker_pids();
-        if !pids.is_empty() {
-            k.kills_mid_run += !fs[0].done() as usize;
-            kill9(pids[rng.gen_range(0..pids.len())])?;
-            k.kills += 1;
-        }
+        k.kills_mid_run += !fs[0].done() as usize;
+        let victim = pids[rng.gen_range(0..pids.len())];
+        kill9(victim)?;
+        killed.push(victim);
+        k.kills += 1;
         let got = gather_within(client, fs, limit).map_err(|e| {
             let (stats, workers) = cluster.scheduler_stats().unwrap_or_default();
             Error::Unexpected(format!(

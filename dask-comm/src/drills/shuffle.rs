@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use dask_graph::shuffle::{self, ShuffleId, ShuffleRole};
 use dask_graph::{registry, Arg, Graph, Key, Scheduler, Task, Value};
 
-use super::{gather_within, int, kill_trials, wait_for_workers};
+use super::{gather_within, int, kill_trials, registered_pids};
 use crate::cluster::{ClusterOptions, LocalCluster};
 use crate::core::Stats;
 use crate::error::{Error, Result};
@@ -309,7 +309,7 @@ pub fn shuffle_chaos(
         ..Default::default()
     })?;
     let client = cluster.client()?;
-    wait_for_workers(&client, 3, Duration::from_secs(30))?;
+    registered_pids(&cluster, &client, 3, &[], Duration::from_secs(30))?;
     let t0 = Instant::now();
     let (g, key) = shuffle_graph("warm", inputs, parts, ms);
     let fs = client.persist_blocking(g, &[key])?;
