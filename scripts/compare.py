@@ -6,7 +6,8 @@ round trip), rounds interleaved A B C A B C so that drift on a shared machine hi
 them. Each result is printed with its ratio to ucx_perftest measured in the same run:
 
   ucx_perftest -t tag_lat -e    the reference (system UCX) with peer error handling, as every
-                                ucx-rs endpoint has it: UCX 1.13 then uses the same lanes and
+                                ucx-rs endpoint has it, and ucx-rs's default options
+                                (UCX_RS_DEFAULTS): UCX 1.13 then uses the same lanes and
                                 rendezvous scheme for both (on one host sysv alone; without -e it
                                 adds CMA, which moves 1 MiB+ at about half the speed on this VM:
                                 docs/performance.md); plain ucx_perftest on the row below
@@ -31,7 +32,8 @@ Options that add or change tables:
                         ucp_put_lat and ucp_get (ours: put = put + flush, get = one blocking get,
                         both full round trips; perftest's put_lat needs none and ucp_get streams)
   --stream              streamed sends (64 in flight, acknowledged at the end) beside
-                        ucx_perftest -t tag_bw: bandwidth, and messages per second below 64 KiB;
+                        ucx_perftest -t tag_bw -e (the reference, configured as above) and
+                        plain tag_bw: bandwidth, and messages per second below 64 KiB;
                         for ucx-rs and transport ucx://, tcp:// also in batches of 64
                         ("batched": send_batch, two batches in flight; ucx-rs's receiver posts
                         recv_batch of 64 too; transport's receiver takes them one by one)
@@ -67,13 +69,18 @@ SMALL = 64 << 10  # below: report latency (lower is better); from here: bandwidt
 PERFTEST_OPS = {"tag": "tag_lat", "stream": "stream_lat", "am": "ucp_am_lat", "put": "ucp_put_lat", "get": "ucp_get"}
 
 
+# ucx::DEFAULT_OPTIONS: what every ucx-rs context sets unless told otherwise, so the reference
+# runs with them too (same lanes, same rendezvous).
+UCX_RS_DEFAULTS = {"UCX_MM_ERROR_HANDLING": "y", "UCX_TCP_PUT_ENABLE": "n"}
+
+
 def iters_for(size):
     return 20000 if size <= 4096 else max(20, min(2000, (512 << 20) // size))
 
 
 class Perftest:
-    """ucx_perftest. With `peer_errors`, endpoints with peer error handling (`-e`) and shared
-    memory kept for them (`UCX_MM_ERROR_HANDLING=y`): the configuration ucx-rs always uses,
+    """ucx_perftest. With `peer_errors`, endpoints with peer error handling (`-e`), shared
+    memory kept for them and no TCP put (`UCX_RS_DEFAULTS`): the configuration ucx-rs always uses,
     under which UCX 1.13 picks other protocols (faster at 1 MiB, slower at 8 B)."""
 
     def __init__(self, op="tag", peer_errors=False, tls=None):
@@ -87,15 +94,23 @@ class Perftest:
         if self.tls:
             env = dict(env or os.environ, UCX_TLS=self.tls)
         if self.peer_errors:
-            return perftest(self.test, size, iters_for(size), dict(env or os.environ, UCX_MM_ERROR_HANDLING="y"),
-                            ("-e",))["lat_us"]
+            env = dict(env or os.environ)
+            for key, value in UCX_RS_DEFAULTS.items():
+                env.setdefault(key, value)
+            return perftest(self.test, size, iters_for(size), env, ("-e",))["lat_us"]
         return perftest(self.test, size, iters_for(size), env)["lat_us"]
 
     def stream(self, size, messages, env):
-        """(MB/s, messages/s) of ucx_perftest -t tag_bw."""
+        """(MB/s, messages/s) of ucx_perftest -t tag_bw (with `peer_errors`, as in `latency`)."""
         if self.tls:
             env = dict(env or os.environ, UCX_TLS=self.tls)
-        r = perftest("tag_bw", size, messages, env)
+        extra = ()
+        if self.peer_errors:
+            env = dict(env or os.environ)
+            for key, value in UCX_RS_DEFAULTS.items():
+                env.setdefault(key, value)
+            extra = ("-e",)
+        r = perftest("tag_bw", size, messages, env, extra)
         return r["bw_MiBps"] * (1 << 20) / 1e6, r["msgrate"]
 
 
@@ -402,9 +417,11 @@ def main():
               "64 KiB (higher is better)")
         entry = {"latency_us": res, "errors": errors}
         if stream_sizes:
-            ref = Perftest()
-            ref.name = "ucx_perftest tag_bw"
-            streamers = [ref] + [i for i in impls if isinstance(i, UcxRs) and i.op == "tag"]
+            # The reference with ucx-rs's configuration (same lanes, same rendezvous), then UCX's
+            # own defaults (on one host CMA, slower here from 1 MiB: docs/performance.md).
+            ref, plain = Perftest(peer_errors=True), Perftest()
+            ref.name, plain.name = "ucx_perftest tag_bw -e", "ucx_perftest tag_bw"
+            streamers = [ref, plain] + [i for i in impls if isinstance(i, UcxRs) and i.op == "tag"]
             streamers += [UcxRs(m, d, batch=True) for m in modes for d in (False, True)]
             streamers += [Transport("ucx", m, direct=d, batch=b) for m in modes for d in (False, True)
                           for b in (False, True)]

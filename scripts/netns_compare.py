@@ -5,7 +5,7 @@ namespaces joined by a veth pair (as transport/tests/netns.rs builds them), UCX 
 interleaved A B C A B C; one-way medians (half a round trip), the median over rounds, each
 with its ratio to ucx_perftest -t tag_lat from the same run.
 
-Rows: ucx_perftest; transport ucx:// in each progress mode (--modes), on its client-server
+Rows: ucx_perftest with ucx-rs's default options (the reference), and with UCX's own; transport ucx:// in each progress mode (--modes), on its client-server
 endpoint and with Options::ucx_direct ("direct": endpoints by worker address, which across
 hosts carry the TCP lanes of the peers' worker addresses); transport tcp://.
 
@@ -57,10 +57,19 @@ def iters_for(size):
 
 
 class Perftest:
-    name = "ucx_perftest tag_lat"
+    """ucx_perftest -t tag_lat. The reference (`ucx_defaults` False) runs with what ucx-rs sets
+    by default (`ucx::DEFAULT_OPTIONS`): `UCX_TCP_PUT_ENABLE=n`, so rendezvous goes through TCP
+    active messages for both sides; the row below it keeps UCX's own defaults (TCP's emulated
+    put for rendezvous)."""
+
+    def __init__(self, ucx_defaults=False):
+        self.ucx_defaults = ucx_defaults
+        self.name = "ucx_perftest tag_lat" + (" (TCP put)" if ucx_defaults else "")
 
     def latency(self, hosts, size):
         env = dict(os.environ, UCX_TLS="self,tcp")
+        if not self.ucx_defaults:
+            env.setdefault("UCX_TCP_PUT_ENABLE", "n")
         p = next_port()
         srv = subprocess.Popen(hosts.on(hosts.a, SERVER_CPU, ["ucx_perftest", "-p", p]), env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -110,7 +119,7 @@ def main():
     if not os.path.exists(TECHO):
         sys.exit(f"{TECHO} is missing: cargo build --release -p transport --bins")
     sizes = [size_arg(s) for s in a.sizes.split(",")]
-    impls = [Perftest()]
+    impls = [Perftest(), Perftest(ucx_defaults=True)]
     for m in a.modes.split(","):
         impls += [Echo("ucx", m), Echo("ucx", m, direct=True)]
     impls.append(Echo("tcp"))

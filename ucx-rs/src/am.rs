@@ -152,15 +152,31 @@ impl AmQueue {
 
 /// Registers the crate's AM handler on a freshly created worker.
 pub(crate) fn register(worker: &Arc<WorkerShared>) -> Result<()> {
+    set_handler(worker, AM_ID, am_recv_cb)
+}
+
+/// An AM handler as UCX calls it.
+pub(crate) type AmCallback = unsafe extern "C" fn(
+    *mut c_void,
+    *const c_void,
+    usize,
+    *mut c_void,
+    usize,
+    *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t;
+
+/// Registers `cb` for whole messages of AM id `id`; its first argument is `worker`'s
+/// `WorkerShared`.
+pub(crate) fn set_handler(worker: &Arc<WorkerShared>, id: u32, cb: AmCallback) -> Result<()> {
     let locked = worker.lock();
     let param = sys::ucp_am_handler_param_t {
         field_mask: (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
             | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
             | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG
             | sys::UCP_AM_HANDLER_PARAM_FIELD_FLAGS) as u64,
-        id: AM_ID,
+        id,
         flags: sys::UCP_AM_FLAG_WHOLE_MSG,
-        cb: Some(am_recv_cb),
+        cb: Some(cb),
         arg: Arc::as_ptr(worker) as *mut c_void,
     };
     // SAFETY: the worker is alive and locked; `arg` points to the WorkerShared that owns this

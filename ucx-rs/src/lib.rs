@@ -67,6 +67,7 @@ mod ops;
 mod probe;
 mod request;
 mod rma;
+mod sync;
 pub mod wire;
 mod worker;
 

@@ -91,6 +91,8 @@ pub(crate) struct WorkerShared {
     am: Mutex<AmQueue>,
     /// Receive-buffer allocators for active messages, by the sender's memory type.
     am_allocators: Mutex<HashMap<MemoryType, Arc<dyn AmAllocator>>>,
+    /// Answers awaited by [`crate::Endpoint::sync_with_peer`] (filled by the AM handler).
+    pongs: Mutex<crate::sync::Pongs>,
     /// The CUDA context of the first device buffer used on this worker: made current on every
     /// thread that calls into UCX for this worker (UCX's CUDA transports use the current one).
     #[cfg(feature = "cuda")]
@@ -145,6 +147,11 @@ impl WorkerShared {
     #[cfg(feature = "cuda")]
     pub(crate) fn context(&self) -> &Context {
         &self.context
+    }
+
+    /// The tokens [`crate::Endpoint::sync_with_peer`] waits for.
+    pub(crate) fn pongs(&self) -> MutexGuard<'_, crate::sync::Pongs> {
+        self.pongs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The allocator for active messages from `mem` buffers (host memory when none is set).
@@ -333,11 +340,13 @@ impl Worker {
             probe_count: AtomicUsize::new(0),
             am: Mutex::new(AmQueue::default()),
             am_allocators: Mutex::new(HashMap::new()),
+            pongs: Mutex::new(crate::sync::Pongs::default()),
             #[cfg(feature = "cuda")]
             cuda: std::sync::OnceLock::new(),
         });
         if context.features().contains(Features::AM) {
             crate::am::register(&shared)?;
+            crate::sync::register(&shared)?;
         }
         match mode {
             ProgressMode::Polling => {}

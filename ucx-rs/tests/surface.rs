@@ -419,3 +419,87 @@ async fn active_message_allocator_per_memory_type() {
     })
     .await;
 }
+
+/// On one host a client-server endpoint moves large messages through shared memory, not
+/// through TCP's emulated put (`TCP_PUT_ENABLE=n` in `DEFAULT_OPTIONS`): UCX 1.13 then puts
+/// no TCP lane on it at all. Asking for TCP's put back brings the TCP rendezvous lanes back,
+/// so the option is what decides it.
+#[tokio::test(flavor = "current_thread")]
+async fn same_host_client_server_endpoints_have_no_tcp_lanes() {
+    if !ucx::version().starts_with("1.13") {
+        eprintln!(
+            "skipped: lane choice checked on UCX 1.13 only ({})",
+            ucx::version()
+        );
+        return;
+    }
+    if std::env::var_os("UCX_TCP_PUT_ENABLE").is_some() || std::env::var_os("UCX_TLS").is_some() {
+        eprintln!("skipped: UCX_TCP_PUT_ENABLE or UCX_TLS set in the environment");
+        return;
+    }
+    let ctx = context();
+    let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    for ep in [&server, &client] {
+        let t = ep.transports().unwrap();
+        assert!(t.contains("sysv/memory"), "{t}");
+        assert!(!t.contains("tcp/"), "{t}");
+    }
+    // A large message still arrives whole (rendezvous over shared memory).
+    let big = pattern(8 << 20, 5);
+    let (sent, got) = within("8 MiB", async {
+        tokio::join!(client.send(big.clone(), 3), server.recv_vec(3))
+    })
+    .await;
+    sent.0.unwrap();
+    assert_eq!(got.unwrap(), big);
+
+    let ctx = ucx::Context::builder()
+        .option("TCP_PUT_ENABLE", "y")
+        .build()
+        .unwrap();
+    let (server, _client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    let t = server.transports().unwrap();
+    assert!(t.contains("tcp/") && t.contains("rma_bw#0"), "{t}");
+}
+
+/// What a sender sent before `sync_with_peer` returned has reached the peer's worker: a close
+/// right after it cannot overtake a rendezvous still in the peer's shared-memory queue (without
+/// the round trip, a 1 MiB message sent just before the close was lost now and then). Answered
+/// by the peer's progress engine, not its application: here nothing receives on the peer
+/// while the first round trip runs (in the modes with a progress engine of their own). Once
+/// the peer is gone, it fails instead of waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_with_peer_before_close() {
+    let ctx = context();
+    for mode in MODES {
+        let (server, client, sw, _cw) = pair(&ctx, mode).await;
+        if mode != ProgressMode::Polling {
+            // A polling worker progresses only inside its futures: none runs on the peer here.
+            within("a round trip with nothing sent", client.sync_with_peer())
+                .await
+                .unwrap();
+        }
+        for round in 0..20u8 {
+            let (server, client, _sw, _cw) = pair(&ctx, mode).await;
+            let big = pattern(1 << 20, round);
+            // The receiver keeps its endpoint until the sender closed (it answers the sync).
+            let recv = tokio::spawn(async move {
+                let got = server.recv_vec(4).await;
+                let _ = server.recv_vec(5).await; // ends with the sender's close
+                got
+            });
+            within("send", client.send(big.clone(), 4)).await.0.unwrap();
+            within("sync", client.sync_with_peer()).await.unwrap();
+            within("close", client.close()).await.unwrap();
+            let got = within("receive", recv).await.unwrap();
+            assert_eq!(got.unwrap(), big, "{mode:?}, round {round}");
+        }
+        server.abort();
+        for _ in 0..100 {
+            sw.progress(); // a polling worker's abort goes out only as it progresses
+        }
+        let what = format!("{mode:?}: sync with a closed peer");
+        let r = within(&what, client.sync_with_peer()).await;
+        assert!(r.is_err(), "{mode:?}: {r:?}");
+    }
+}

@@ -654,40 +654,91 @@ impl Conn {
         }
         // The marker first (outside the credits: it is the last message), so the peer knows
         // this is a close; a peer already gone does not make the close fail.
-        let marker = close_marker();
-        let (r, _) = self.post_in_order(self.ep().send(marker, TAG)).await;
+        let (r, _) = self
+            .post_in_order(self.ep().send(close_marker(), TAG))
+            .await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "the close marker was not delivered");
         }
-        if self.is_direct() {
-            // The goodbye, on the client-server endpoint before its close: the peer then takes
-            // that close for a graceful one (the marker arrives on the other path).
-            let (r, _) = self.cs.send(vec![2u8], crate::ucx_lanes::LANES_TAG).await;
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "the goodbye was not delivered");
-            }
+        let direct = self.direct.get().map(Arc::clone);
+        finish_close(direct, Arc::clone(&self.cs), true).await
+    }
+}
+
+/// A connection dropped without [`Conn::close`] (nor a failure) ends in the background: no
+/// close marker, so the peer sees it vanish (a failure, as on the other backends), but what
+/// it sent before still reaches the peer first (the round trip of [`finish_close`]). Without
+/// a runtime its endpoints just close.
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.cut.get().is_some() || self.state.get().is_some() {
+            return;
         }
-        // UCX's close waits for sends still in flight (a rendezvous waits for the peer to take
-        // it): bounded, then forced (which cancels them).
-        let closed = match tokio::time::timeout(CLOSE_LIMIT, self.ep().close()).await {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::warn!(limit = ?CLOSE_LIMIT, "the peer took no sends in flight before the close's limit: aborting");
-                self.ep().abort();
-                Ok(())
-            }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
         };
-        if self.is_direct() {
-            // A goodbye of the peer's that crossed ours stays queued: discard it.
-            drop(self.cs.tag_probe(crate::ucx_lanes::LANES_TAG, true));
-            if let Err(e) = self.cs.close().await {
-                tracing::debug!(error = %e, "closing the client-server endpoint failed");
+        let (direct, cs) = (self.direct.get().map(Arc::clone), Arc::clone(&self.cs));
+        runtime.spawn(async move {
+            if let Err(e) = finish_close(direct, cs, false).await {
+                tracing::debug!(error = %e, "closing a dropped connection failed");
             }
+        });
+    }
+}
+
+/// How long a close waits for the peer's worker to answer [`ucx::Endpoint::sync_with_peer`]
+/// (a peer that does not progress, or is not ucx-rs, never answers).
+const SYNC_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The rest of a close once the marker is posted (`graceful`; a dropped connection posts none
+/// and sends no goodbye): the goodbye of a moved connection; a round trip through the peer's
+/// worker, so that it has taken in everything sent before (UCX completes a send once it left
+/// this process, and on one host the close, on the connection manager's socket, could
+/// overtake a rendezvous still in the peer's shared-memory queue: the peer's UCX then fails
+/// the receive taking it); then the endpoints' close.
+async fn finish_close(
+    direct: Option<Arc<ucx::Endpoint>>,
+    cs: Arc<ucx::Endpoint>,
+    graceful: bool,
+) -> Result<()> {
+    let ep = direct.as_ref().unwrap_or(&cs);
+    if graceful && direct.is_some() {
+        // The goodbye, on the client-server endpoint before its close: the peer then takes
+        // that close for a graceful one (the marker arrives on the other path).
+        let (r, _) = cs.send(vec![2u8], crate::ucx_lanes::LANES_TAG).await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "the goodbye was not delivered");
         }
-        match closed {
-            Err(e) if !e.is_disconnect() => Err(TransportError::Ucx(e)),
-            _ => Ok(()),
+    }
+    match tokio::time::timeout(SYNC_LIMIT, ep.sync_with_peer()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "the peer's worker did not answer before the close")
         }
+        Err(_) => {
+            tracing::debug!(limit = ?SYNC_LIMIT, "the peer's worker did not answer in time: closing anyway")
+        }
+    }
+    // UCX's close waits for sends still in flight (a rendezvous waits for the peer to take
+    // it): bounded, then forced (which cancels them).
+    let closed = match tokio::time::timeout(CLOSE_LIMIT, ep.close()).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!(limit = ?CLOSE_LIMIT, "the peer took no sends in flight before the close's limit: aborting");
+            ep.abort();
+            Ok(())
+        }
+    };
+    if direct.is_some() {
+        // A goodbye of the peer's that crossed ours stays queued: discard it.
+        drop(cs.tag_probe(crate::ucx_lanes::LANES_TAG, true));
+        if let Err(e) = cs.close().await {
+            tracing::debug!(error = %e, "closing the client-server endpoint failed");
+        }
+    }
+    match closed {
+        Err(e) if !e.is_disconnect() => Err(TransportError::Ucx(e)),
+        _ => Ok(()),
     }
 }
 
