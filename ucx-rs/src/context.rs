@@ -83,9 +83,11 @@ pub enum Precedence {
 ///   transports unless they are allowed to handle errors through keepalive. Without this, two
 ///   processes on one host talk over TCP loopback (measured: 7.1 us vs 1.1 us median one-way
 ///   latency for 8 B with `ucx-echo demo`).
-/// * `TCP_PUT_ENABLE=n`: UCX 1.13 otherwise makes TCP's emulated zero-copy put the rendezvous
-///   lane of every client-server endpoint, even between two processes on one host that share
-///   memory, and large messages crawl through loopback sockets. Without it, rendezvous goes
+/// * `TCP_PUT_ENABLE=n`, on UCX 1.13 only (where it was measured; with UCX 1.21 a ucx-rs
+///   client set so could not wire up to a UCXX listener left at UCX's defaults): UCX 1.13
+///   otherwise makes TCP's emulated zero-copy put the rendezvous lane of every client-server
+///   endpoint, even between two processes on one host that share memory, and large messages
+///   crawl through loopback sockets. Without it, rendezvous goes
 ///   through shared memory on one host (as on an endpoint connected by worker address) and
 ///   through TCP active messages across hosts. Measured with `ucx-echo --bw --window 16`,
 ///   client-server, one host: 1 MiB streamed 5.3 → 9.5 GB/s, 64 MiB 2.2 → 4.6 GB/s (the
@@ -100,12 +102,17 @@ pub const DEFAULT_OPTIONS: &[(&str, &str)] = &[("MM_ERROR_HANDLING", "y"), ("TCP
 /// The name `ucp_config_modify` must be given for an option: UCX 1.13 matches a transport's
 /// option only by its name inside the transport's table (`PUT_ENABLE`, not `TCP_PUT_ENABLE`;
 /// the latter is accepted, never applied, and warned about as "invalid configuration" when an
-/// interface opens). Later UCX releases accept both.
+/// interface opens). Where a UCX refuses the short name, the full one is tried.
 fn modify_key(key: &str) -> &str {
     match key {
         "TCP_PUT_ENABLE" => "PUT_ENABLE",
         other => other,
     }
+}
+
+/// Whether a default option applies to the loaded UCX (see [`DEFAULT_OPTIONS`]).
+fn default_applies(key: &str) -> bool {
+    key != "TCP_PUT_ENABLE" || version().starts_with("1.13.")
 }
 
 /// Builds a [`Context`].
@@ -194,7 +201,10 @@ impl ContextBuilder {
                 let k = k.trim_start_matches("UCX_");
                 k == *key || k == modify_key(key)
             });
-            if overridden || std::env::var_os(format!("UCX_{key}")).is_some() {
+            if overridden
+                || std::env::var_os(format!("UCX_{key}")).is_some()
+                || !default_applies(key)
+            {
                 continue;
             }
             let cv = cstring(value)?;
