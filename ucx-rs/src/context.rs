@@ -87,13 +87,14 @@ pub enum Precedence {
 ///   client set so could not wire up to a UCXX listener left at UCX's defaults): UCX 1.13
 ///   otherwise makes TCP's emulated zero-copy put the rendezvous lane of every client-server
 ///   endpoint, even between two processes on one host that share memory, and large messages
-///   crawl through loopback sockets. Without it, rendezvous goes
-///   through shared memory on one host (as on an endpoint connected by worker address) and
-///   through TCP active messages across hosts. Measured with `ucx-echo --bw --window 16`,
-///   client-server, one host: 1 MiB streamed 5.3 → 9.5 GB/s, 64 MiB 2.2 → 4.6 GB/s (the
-///   direct endpoint: 11.6 and 4.6); across two network namespaces over TCP
-///   (`scripts/netns_compare.py`) no size got slower and 1 MiB ping-pong went from 630 to
-///   197 µs one-way, for `ucx_perftest` as for us (docs/performance.md).
+///   crawl through loopback sockets. Without it, rendezvous goes through shared memory on one
+///   host (as on an endpoint connected by worker address) and through TCP active messages
+///   across hosts. Measured with `ucx-echo --bw --window 16`, client-server, one host: 1 MiB
+///   streamed 5.3 → 9.5 GB/s, 64 MiB 2.2 → 4.6 GB/s (the direct endpoint: 11.6 and 4.6);
+///   across two network namespaces over TCP (`scripts/netns_compare.py`, one run each way)
+///   1 MiB ping-pong went from 630 to 197 µs one-way and 64 KiB from 47 to 36 µs, for
+///   `ucx_perftest` as for us, while 4 MiB and 64 MiB came out 11–13% slower for us (0–14% for
+///   `ucx_perftest`) (docs/performance.md).
 ///
 /// Keys are named as in the environment, without `UCX_`; setting either in the builder or the
 /// environment leaves it to you.
@@ -102,7 +103,7 @@ pub const DEFAULT_OPTIONS: &[(&str, &str)] = &[("MM_ERROR_HANDLING", "y"), ("TCP
 /// The name `ucp_config_modify` must be given for an option: UCX 1.13 matches a transport's
 /// option only by its name inside the transport's table (`PUT_ENABLE`, not `TCP_PUT_ENABLE`;
 /// the latter is accepted, never applied, and warned about as "invalid configuration" when an
-/// interface opens). Where a UCX refuses the short name, the full one is tried.
+/// interface opens).
 fn modify_key(key: &str) -> &str {
     match key {
         "TCP_PUT_ENABLE" => "PUT_ENABLE",
@@ -207,17 +208,9 @@ impl ContextBuilder {
             {
                 continue;
             }
-            let cv = cstring(value)?;
-            let mut st = sys::UCS_ERR_NO_ELEM;
-            for name in [modify_key(key), key] {
-                let ck = cstring(name)?;
-                // SAFETY: as below. A key this UCX does not know is skipped (defaults are
-                // advisory).
-                st = unsafe { sys::ucp_config_modify(config.0, ck.as_ptr(), cv.as_ptr()) };
-                if st == sys::UCS_OK || name == *key {
-                    break;
-                }
-            }
+            let (ck, cv) = (cstring(modify_key(key))?, cstring(value)?);
+            // SAFETY: as below. A key this UCX does not know is skipped (defaults are advisory).
+            let st = unsafe { sys::ucp_config_modify(config.0, ck.as_ptr(), cv.as_ptr()) };
             if st != sys::UCS_OK {
                 tracing::debug!(key, status = %Status(st), "default UCX option not applied");
             }
