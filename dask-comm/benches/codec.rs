@@ -36,6 +36,7 @@ fn computes() -> Vec<ToWorker> {
             priority: Priority(1, i),
             wanted: false,
             shuffle: None,
+            attempt: u64::from(i) + 1,
         })
         .collect()
 }
@@ -48,6 +49,7 @@ fn finished() -> Vec<FromWorker> {
             micros: 3,
             small: None,
             thread: 0,
+            attempt: u64::from(i) + 1,
         })
         .collect()
 }

@@ -356,6 +356,10 @@ pub enum ToWorker {
         wanted: bool,
         /// For a shuffle's task: the shuffle's current run.
         shuffle: Option<ShuffleRun>,
+        /// This assignment's number (unique across the scheduler's assignments): what the
+        /// worker says of the task names it, so that news of an assignment the scheduler took
+        /// back (a `Free` that crossed the news on the wire) is told from the current one.
+        attempt: u64,
     },
     /// A shuffle's runs up to `run` are over: drop their pieces.
     ShuffleDone {
@@ -429,6 +433,8 @@ pub enum FromWorker {
         small: Option<Payload>,
         /// The worker thread that ran it (`0..nthreads`), for the task stream.
         thread: u32,
+        /// The assignment it ran for ([`ToWorker::Compute`]'s `attempt`).
+        attempt: u64,
     },
     /// A task failed.
     Erred {
@@ -436,6 +442,8 @@ pub enum FromWorker {
         key: Key,
         /// Why.
         failure: TaskFailure,
+        /// The assignment it ran for.
+        attempt: u64,
     },
     /// A dependency of `key` could not be fetched from any holder the scheduler named.
     MissingDep {
@@ -443,8 +451,11 @@ pub enum FromWorker {
         key: Key,
         /// The dependency.
         dep: Key,
-        /// The holders that did not have it or could not be reached.
+        /// The holders that did not have it or could not be reached (this worker's own
+        /// address when the scheduler named it and the value is not here).
         tried: Vec<String>,
+        /// The assignment of `key` that needed it.
+        attempt: u64,
     },
     /// How the worker is doing (every two seconds, and at once when it pauses or resumes).
     Heartbeat {

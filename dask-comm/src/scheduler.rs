@@ -544,6 +544,7 @@ mod tests {
                     nbytes: 1,
                     micros: 1,
                     thread: 0,
+                    attempt: 1,
                     small: Some(crate::protocol::Payload {
                         header: vec![],
                         nframes: 1,

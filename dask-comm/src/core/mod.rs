@@ -110,6 +110,8 @@ pub struct Core {
     /// The last run number given to any shuffle: runs are numbered across shuffles, so a
     /// shuffle forgotten and submitted again never reuses a run its workers dropped.
     last_shuffle_run: u32,
+    /// The last assignment number given (see [`TaskState::attempt`]).
+    last_attempt: u64,
     stats: Stats,
 }
 
@@ -200,6 +202,7 @@ impl Core {
             next_steal: 0,
             shuffles: FxHashMap::default(),
             last_shuffle_run: 0,
+            last_attempt: 0,
             stats: Stats::default(),
         }
     }

@@ -70,6 +70,11 @@ pub struct TaskState {
     pub waiting_on: u32,
     pub who_has: Vec<WorkerId>,
     pub processing_on: Option<WorkerId>,
+    /// The number of its latest assignment to a worker ([`ToWorker::Compute`]'s `attempt`):
+    /// a worker's news of an earlier one is stale.
+    ///
+    /// [`ToWorker::Compute`]: crate::protocol::ToWorker::Compute
+    pub attempt: u64,
     /// Seconds the worker it runs on is expected to spend on it.
     pub expected: f64,
     pub wanted_by: Vec<ClientId>,
@@ -106,6 +111,7 @@ impl TaskState {
             waiting_on: 0,
             who_has: Vec::new(),
             processing_on: None,
+            attempt: 0,
             expected: 0.0,
             wanted_by: Vec::new(),
             priority,

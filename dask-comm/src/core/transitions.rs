@@ -128,9 +128,11 @@ impl Core {
                 }
             })
             .collect();
+        self.last_attempt += 1;
         let t = &mut self.tasks[id];
         t.status = Status::Processing;
         t.processing_on = Some(w);
+        t.attempt = self.last_attempt;
         t.expected = expected;
         let ws = self.workers.get_mut(&w).expect("assigned to a live worker");
         ws.processing.insert(id);
@@ -144,6 +146,7 @@ impl Core {
                 priority: t.priority,
                 wanted: !t.wanted_by.is_empty(),
                 shuffle,
+                attempt: t.attempt,
             },
         );
     }

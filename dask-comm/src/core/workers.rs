@@ -156,11 +156,34 @@ impl Core {
                 nbytes,
                 micros,
                 small,
+                attempt,
                 ..
-            } => self.finished(w, key, nbytes, micros, small, comm),
-            FromWorker::Erred { key, failure } => self.erred(w, key, failure, comm),
-            FromWorker::MissingDep { key, dep, tried } => {
-                self.missing_dep(w, key, dep, tried, comm)
+            } => {
+                if !self.by_key.contains_key(&key) {
+                    // Forgotten meanwhile: the worker may drop it.
+                    comm.send_worker(w, ToWorker::Free { keys: vec![key] });
+                } else if let Some(id) = self.current(w, key, attempt) {
+                    self.finished(w, id, nbytes, micros, small, comm);
+                }
+            }
+            FromWorker::Erred {
+                key,
+                failure,
+                attempt,
+            } => {
+                if let Some(id) = self.current(w, key, attempt) {
+                    self.erred(w, id, failure, comm);
+                }
+            }
+            FromWorker::MissingDep {
+                key,
+                dep,
+                tried,
+                attempt,
+            } => {
+                if let Some(id) = self.current(w, key, attempt) {
+                    self.missing_dep(w, id, dep, tried, comm);
+                }
             }
             FromWorker::Heartbeat {
                 stored,
@@ -249,33 +272,32 @@ impl Core {
         }
     }
 
+    /// The task that worker `w`'s news of `key`'s assignment `attempt` is about, when that
+    /// assignment is the task's current one. News of an assignment the scheduler took back
+    /// is stale: the scheduler sent `w` a `Free` of the key when it did (the two crossed on
+    /// the wire), so `w` drops whatever it made, and the current assignment, wherever it is,
+    /// reports for itself.
+    fn current(&self, w: WorkerId, key: Key, attempt: u64) -> Option<TaskId> {
+        let &id = self.by_key.get(&key)?;
+        let t = &self.tasks[id];
+        if t.status == Status::Processing && t.processing_on == Some(w) && t.attempt == attempt {
+            return Some(id);
+        }
+        tracing::debug!(worker = w.0, %key, attempt, current = t.attempt, "news of an assignment taken back: ignored");
+        None
+    }
+
+    /// Task `id`, processing on worker `w`, finished there.
     pub(super) fn finished(
         &mut self,
         w: WorkerId,
-        key: Key,
+        id: TaskId,
         nbytes: u64,
         micros: u64,
         small: Option<Payload>,
         comm: &mut impl Comm,
     ) {
-        let Some(&id) = self.by_key.get(&key) else {
-            // Forgotten meanwhile: the worker may drop it.
-            comm.send_worker(w, ToWorker::Free { keys: vec![key] });
-            return;
-        };
         let t = &self.tasks[id];
-        if t.status != Status::Processing || t.processing_on != Some(w) {
-            if t.status == Status::Memory && !t.who_has.contains(&w) {
-                // Computed twice (rescheduled): a second copy is as good.
-                self.tasks[id].who_has.push(w);
-                if let Some(ws) = self.workers.get_mut(&w) {
-                    ws.has.insert(id);
-                }
-            } else {
-                comm.send_worker(w, ToWorker::Free { keys: vec![key] });
-            }
-            return;
-        }
         let prefix = t.prefix as usize;
         let secs = micros as f64 / 1e6;
         let avg = &mut self.prefixes[prefix].average;
@@ -293,20 +315,15 @@ impl Core {
         self.fill(w, comm);
     }
 
+    /// Task `id`, processing on worker `w`, failed there.
     pub(super) fn erred(
         &mut self,
         w: WorkerId,
-        key: Key,
+        id: TaskId,
         failure: TaskFailure,
         comm: &mut impl Comm,
     ) {
-        let Some(&id) = self.by_key.get(&key) else {
-            return;
-        };
-        let t = &self.tasks[id];
-        if t.status != Status::Processing || t.processing_on != Some(w) {
-            return;
-        }
+        let key = self.tasks[id].key;
         self.unassign(id);
         if failure.kind == FailureKind::Shuffle && self.tasks[id].shuffle.is_some() {
             self.shuffle_task_failed(id, failure, comm);
@@ -323,20 +340,20 @@ impl Core {
         self.fill(w, comm);
     }
 
+    /// Task `id`, processing on worker `w`, is back: dependency `dep` was not at any of the
+    /// holders `tried` (which stop counting as its holders).
     pub(super) fn missing_dep(
         &mut self,
         w: WorkerId,
-        key: Key,
+        id: TaskId,
         dep: Key,
         tried: Vec<String>,
         comm: &mut impl Comm,
     ) {
-        let (Some(&id), Some(&dep_id)) = (self.by_key.get(&key), self.by_key.get(&dep)) else {
+        let Some(&dep_id) = self.by_key.get(&dep) else {
             return;
         };
-        if self.tasks[id].processing_on != Some(w) {
-            return;
-        }
+        let key = self.tasks[id].key;
         tracing::info!(%key, %dep, ?tried, "a dependency could not be fetched");
         let gone: Vec<WorkerId> = self
             .workers

@@ -540,6 +540,7 @@ mod tests {
             micros,
             small: None,
             thread,
+            attempt: 1,
         }
     }
 

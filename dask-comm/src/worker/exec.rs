@@ -16,6 +16,8 @@ use crate::protocol::{Payload, Priority};
 /// A task ready to run: its spec and its inputs' values.
 pub(super) struct Job {
     pub key: Key,
+    /// The assignment it runs for.
+    pub attempt: u64,
     pub spec: Payload,
     pub inputs: FxHashMap<Key, Value>,
     pub priority: Priority,
@@ -43,6 +45,8 @@ impl Ord for Job {
 /// What a thread reports when a task ends.
 pub(super) struct Done {
     pub key: Key,
+    /// The assignment it ran for.
+    pub attempt: u64,
     pub result: Result<Value, Box<TaskFailure>>,
     pub micros: u64,
     /// The thread that ran it.
@@ -108,6 +112,7 @@ impl Executor {
     pub fn submit(
         &mut self,
         key: Key,
+        attempt: u64,
         spec: Payload,
         inputs: FxHashMap<Key, Value>,
         priority: Priority,
@@ -119,6 +124,7 @@ impl Executor {
             .jobs
             .push(Job {
                 key,
+                attempt,
                 spec,
                 inputs,
                 priority,
@@ -141,12 +147,12 @@ impl Executor {
         self.running.load(AtomicOrdering::Relaxed)
     }
 
-    /// Removes a queued task that has not started; whether it was there.
-    pub fn cancel(&self, key: &Key) -> bool {
+    /// Removes a queued assignment that has not started; whether it was there.
+    pub fn cancel(&self, attempt: u64) -> bool {
         let (lock, _) = &*self.queue;
         let mut q = lock.lock().unwrap_or_else(|e| e.into_inner());
         let before = q.jobs.len();
-        q.jobs.retain(|j| j.key != *key);
+        q.jobs.retain(|j| j.attempt != attempt);
         q.jobs.len() != before
     }
 }
@@ -188,7 +194,7 @@ fn run(
                 q = cv.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let key = job.key;
+        let (key, attempt) = (job.key, job.attempt);
         let t0 = Instant::now();
         let result = execute(&job);
         let micros = t0.elapsed().as_micros() as u64;
@@ -197,6 +203,7 @@ fn run(
         if done
             .send(Done {
                 key,
+                attempt,
                 result,
                 micros,
                 thread,

@@ -127,11 +127,12 @@ impl Fetcher {
         }
     }
 
-    /// Fetch `key` from one of `holders`.
-    pub(crate) fn want(&mut self, key: Key, holders: Vec<String>, nbytes: u64) {
+    /// Fetch `key` from one of `holders`; `tried`: holders the scheduler named that are known
+    /// not to have it (reported with the others if none has it).
+    pub(crate) fn want(&mut self, key: Key, holders: Vec<String>, tried: Vec<String>, nbytes: u64) {
         let mut want = Want {
             holders: holders.into(),
-            tried: Vec::new(),
+            tried,
             nbytes,
         };
         match want.holders.pop_front() {
@@ -261,4 +262,25 @@ pub(crate) struct Arrivals {
     pub values: Vec<(Key, Value)>,
     /// Keys no holder had, with the holders tried.
     pub missing: Vec<(Key, Vec<String>)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker the scheduler named as a holder of a value it does not have (it dropped it
+    /// on a `Free` that crossed the scheduler's news) says so: with no other holder, the key
+    /// comes back missing with that worker among those tried, so the scheduler stops
+    /// counting it as a holder instead of sending the task back to it forever.
+    #[test]
+    fn a_holder_known_not_to_have_the_value_is_reported_tried() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut f = Fetcher::new("tcp://me".into(), Secret::generate(), tx);
+        let key = Key::name_only("x");
+        f.want(key, Vec::new(), vec!["tcp://me".into()], 8);
+        let fetched = rx.try_recv().expect("answered at once: nobody to ask");
+        let a = f.arrived(fetched);
+        assert!(a.values.is_empty());
+        assert_eq!(a.missing, vec![(key, vec!["tcp://me".to_string()])]);
+    }
 }

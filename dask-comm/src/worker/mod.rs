@@ -118,6 +118,8 @@ fn default_listen(scheduler: &Address) -> Address {
 
 /// A task the scheduler sent, not yet finished.
 struct Pending {
+    /// The scheduler's number for this assignment (what the worker says of the task names).
+    attempt: u64,
     spec: Payload,
     deps: Vec<Key>,
     priority: Priority,
@@ -221,8 +223,8 @@ struct Worker {
     pending: FxHashMap<Key, Pending>,
     /// Tasks waiting for each dependency that is being fetched.
     waiting_for: FxHashMap<Key, Vec<Key>>,
-    /// Tasks freed while running: their result is dropped.
-    freed_running: FxHashSet<Key>,
+    /// Assignments freed while running: their result is dropped.
+    freed_running: FxHashSet<u64>,
     executor: Executor,
     done_rx: mpsc::UnboundedReceiver<Done>,
     fetcher: Fetcher,
@@ -388,11 +390,12 @@ impl Worker {
                     priority,
                     wanted,
                     shuffle,
+                    attempt,
                 } => {
                     if let Some(run) = shuffle {
                         self.shuffles.set_run(run);
                     }
-                    self.compute(key, spec, deps, priority, wanted)
+                    self.compute(key, attempt, spec, deps, priority, wanted)
                 }
                 ToWorker::ShuffleDone { id, run } => self.shuffles.done(id, run),
                 ToWorker::Free { keys } => self.free(keys),
@@ -410,6 +413,7 @@ impl Worker {
     fn compute(
         &mut self,
         key: Key,
+        attempt: u64,
         spec: Payload,
         deps: Vec<Dep>,
         priority: Priority,
@@ -425,11 +429,14 @@ impl Worker {
                 micros: 0,
                 small,
                 thread: 0,
+                attempt,
             });
             return;
         }
-        if self.pending.contains_key(&key) {
-            return; // sent again (rescheduled to us while still here)
+        if let Some(p) = self.pending.get_mut(&key) {
+            // Sent again while still here: what it makes answers the new assignment.
+            p.attempt = attempt;
+            return;
         }
         let mut missing = 0;
         {
@@ -450,13 +457,11 @@ impl Worker {
                         }
                     };
                     if first && !self.acquiring.contains(&d.key) {
-                        let holders = d
-                            .holders
-                            .iter()
-                            .filter(|h| **h != self.address)
-                            .cloned()
-                            .collect();
-                        self.fetcher.want(d.key, holders, d.nbytes);
+                        let (mine, holders): (Vec<String>, Vec<String>) =
+                            d.holders.iter().cloned().partition(|h| *h == self.address);
+                        // Named as a holder, and not here: if no other holder has it, the
+                        // scheduler hears this worker does not either.
+                        self.fetcher.want(d.key, holders, mine, d.nbytes);
                     }
                 }
             }
@@ -464,6 +469,7 @@ impl Worker {
         self.pending.insert(
             key,
             Pending {
+                attempt,
                 spec,
                 deps: deps.into_iter().map(|d| d.key).collect(),
                 priority,
@@ -509,20 +515,22 @@ impl Worker {
             }
         }
         if let Some(dep) = bad {
+            let attempt = p.attempt;
             self.borrowed.remove(&dep);
             self.drop_pending(key);
             self.out.push(FromWorker::MissingDep {
                 key,
                 dep,
                 tried: vec![self.address.clone()],
+                attempt,
             });
             return;
         }
         p.running = true;
-        let (spec, priority) = (std::mem::take(&mut p.spec), p.priority);
+        let (spec, priority, attempt) = (std::mem::take(&mut p.spec), p.priority, p.attempt);
         let deps = (!self.borrowed.is_empty()).then(|| p.deps.clone());
         self.executing += 1;
-        self.executor.submit(key, spec, inputs, priority);
+        self.executor.submit(key, attempt, spec, inputs, priority);
         if let Some(deps) = deps {
             self.return_borrowed(&deps);
         }
@@ -562,7 +570,7 @@ impl Worker {
             return false;
         };
         if p.running {
-            if !self.executor.cancel(&key) {
+            if !self.executor.cancel(p.attempt) {
                 return false; // a thread has it
             }
             self.executing -= 1;
@@ -586,7 +594,7 @@ impl Worker {
                     .into_iter()
                     .filter(|h| *h != self.address)
                     .collect();
-                self.fetcher.want(d.key, holders, d.nbytes);
+                self.fetcher.want(d.key, holders, Vec::new(), d.nbytes);
             }
         }
         drop(store);
@@ -702,10 +710,10 @@ impl Worker {
             self.borrowed.remove(&k);
             if let Some(p) = self.drop_pending(k) {
                 if p.running {
-                    if self.executor.cancel(&k) {
+                    if self.executor.cancel(p.attempt) {
                         self.executing -= 1;
                     } else {
-                        self.freed_running.insert(k);
+                        self.freed_running.insert(p.attempt);
                     }
                 }
             }
@@ -714,10 +722,14 @@ impl Worker {
 
     fn on_done(&mut self, d: Done) {
         self.executing = self.executing.saturating_sub(1);
-        if self.freed_running.remove(&d.key) {
+        if self.freed_running.remove(&d.attempt) {
             return;
         }
-        let wanted = self.pending.remove(&d.key).is_some_and(|p| p.wanted);
+        // The assignment here now (sent again while it ran: the newer one).
+        let (wanted, attempt) = self
+            .pending
+            .remove(&d.key)
+            .map_or((false, d.attempt), |p| (p.wanted, p.attempt));
         match d.result {
             Ok(v) => {
                 let nbytes = v.nbytes() as u64;
@@ -729,11 +741,13 @@ impl Worker {
                     micros: d.micros,
                     small,
                     thread: d.thread,
+                    attempt,
                 });
             }
             Err(f) => self.out.push(FromWorker::Erred {
                 key: d.key,
                 failure: f.on_worker(self.address.clone()),
+                attempt,
             }),
         }
     }
@@ -782,11 +796,12 @@ impl Worker {
                 self.acquire_failed.push(dep);
             }
             for key in self.waiting_for.remove(&dep).unwrap_or_default() {
-                if self.drop_pending(key).is_some() {
+                if let Some(p) = self.drop_pending(key) {
                     self.out.push(FromWorker::MissingDep {
                         key,
                         dep,
                         tried: tried.clone(),
+                        attempt: p.attempt,
                     });
                 }
             }

@@ -16,6 +16,8 @@ mod shuffle;
 #[derive(Default)]
 struct Rec {
     sent: Vec<Sent>,
+    /// The latest assignment of each key to each worker (what its news must name).
+    attempts: std::collections::HashMap<(WorkerId, Key), u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +31,9 @@ impl Comm for Rec {
         // Every message survives the wire.
         let back: Vec<ToWorker> = decode_batch(encode_batch(vec![msg.clone()])).unwrap();
         assert_eq!(back, vec![msg.clone()]);
+        if let ToWorker::Compute { key, attempt, .. } = &msg {
+            self.attempts.insert((w, *key), *attempt);
+        }
         self.sent.push(Sent::W(w, msg));
     }
     fn send_client(&mut self, c: ClientId, msg: ToClient) {
@@ -141,7 +146,13 @@ impl T {
         );
     }
 
+    /// The number of the latest assignment of `key` to `w` (0: none).
+    fn attempt(&self, w: WorkerId, key: &str) -> u64 {
+        self.rec.attempts.get(&(w, k(key))).copied().unwrap_or(0)
+    }
+
     fn finish(&mut self, w: WorkerId, key: &str, nbytes: u64, micros: u64) {
+        let attempt = self.attempt(w, key);
         self.core.on_worker_message(
             w,
             FromWorker::Finished {
@@ -150,6 +161,7 @@ impl T {
                 micros,
                 small: None,
                 thread: 0,
+                attempt,
             },
             self.now,
             &mut self.rec,
@@ -286,6 +298,7 @@ fn root_tasks_are_queued_then_released_to_free_threads() {
                 priority: Priority(1, 2),
                 wanted: true,
                 shuffle: None,
+                attempt: t.attempt(w, "r-2"),
             }
         )]
     );
@@ -401,6 +414,7 @@ fn a_failure_fails_its_dependents_with_the_cause() {
         FromWorker::Erred {
             key: k("x"),
             failure: failure.clone(),
+            attempt: t.attempt(w, "x"),
         },
         t.now,
         &mut t.rec,
@@ -615,6 +629,7 @@ fn a_missing_dependency_is_fetched_elsewhere_or_recomputed() {
             key: k("y"),
             dep: k("x"),
             tried: vec!["tcp://a".into()],
+            attempt: t.attempt(a, "y"),
         },
         t.now,
         &mut t.rec,
@@ -667,6 +682,7 @@ fn a_merge_graph_runs_to_the_end() {
                 micros: 1,
                 small: None,
                 thread: 0,
+                attempt: t.rec.attempts[&(w, key)],
             },
             t.now,
             &mut t.rec,

@@ -10,6 +10,7 @@ fn erred(t: &mut T, w: WorkerId, key: &str) {
         FromWorker::Erred {
             key: k(key),
             failure: TaskFailure::new(k(key), "boom", FailureKind::Error, "it failed"),
+            attempt: t.attempt(w, key),
         },
         t.now,
         &mut t.rec,
@@ -354,6 +355,7 @@ fn a_key_released_while_a_peer_fetches_it() {
             key: k("y"),
             dep: k("x"),
             tried: vec![t.addr(a)],
+            attempt: t.attempt(b, "y"),
         },
         t.now,
         &mut t.rec,
@@ -632,4 +634,60 @@ fn a_late_copy_does_not_cancel_the_recomputation_on_its_worker() {
     t.nothing();
     t.finish(b, "x", 8, 10);
     assert_eq!(t.take().len(), 1, "the client hears x is back");
+}
+
+/// A key released while it ran and submitted again, to the same worker: the worker's news of
+/// the first run (sent before it saw the `Free`) is not the second's.
+#[test]
+fn a_result_of_an_assignment_taken_back_is_not_the_current_ones() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(a, k("x"))]);
+    let first = t.attempt(a, "x");
+    t.core
+        .on_client_message(c, FromClient::Release { keys: vec![k("x")] }, &mut t.rec);
+    assert_eq!(
+        t.take(),
+        vec![Sent::W(a, ToWorker::Free { keys: vec![k("x")] })]
+    );
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(a, k("x"))]);
+    let second = t.attempt(a, "x");
+    for stale in [first, 0, second + 1] {
+        t.core.on_worker_message(
+            a,
+            FromWorker::Finished {
+                key: k("x"),
+                nbytes: 8,
+                micros: 10,
+                small: None,
+                thread: 0,
+                attempt: stale,
+            },
+            t.now,
+            &mut t.rec,
+        );
+        t.nothing();
+        assert_eq!(t.core.status(&k("x")), Some(Status::Processing));
+    }
+    // A failure or a missing input of the first run is as stale.
+    t.core.on_worker_message(
+        a,
+        FromWorker::Erred {
+            key: k("x"),
+            failure: TaskFailure::new(k("x"), "boom", FailureKind::Error, "it failed"),
+            attempt: first,
+        },
+        t.now,
+        &mut t.rec,
+    );
+    t.nothing();
+    t.finish(a, "x", 8, 10);
+    let sent = t.take();
+    assert!(
+        matches!(&sent[..], [Sent::C(_, ToClient::InMemory { key, .. })] if *key == k("x")),
+        "{sent:?}"
+    );
 }

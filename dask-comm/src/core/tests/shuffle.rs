@@ -60,6 +60,7 @@ fn err_shuffle(t: &mut T, w: WorkerId, key: &str) {
         FromWorker::Erred {
             key: k(key),
             failure: TaskFailure::new(k(key), "unpack", FailureKind::Shuffle, "a piece is missing"),
+            attempt: t.attempt(w, key),
         },
         t.now,
         &mut t.rec,
@@ -304,6 +305,7 @@ fn a_transfer_that_cannot_reach_a_peer_restarts_the_shuffle_not_the_computation(
         FromWorker::Erred {
             key: k("tr-0"),
             failure: TaskFailure::new(k("tr-0"), "split", FailureKind::Error, "bad column"),
+            attempt: t.attempt(a, "tr-0"),
         },
         t.now,
         &mut t.rec,
@@ -353,5 +355,69 @@ fn workers_lost_together_restart_the_shuffle_once_without_them() {
         t.core.shuffle_summaries()[0].3,
         0,
         "losses are not failures"
+    );
+}
+
+/// The CI hang: a transfer finished on `a` just as its shuffle restarted. The scheduler's
+/// `Free` of it and `a`'s `Finished` crossed on the wire, and the transfer was sent to `a`
+/// again. The late `Finished` named the first assignment: counted, it would have made `a` a
+/// holder of a value `a` then dropped (the `Free`), and the barrier on `a` would have asked
+/// for it forever.
+#[test]
+fn news_of_a_transfer_taken_back_by_a_restart_is_ignored() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 2);
+    let b = t.worker("b", 2);
+    let (defs, outs) = shuffle_graph(2, 2);
+    t.graph(c, defs, &want_outs(&outs));
+    let (computes, _) = split(t.take());
+    let on_a: Vec<Key> = computes.iter().filter(|c| c.0 == a).map(|c| c.1).collect();
+    assert!(!on_a.is_empty(), "a transfer on a: {computes:?}");
+    let first = t.attempt(a, &on_a[0].to_string());
+    // b (an owner) dies; a finished its transfer meanwhile, unbeknown to the scheduler.
+    t.core.on_worker_removed(b, &mut t.rec);
+    let (computes, rest) = split(t.take());
+    assert!(
+        rest.contains(&Sent::W(
+            a,
+            ToWorker::Free {
+                keys: vec![on_a[0]]
+            }
+        )),
+        "the restart frees the transfer on a: {rest:?}"
+    );
+    assert!(computes.iter().any(|c| c.0 == a && c.1 == on_a[0]));
+    let second = t.attempt(a, &on_a[0].to_string());
+    assert!(second > first, "a new assignment: {first} then {second}");
+    // The first assignment's news: stale.
+    t.core.on_worker_message(
+        a,
+        FromWorker::Finished {
+            key: on_a[0],
+            nbytes: 0,
+            micros: 10,
+            small: None,
+            thread: 0,
+            attempt: first,
+        },
+        t.now,
+        &mut t.rec,
+    );
+    t.nothing();
+    assert_eq!(t.core.status(&on_a[0]), Some(Status::Processing));
+    // The second assignment's counts; the barrier waits for every transfer of this run.
+    for (w, key, _) in &computes {
+        if *key != on_a[0] {
+            t.finish(*w, &key.to_string(), 0, 10);
+        }
+    }
+    let (computes, _) = split(t.take());
+    assert!(computes.iter().all(|c| c.1 != k("bar")), "{computes:?}");
+    t.finish(a, &on_a[0].to_string(), 0, 10);
+    let (computes, _) = split(t.take());
+    assert_eq!(
+        computes.iter().map(|c| (c.0, c.1)).collect::<Vec<_>>(),
+        vec![(a, k("bar"))]
     );
 }
