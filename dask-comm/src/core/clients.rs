@@ -207,6 +207,26 @@ impl Core {
                 self.tasks[id].wanted_by.push(c);
             }
             if self.tasks[id].status != Status::Memory {
+                // A value for a task not computed yet: the task is taken off its worker (or
+                // its queue) first, so that its worker's news of it is stale and what it
+                // made there is freed.
+                let (p, on) = (self.tasks[id].priority, self.tasks[id].processing_on);
+                match self.tasks[id].status {
+                    Status::Processing => {
+                        self.unassign(id);
+                        if let Some(w) = on {
+                            comm.send_worker(w, ToWorker::Free { keys: vec![s.key] });
+                            self.fill(w, comm);
+                        }
+                    }
+                    Status::Queued => {
+                        self.queued.remove(&(p, id));
+                    }
+                    Status::NoWorker => {
+                        self.no_worker.remove(&(p, id));
+                    }
+                    _ => {}
+                }
                 // Tells the clients that want it, this one included.
                 self.tasks[id].nbytes = s.nbytes;
                 self.mark_in_memory(id, s.worker, None, comm);

@@ -120,6 +120,9 @@ fn default_listen(scheduler: &Address) -> Address {
 struct Pending {
     /// The scheduler's number for this assignment (what the worker says of the task names).
     attempt: u64,
+    /// The assignment number its job was submitted with (set when it starts running; the
+    /// scheduler may have sent the task again since, under a newer number).
+    job: u64,
     spec: Payload,
     deps: Vec<Key>,
     priority: Priority,
@@ -470,6 +473,7 @@ impl Worker {
             key,
             Pending {
                 attempt,
+                job: 0,
                 spec,
                 deps: deps.into_iter().map(|d| d.key).collect(),
                 priority,
@@ -527,6 +531,7 @@ impl Worker {
             return;
         }
         p.running = true;
+        p.job = p.attempt;
         let (spec, priority, attempt) = (std::mem::take(&mut p.spec), p.priority, p.attempt);
         let deps = (!self.borrowed.is_empty()).then(|| p.deps.clone());
         self.executing += 1;
@@ -570,7 +575,7 @@ impl Worker {
             return false;
         };
         if p.running {
-            if !self.executor.cancel(p.attempt) {
+            if !self.executor.cancel(p.job) {
                 return false; // a thread has it
             }
             self.executing -= 1;
@@ -710,10 +715,10 @@ impl Worker {
             self.borrowed.remove(&k);
             if let Some(p) = self.drop_pending(k) {
                 if p.running {
-                    if self.executor.cancel(p.attempt) {
+                    if self.executor.cancel(p.job) {
                         self.executing -= 1;
                     } else {
-                        self.freed_running.insert(p.attempt);
+                        self.freed_running.insert(p.job);
                     }
                 }
             }
@@ -725,7 +730,15 @@ impl Worker {
         if self.freed_running.remove(&d.attempt) {
             return;
         }
-        // The assignment here now (sent again while it ran: the newer one).
+        if !self
+            .pending
+            .get(&d.key)
+            .is_some_and(|p| p.running && p.job == d.attempt)
+        {
+            tracing::warn!(key = %d.key, attempt = d.attempt, "a result of no assignment here: dropped");
+            return;
+        }
+        // Reported for the assignment here now (sent again while it ran: the newer one).
         let (wanted, attempt) = self
             .pending
             .remove(&d.key)

@@ -555,6 +555,38 @@ fn scattered_data_lost_with_its_worker_fails_what_needs_it() {
     );
 }
 
+/// A client scatters a value under the key of a task that is running: the task is taken
+/// off its worker (freed there), and that worker's late result is no copy.
+#[test]
+fn a_value_scattered_over_a_running_task_takes_it_back() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(a, k("x"))]);
+    let b = t.worker("b", 1);
+    t.core.on_client_message(
+        c,
+        FromClient::Scattered {
+            keys: vec![Scattered {
+                key: k("x"),
+                worker: b,
+                nbytes: 5,
+            }],
+        },
+        &mut t.rec,
+    );
+    let sent = t.take();
+    assert!(
+        sent.contains(&Sent::W(a, ToWorker::Free { keys: vec![k("x")] })),
+        "{sent:?}"
+    );
+    assert_eq!(t.core.who_has(&k("x")), vec![b]);
+    t.finish(a, "x", 8, 10);
+    t.nothing();
+    assert_eq!(t.core.who_has(&k("x")), vec![b]);
+}
+
 #[test]
 fn cancel_release_and_client_removal_free_everything() {
     let mut t = T::new();

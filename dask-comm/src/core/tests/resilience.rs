@@ -684,10 +684,76 @@ fn a_result_of_an_assignment_taken_back_is_not_the_current_ones() {
         &mut t.rec,
     );
     t.nothing();
+    t.core.on_worker_message(
+        a,
+        FromWorker::MissingDep {
+            key: k("x"),
+            dep: k("x"),
+            tried: vec![t.addr(a)],
+            attempt: first,
+        },
+        t.now,
+        &mut t.rec,
+    );
+    t.nothing();
+    assert_eq!(t.core.status(&k("x")), Some(Status::Processing));
     t.finish(a, "x", 8, 10);
     let sent = t.take();
     assert!(
         matches!(&sent[..], [Sent::C(_, ToClient::InMemory { key, .. })] if *key == k("x")),
         "{sent:?}"
     );
+}
+
+/// As above, with the second assignment on another worker, finished first: the first
+/// worker's late news does not make it a holder (it dropped the value on the `Free`).
+#[test]
+fn a_late_result_from_a_worker_the_task_was_taken_from_is_no_copy() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(a, k("x"))]);
+    let first = t.attempt(a, "x");
+    t.core
+        .on_client_message(c, FromClient::Release { keys: vec![k("x")] }, &mut t.rec);
+    assert_eq!(
+        t.take(),
+        vec![Sent::W(a, ToWorker::Free { keys: vec![k("x")] })]
+    );
+    // a pauses; x, submitted again, goes to b.
+    t.core.on_worker_message(
+        a,
+        FromWorker::Heartbeat {
+            stored: 0,
+            spilled: 0,
+            rss: 0,
+            executing: 0,
+            paused: true,
+            cpu_milli: 0,
+            fetches: Vec::new(),
+        },
+        t.now,
+        &mut t.rec,
+    );
+    let b = t.worker("b", 1);
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(b, k("x"))]);
+    t.finish(b, "x", 8, 10);
+    assert_eq!(t.take().len(), 1, "the client hears");
+    t.core.on_worker_message(
+        a,
+        FromWorker::Finished {
+            key: k("x"),
+            nbytes: 8,
+            micros: 10,
+            small: None,
+            thread: 0,
+            attempt: first,
+        },
+        t.now,
+        &mut t.rec,
+    );
+    t.nothing();
+    assert_eq!(t.core.who_has(&k("x")), vec![b]);
 }
