@@ -36,9 +36,29 @@ pub const SINK_BATCH: u64 = 9;
 const MAX_ADDRESS: u64 = 64 << 10;
 /// Largest message the server accepts in a command (guards its allocation).
 pub const MAX_SIZE: u64 = 1 << 30;
-/// Receive buffers the server rotates through while sinking a stream (reused, so that UCX's
-/// registration cache and the page tables are warm, as in `ucx_perftest`).
+/// Receive buffers the server rotates through while sinking a stream ([`sink_window`]). They
+/// are kept from one command to the next (a warm-up stream, then the timed one), so that the
+/// timed stream lands in pages already mapped and registered, as `ucx_perftest`'s reused
+/// buffers do.
 pub const SINK_WINDOW: usize = 4;
+/// Most bytes of receive buffers the sink rotates through: `ucx_perftest -t tag_bw` receives
+/// every message of a window into one buffer, so at 64 MiB its whole footprint (128 MiB, both
+/// sides) stays in a large L3 (260 MiB on the development machine) where four 64 MiB receive
+/// buffers would not: 0.79 of its bandwidth with four, 0.93 with one (docs/performance.md).
+pub const SINK_BYTES: usize = 64 << 20;
+
+/// Receives the sink keeps posted for messages of `size` bytes: [`SINK_WINDOW`], fewer where
+/// that many buffers would pass [`SINK_BYTES`], at least one.
+///
+/// ```
+/// use ucx_stack::echo::sink_window;
+/// assert_eq!(sink_window(8), 4);
+/// assert_eq!(sink_window(16 << 20), 4);
+/// assert_eq!(sink_window(64 << 20), 1);
+/// ```
+pub fn sink_window(size: usize) -> usize {
+    (SINK_BYTES / size.max(1)).clamp(1, SINK_WINDOW)
+}
 /// Receives per batch of [`SINK_BATCH`] below 64 KiB (from there, [`SINK_WINDOW`]).
 pub const SINK_BATCH_LEN: usize = 64;
 
@@ -126,6 +146,10 @@ fn serve_boxed(ep: Endpoint) -> futures::future::BoxFuture<'static, Result<u64>>
 
 async fn serve_inner(ep: Endpoint) -> Result<u64> {
     let mut served = 0;
+    // The sink's receive buffers, kept across commands (see SINK_WINDOW): fresh ones would
+    // be fresh mappings for large sizes (glibc maps allocations past 32 MiB anew each time),
+    // and the timed stream would pay a page fault per 4 KiB received.
+    let mut sink: Vec<Vec<u8>> = Vec::new();
     loop {
         let Some(Command { kind, size, count }) = Command::recv(&ep).await? else {
             return Ok(served);
@@ -164,8 +188,8 @@ async fn serve_inner(ep: Endpoint) -> Result<u64> {
                 }
             }
             SINK => {
-                let free: Vec<Vec<u8>> = (0..SINK_WINDOW).map(|_| vec![0u8; size]).collect();
-                recv_window(&ep, free, count as usize).await?;
+                let free = sink_buffers(&mut sink, sink_window(size), size);
+                sink = recv_window(&ep, free, count as usize).await?;
                 let (r, _) = ep.send(vec![1u8], CTRL_TAG).await;
                 r?;
             }
@@ -173,18 +197,20 @@ async fn serve_inner(ep: Endpoint) -> Result<u64> {
                 let per = if size < 64 << 10 {
                     SINK_BATCH_LEN
                 } else {
-                    SINK_WINDOW
+                    sink_window(size)
                 };
-                let mut bufs: Vec<Vec<u8>> = (0..per).map(|_| vec![0u8; size]).collect();
+                let mut bufs = sink_buffers(&mut sink, per, size);
                 let mut left = count as usize;
                 while left > 0 {
-                    bufs.truncate(left);
+                    let spare = bufs.split_off(left.min(bufs.len()));
                     let n = bufs.len();
-                    let (r, b) = ep.recv_batch(bufs, DATA_TAG).await;
+                    let (r, mut b) = ep.recv_batch(bufs, DATA_TAG).await;
                     r?;
+                    b.extend(spare);
                     bufs = b;
                     left -= n;
                 }
+                sink = bufs;
                 let (r, _) = ep.send(vec![1u8], CTRL_TAG).await;
                 r?;
             }
@@ -225,6 +251,18 @@ async fn serve_inner(ep: Endpoint) -> Result<u64> {
         }
         served += 1;
     }
+}
+
+/// `n` receive buffers of `size` bytes, taken from `kept` (the last command's, already
+/// touched) where it has them.
+fn sink_buffers(kept: &mut Vec<Vec<u8>>, n: usize, size: usize) -> Vec<Vec<u8>> {
+    let mut bufs = std::mem::take(kept);
+    bufs.truncate(n);
+    for b in &mut bufs {
+        b.resize(size, 0);
+    }
+    bufs.resize_with(n, || vec![0u8; size]);
+    bufs
 }
 
 /// Switches to an endpoint connected by worker address (no TCP lanes on one host): sends our
