@@ -37,7 +37,9 @@ pub enum ProgressMode {
     #[default]
     Blocking,
     /// A dedicated OS thread owns progress (spinning briefly, then sleeping on the event fd);
-    /// futures only wait. Works under any executor and any number of runtime threads.
+    /// futures only wait. Works under any executor and any number of runtime threads. In a
+    /// process allowed a single CPU (`taskset -c N`), where the thread's spin would keep the
+    /// CPU from the task it just woke, it yields the CPU between progress calls instead.
     Thread,
 }
 
@@ -593,6 +595,9 @@ const THREAD_SPIN: u32 = 2_000;
 fn thread_progress(weak: Weak<WorkerShared>, fd: OwnedFd) {
     // Counted until this thread ends, after its reference to the worker is gone (crate::exit).
     let _running = crate::exit::ProgressThread::enter(weak.clone());
+    // With one CPU to share with the threads it wakes, spinning on it only delays them.
+    let shares_cpu = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
+    tracing::debug!(shares_cpu, "UCX progress thread started");
     let mut idle = 0u32;
     loop {
         if crate::exit::exiting() {
@@ -605,7 +610,11 @@ fn thread_progress(weak: Weak<WorkerShared>, fd: OwnedFd) {
         }
         idle += 1;
         if idle < THREAD_SPIN {
-            std::hint::spin_loop();
+            if shares_cpu {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             continue;
         }
         idle = 0;
