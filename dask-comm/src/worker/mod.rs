@@ -120,15 +120,14 @@ fn default_listen(scheduler: &Address) -> Address {
 struct Pending {
     /// The scheduler's number for this assignment (what the worker says of the task names).
     attempt: u64,
-    /// The assignment number its job was submitted with (set when it starts running; the
-    /// scheduler may have sent the task again since, under a newer number).
-    job: u64,
+    /// Running (queued on the executor or on a thread): the assignment number its job was
+    /// submitted with (the scheduler may have sent the task again since, under a newer one).
+    job: Option<u64>,
     spec: Payload,
     deps: Vec<Key>,
     priority: Priority,
     /// Dependencies not here yet.
     missing: usize,
-    running: bool,
     /// A client wants the result (a small one goes with the completion notice).
     wanted: bool,
 }
@@ -473,12 +472,11 @@ impl Worker {
             key,
             Pending {
                 attempt,
-                job: 0,
+                job: None,
                 spec,
                 deps: deps.into_iter().map(|d| d.key).collect(),
                 priority,
                 missing,
-                running: false,
                 wanted,
             },
         );
@@ -530,8 +528,7 @@ impl Worker {
             });
             return;
         }
-        p.running = true;
-        p.job = p.attempt;
+        p.job = Some(p.attempt);
         let (spec, priority, attempt) = (std::mem::take(&mut p.spec), p.priority, p.attempt);
         let deps = (!self.borrowed.is_empty()).then(|| p.deps.clone());
         self.executing += 1;
@@ -563,7 +560,7 @@ impl Worker {
                 ws.retain(|x| *x != key);
             }
         }
-        if !p.running {
+        if p.job.is_none() {
             self.return_borrowed(&p.deps);
         }
         Some(p)
@@ -574,8 +571,8 @@ impl Worker {
         let Some(p) = self.pending.get(&key) else {
             return false;
         };
-        if p.running {
-            if !self.executor.cancel(p.job) {
+        if let Some(job) = p.job {
+            if !self.executor.cancel(job) {
                 return false; // a thread has it
             }
             self.executing -= 1;
@@ -714,11 +711,11 @@ impl Worker {
             self.acquiring.remove(&k);
             self.borrowed.remove(&k);
             if let Some(p) = self.drop_pending(k) {
-                if p.running {
-                    if self.executor.cancel(p.job) {
+                if let Some(job) = p.job {
+                    if self.executor.cancel(job) {
                         self.executing -= 1;
                     } else {
-                        self.freed_running.insert(p.job);
+                        self.freed_running.insert(job);
                     }
                 }
             }
@@ -730,10 +727,10 @@ impl Worker {
         if self.freed_running.remove(&d.attempt) {
             return;
         }
-        if !self
+        if self
             .pending
             .get(&d.key)
-            .is_some_and(|p| p.running && p.job == d.attempt)
+            .is_none_or(|p| p.job != Some(d.attempt))
         {
             tracing::warn!(key = %d.key, attempt = d.attempt, "a result of no assignment here: dropped");
             return;

@@ -153,6 +153,11 @@ impl T {
 
     fn finish(&mut self, w: WorkerId, key: &str, nbytes: u64, micros: u64) {
         let attempt = self.attempt(w, key);
+        self.finish_as(w, key, attempt, nbytes, micros);
+    }
+
+    /// `w` says `key` finished, for assignment `attempt` (a stale one, say).
+    fn finish_as(&mut self, w: WorkerId, key: &str, attempt: u64, nbytes: u64, micros: u64) {
         self.core.on_worker_message(
             w,
             FromWorker::Finished {

@@ -656,19 +656,7 @@ fn a_result_of_an_assignment_taken_back_is_not_the_current_ones() {
     assert_eq!(t.computes(), vec![(a, k("x"))]);
     let second = t.attempt(a, "x");
     for stale in [first, 0, second + 1] {
-        t.core.on_worker_message(
-            a,
-            FromWorker::Finished {
-                key: k("x"),
-                nbytes: 8,
-                micros: 10,
-                small: None,
-                thread: 0,
-                attempt: stale,
-            },
-            t.now,
-            &mut t.rec,
-        );
+        t.finish_as(a, "x", stale, 8, 10);
         t.nothing();
         assert_eq!(t.core.status(&k("x")), Some(Status::Processing));
     }
@@ -741,19 +729,7 @@ fn a_late_result_from_a_worker_the_task_was_taken_from_is_no_copy() {
     assert_eq!(t.computes(), vec![(b, k("x"))]);
     t.finish(b, "x", 8, 10);
     assert_eq!(t.take().len(), 1, "the client hears");
-    t.core.on_worker_message(
-        a,
-        FromWorker::Finished {
-            key: k("x"),
-            nbytes: 8,
-            micros: 10,
-            small: None,
-            thread: 0,
-            attempt: first,
-        },
-        t.now,
-        &mut t.rec,
-    );
+    t.finish_as(a, "x", first, 8, 10);
     t.nothing();
     assert_eq!(t.core.who_has(&k("x")), vec![b]);
 }

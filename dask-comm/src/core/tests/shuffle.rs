@@ -391,19 +391,7 @@ fn news_of_a_transfer_taken_back_by_a_restart_is_ignored() {
     let second = t.attempt(a, &on_a[0].to_string());
     assert!(second > first, "a new assignment: {first} then {second}");
     // The first assignment's news: stale.
-    t.core.on_worker_message(
-        a,
-        FromWorker::Finished {
-            key: on_a[0],
-            nbytes: 0,
-            micros: 10,
-            small: None,
-            thread: 0,
-            attempt: first,
-        },
-        t.now,
-        &mut t.rec,
-    );
+    t.finish_as(a, &on_a[0].to_string(), first, 0, 10);
     t.nothing();
     assert_eq!(t.core.status(&on_a[0]), Some(Status::Processing));
     // The second assignment's counts; the barrier waits for every transfer of this run.
