@@ -33,9 +33,16 @@ timeout 120 "${chrome[@]}" --dump-dom "$url" > "$work/dom.html" 2> "$work/chrome
 workers=$(grep -o '<tr class="worker"><td class="name">local-[0-9]' "$work/dom.html" | wc -l)
 bars=$(grep -o 'class="bar" data-group="sleep_ms" style="left:[0-9]' "$work/dom.html" | wc -l)
 fetches=$(grep -o 'class="bar fetch" style="left:[0-9]' "$work/dom.html" | wc -l)
-echo "dashboard: the page shows $workers workers, $bars task bars, $fetches fetch bars"
-if [ "$workers" -ne 2 ] || [ "$bars" -lt 1 ]; then
-  echo "dashboard: FAILED: expected 2 workers and task bars"; head -c 3000 "$work/dom.html"; exit 1
+progress=$(grep -o '<div class="progress"><span class="name">sleep_ms</span>' "$work/dom.html" | wc -l)
+states=$(grep -o '<span class="state" data-state="[a-z]*">' "$work/dom.html" | wc -l)
+# The page redraws itself every second from /api/status: in its 4 s of virtual time, several times.
+updates=$(grep -o '<body data-updates="[0-9]*"' "$work/dom.html" | grep -o '[0-9]*' || echo 0)
+echo "dashboard: the page shows $workers workers, $bars task bars, $fetches fetch bars," \
+  "$progress progress row(s) for sleep_ms, $states task states; it redrew itself $updates times"
+if [ "$workers" -ne 2 ] || [ "$bars" -lt 1 ] || [ "$progress" -ne 1 ] || [ "$states" -lt 1 ] \
+    || [ "$updates" -lt 2 ]; then
+  echo "dashboard: FAILED: expected 2 workers, task bars, a progress row, task states and live updates"
+  head -c 3000 "$work/dom.html"; exit 1
 fi
 mkdir -p "$(dirname "$shot")"
 timeout 120 "${chrome[@]}" --window-size=1280,720 --screenshot="$shot" "$url" > /dev/null 2>> "$work/chrome.txt" \
@@ -62,6 +69,9 @@ for path, method, code in (("nothing", "GET", 404), ("", "POST", 405)):
         assert e.code == code, f"{method} /{path}: {e.code}, expected {code}"
 print("dashboard: /metrics is Prometheus text; other paths and methods are refused")
 PY
+# The example ends by itself after its --seconds; bounded here all the same.
+for _ in $(seq 1200); do kill -0 "$demo" 2> /dev/null || break; sleep 0.1; done
+kill -0 "$demo" 2> /dev/null && { echo "dashboard: FAILED: the example outlived its time"; exit 1; }
 wait "$demo" || { echo "dashboard: FAILED: the example"; cat "$work/demo.txt"; exit 1; }
 demo=""
 tail -1 "$work/demo.txt"

@@ -12,7 +12,8 @@ cargo build -q -j2 --release -p dask-comm --bin dask-comm
 tour="$PWD/target/release/examples/mpi_tour"
 cli="$PWD/target/release/dask-comm"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# Also when a time limit ends this script: no launcher or rank of it outlives it.
+trap 'pkill -9 -f "$tour|$cli mpi" 2> /dev/null; rm -rf "$work"' EXIT
 cd "$work"
 
 ompi=(mpirun.openmpi --oversubscribe)

@@ -98,14 +98,16 @@ cat > job.sh <<JOB
 #!/bin/bash
 #SBATCH --job-name=dask-comm
 #SBATCH --nodes=1
-#SBATCH --ntasks=6
-#SBATCH --cpus-per-task=1
-#SBATCH --overcommit
+#SBATCH --ntasks=4
+#SBATCH --cpus-per-task=2
 #SBATCH --output=$dir/job.out
 echo "job \$SLURM_JOB_ID: \$SLURM_JOB_NUM_NODES node(s), \$SLURM_NTASKS tasks, \$SLURM_CPUS_PER_TASK CPU(s) each"
-srun --overcommit "$tour" --nthreads "\$SLURM_CPUS_PER_TASK"
+srun "$tour" --nthreads "\$SLURM_CPUS_PER_TASK"
 JOB
-if timeout 240 sbatch --wait job.sh > sbatch.txt 2>&1 && grep -q "all answers right" job.out; then
+# The job's 4 tasks of 2 CPUs fill the node's 8: 2 workers of 2 threads each, read back from
+# SLURM_CPUS_PER_TASK.
+if timeout 240 sbatch --wait job.sh > sbatch.txt 2>&1 && grep -q "all answers right" job.out \
+    && grep -q "2 CPU(s) each" job.out && grep -q "a client of 2 workers, threads \[2, 2\]" job.out; then
   grep -E "^(job|rank|primes|sum)" job.out | sed 's/^/  /'
 else
   echo "FAILED: sbatch"; cat sbatch.txt job.out 2> /dev/null; failures=$((failures + 1))

@@ -66,7 +66,7 @@ cargo build -q -j2 --release -p dask-graph --example million
 timeout 300 cargo run -q -j2 --release -p dask-graph --example million -- 100000
 # The cluster under the real launchers: mpirun (Open MPI), mpiexec (MPICH), Slurm's srun and
 # sbatch on a one-node Slurm started and stopped here.
-timeout 600 bash scripts/launch_test.sh
+timeout 1200 bash scripts/launch_test.sh
 timeout 600 bash scripts/slurm_test.sh
 # A scheduler and two workers on three "hosts" (network namespaces), over tcp:// and ucx://.
 timeout 600 bash scripts/multihost_test.sh

@@ -149,8 +149,14 @@ fn main() {
         None => match dask_comm::initialize(opts) {
             Ok(cluster) => {
                 let r = cluster.rank();
+                let threads: Vec<u32> = cluster
+                    .client()
+                    .workers()
+                    .iter()
+                    .map(|w| w.nthreads)
+                    .collect();
                 println!(
-                    "rank {} of {} ({:?}): a client of {} workers",
+                    "rank {} of {} ({:?}): a client of {} workers, threads {threads:?}",
                     r.rank,
                     r.size,
                     r.launcher,

@@ -133,6 +133,8 @@ async function poll() {
     if (!r.ok) throw new Error(r.status + " " + (await r.text()));
     render(await r.json());
     document.getElementById("error").textContent = "";
+    // How many times the page has redrawn itself (tests read it from the DOM).
+    document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
   } catch (e) {
     document.getElementById("error").textContent = "the scheduler does not answer: " + e.message;
   }
