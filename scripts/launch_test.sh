@@ -57,11 +57,13 @@ if command -v mpirun.openmpi > /dev/null; then
   fi
   leftovers "the refusal"
   # The CLI's mpi mode: a scheduler and 3 workers, a client started apart shuts them down.
-  echo "launch: Open MPI, dask-comm mpi (4 ranks) and a separate client"
+  # No dashboard asked: none is served (no DASHBOARD line).
+  echo "launch: Open MPI, dask-comm mpi (4 ranks, --no-dashboard) and a separate client"
   rm -f cli.json
-  timeout 180 "${ompi[@]}" -np 4 "$cli" mpi --scheduler-file cli.json > cli.txt 2>&1 &
+  timeout 180 "${ompi[@]}" -np 4 "$cli" mpi --scheduler-file cli.json --no-dashboard > cli.txt 2>&1 &
   launcher=$!
-  if timeout 120 "$tour" --connect cli.json --workers 3 > out.txt 2>&1 && wait "$launcher"; then
+  if timeout 120 "$tour" --connect cli.json --workers 3 > out.txt 2>&1 && wait "$launcher" \
+      && grep -q "^LISTENING" cli.txt && ! grep -q "^DASHBOARD" cli.txt; then
     grep -E "^(connected|cluster)" out.txt | sed 's/^/  /'
   else
     echo "FAILED: dask-comm mpi"; cat out.txt cli.txt; failures=$((failures + 1))

@@ -3,9 +3,14 @@
 # afterwards. The scheduler runs in one (`dask-comm scheduler`), a worker in each of the
 # others (`dask-comm worker`), and a client next to the scheduler (`mpi_tour --connect`)
 # spreads `inc` tasks over both workers and sums them in one task, so values cross from one
-# host to the other; then it shuts the cluster down and every process must exit. Over tcp://
-# and ucx:// (UCX limited to its TCP transport, as across real hosts: namespaces do not
-# isolate shared memory). Needs root and `ip netns`; otherwise says why and skips.
+# host to the other; then it shuts the cluster down and every process must exit. Then the same
+# hosts as a launched job (`dask_comm::initialize` in the mpi_tour example, its ranks started
+# with MPICH's variables PMI_RANK/PMI_SIZE, one per `ip netns exec`): the scheduler's and the
+# client's ranks on the first host, a worker's on each of the others, every rank told
+# `--interface dcnet0` (each host's link has that name, as `ib0` on a real cluster); the tour's
+# answers must be right and every rank must exit 0. Over tcp:// and ucx:// (UCX limited to its
+# TCP transport, as across real hosts: namespaces do not isolate shared memory). Needs root and
+# `ip netns`; otherwise says why and skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 skip() { echo "multihost: skipped: $*"; exit 0; }
@@ -24,6 +29,7 @@ bridge_nf=/proc/sys/net/bridge/bridge-nf-call-iptables
 bridge_nf_was=$(cat "$bridge_nf" 2> /dev/null || true)
 cleanup() {
   pkill -9 -f "$cli (scheduler|worker) .*$dir" 2> /dev/null || true
+  pkill -9 -f "$tour .*$dir" 2> /dev/null || true
   # The host's bridge filtering as it was.
   if [ -n "$bridge_nf_was" ]; then echo "$bridge_nf_was" > "$bridge_nf" 2> /dev/null || true; fi
   for h in "${hosts[@]}"; do ip netns del "$h" 2> /dev/null || true; done
@@ -38,9 +44,10 @@ for i in 0 1 2; do
   ip netns add "$h"
   ip link add "v$id$i" type veth peer name "v$id${i}b"
   ip link set "v$id$i" netns "$h"
+  ip -n "$h" link set "v$id$i" name dcnet0
   ip link set "v$id${i}b" master "$br" up
-  ip -n "$h" addr add "${addrs[$i]}/24" dev "v$id$i"
-  ip -n "$h" link set "v$id$i" up
+  ip -n "$h" addr add "${addrs[$i]}/24" dev dcnet0
+  ip -n "$h" link set dcnet0 up
   ip -n "$h" link set lo up
 done
 # The bridge forwards between the namespaces (iptables may drop bridged traffic otherwise).
@@ -77,6 +84,29 @@ for proto in tcp ucx; do
     cat "$dir/out.txt" "$dir/sched.txt" "$dir/w1.txt" "$dir/w2.txt"
     failures=$((failures + 1))
   fi
+
+  echo "multihost: $proto:// across 3 hosts, launched (PMI ranks, --interface dcnet0)"
+  file="$dir/launched-$proto.json"
+  ranks=()
+  for r in 0 1 2 3; do
+    h=${hosts[0]}
+    [ "$r" -ge 2 ] && h=${hosts[$((r - 1))]}
+    ip netns exec "$h" env PMI_RANK="$r" PMI_SIZE=4 timeout 180 "$tour" --interface dcnet0 \
+      --protocol "$proto" --scheduler-file "$file" > "$dir/rank$r.txt" 2>&1 &
+    ranks+=($!)
+  done
+  ok=1
+  for r in 0 1 2 3; do
+    wait "${ranks[$r]}" || { echo "  rank $r exited with $?"; ok=0; }
+  done
+  if [ "$ok" = 1 ] && grep -q "all answers right" "$dir/rank1.txt" \
+     && grep -q "a client of 2 workers" "$dir/rank1.txt"; then
+    grep -E "^(rank|primes|sum)" "$dir/rank1.txt" | sed 's/^/  /'
+  else
+    echo "multihost: FAILED launched over $proto"
+    for r in 0 1 2 3; do echo "--- rank $r"; cat "$dir/rank$r.txt"; done
+    failures=$((failures + 1))
+  fi
 done
 [ "$failures" -eq 0 ] || exit 1
-echo "multihost: the cluster spans the three hosts over tcp:// and ucx://"
+echo "multihost: the cluster spans the three hosts over tcp:// and ucx://, by hand and launched"

@@ -13,6 +13,7 @@
 //! mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0]
 //!                            [--interface IF] [--protocol tcp|ucx] [--scheduler-rank R]
 //!                            [--local-directory D]
+//!                            [--dashboard-address 127.0.0.1:8787 | --no-dashboard]
 //! dask-comm bench [--workload merge-10000,tree-12,chain-10000,roundtrip] [--workers 2]
 //!                 [--threads 1] [--protocol tcp|ucx] [--zero-work] [--rounds 3]
 //!                 [--scheduler-process] [--json]
@@ -163,7 +164,7 @@ fn secret_from(file: Option<String>) -> Result<Option<Secret>> {
 const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F] [--no-work-stealing] [--allowed-failures N] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm status (--scheduler-file F | --dashboard HOST:PORT) [--window SECONDS]
        dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--local-directory D] [--listen URI] [--name N] [--no-nanny]
-       mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0] [--interface IF] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D]
+       mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0] [--interface IF] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
 
 /// Runs the command line (the process's arguments); returns the exit status.
@@ -381,6 +382,7 @@ fn mpi(mut a: Args) -> Result<()> {
         scheduler_file: a.value("--scheduler-file")?.map(PathBuf::from),
         interface: a.value("--interface")?,
         local_directory: a.value("--local-directory")?.map(PathBuf::from),
+        dashboard: dashboard_choice(&mut a)?,
         ..Default::default()
     };
     if let Some(n) = a.value("--nthreads")? {

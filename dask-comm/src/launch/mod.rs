@@ -32,6 +32,7 @@ use transport::Address;
 use crate::cli::SchedulerFile;
 use crate::client::Client;
 use crate::cluster::Protocol;
+use crate::dashboard::At;
 use crate::error::{Error, Result};
 use crate::scheduler::SchedulerServer;
 use crate::security::Secret;
@@ -135,6 +136,9 @@ pub struct LaunchOptions {
     /// How long the client waits for every worker to join, and workers for the scheduler
     /// file (60 s).
     pub timeout: Duration,
+    /// Where the scheduler serves its dashboard: by default loopback port 8787 (another free
+    /// loopback port when that one is taken); `None`: no dashboard.
+    pub dashboard: Option<At>,
 }
 
 impl Default for LaunchOptions {
@@ -148,6 +152,7 @@ impl Default for LaunchOptions {
             protocol: Protocol::Tcp,
             local_directory: None,
             timeout: Duration::from_secs(60),
+            dashboard: Some(At::Default),
         }
     }
 }
@@ -339,7 +344,7 @@ fn serve(opts: &LaunchOptions, job: &Job, role: Role, launched: bool) -> Result<
     match role {
         Role::Scheduler => {
             let until = launched.then_some(opts.timeout);
-            scheduler(job, &format!("{scheme}://{host}:0"), until)
+            scheduler(job, &format!("{scheme}://{host}:0"), until, opts.dashboard)
         }
         Role::Worker | Role::Client => {
             let sf = fresh_file(job, opts.timeout)?;
@@ -379,7 +384,12 @@ fn parse(text: &str) -> Result<Address> {
 /// Runs the scheduler until a client shuts the cluster down (or SIGINT/SIGTERM), with its
 /// file written meanwhile and removed after. With `client_within`, also until the clients
 /// have all left (the launched client's rank ended, whichever way), or none came that soon.
-fn scheduler(job: &Job, listen: &str, client_within: Option<Duration>) -> Result<()> {
+fn scheduler(
+    job: &Job,
+    listen: &str,
+    client_within: Option<Duration>,
+    dashboard: Option<At>,
+) -> Result<()> {
     let file = &job.file;
     // A file left by an earlier job that died must not send this job's ranks there.
     let _ = std::fs::remove_file(file);
@@ -388,15 +398,20 @@ fn scheduler(job: &Job, listen: &str, client_within: Option<Duration>) -> Result
     runtime()?.block_on(async {
         let mut server =
             SchedulerServer::start(&listen, secret.clone(), crate::core::Config::default()).await?;
-        let dashboard = crate::dashboard::start(&mut server, crate::dashboard::At::Default).await?;
-        crate::cli::announce(&format!("DASHBOARD http://{dashboard}/"));
+        let dashboard = match dashboard {
+            Some(at) => Some(crate::dashboard::start(&mut server, at).await?),
+            None => None,
+        };
+        if let Some(d) = dashboard {
+            crate::cli::announce(&format!("DASHBOARD http://{d}/"));
+        }
         if let Some(grace) = client_within {
             server.stop_when_clients_leave(grace);
         }
         SchedulerFile {
             address: server.address().to_string(),
             secret: secret.to_hex(),
-            dashboard: Some(dashboard.to_string()),
+            dashboard: dashboard.map(|d| d.to_string()),
             job: job.id.clone(),
         }
         .write(file)?;
