@@ -263,9 +263,6 @@ fn too_few_ranks() {
     }
 }
 
-/// One named test of this harness-less suite.
-type Test = Box<dyn Fn()>;
-
 fn main() {
     register();
     if let Ok(mode) = std::env::var(MODE) {
@@ -279,8 +276,7 @@ fn main() {
         .try_init();
     use std::os::unix::process::ExitStatusExt;
     let killed = |s: &ExitStatus| s.signal() == Some(libc::SIGKILL);
-    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
-    let tests: Vec<(&str, Test)> = vec![
+    let tests: Vec<test_support::NamedTest> = vec![
         ("main_returns", Box::new(|| ends("return", "tcp", code(0)))),
         (
             "main_returns_ucx",
@@ -304,15 +300,5 @@ fn main() {
         ),
         ("too_few_ranks", Box::new(too_few_ranks)),
     ];
-    let mut ran = 0;
-    for (name, t) in tests {
-        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
-            continue;
-        }
-        let t0 = Instant::now();
-        t();
-        println!("test {name} ... ok ({:.1?})", t0.elapsed());
-        ran += 1;
-    }
-    println!("test result: ok. {ran} passed");
+    test_support::run_tests(tests);
 }

@@ -214,9 +214,6 @@ fn strangers_are_refused(protocol: Protocol) {
     drop(silent);
 }
 
-/// One named test of this harness-less suite.
-type Test = Box<dyn Fn()>;
-
 fn main() {
     register();
     dask_comm::run_if_worker();
@@ -225,8 +222,7 @@ fn main() {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .try_init();
-    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
-    let tests: Vec<(&str, Test)> = vec![
+    let tests: Vec<test_support::NamedTest> = vec![
         (
             "process_cluster_tcp",
             Box::new(|| process_cluster(Protocol::Tcp)),
@@ -253,15 +249,5 @@ fn main() {
             Box::new(|| strangers_are_refused(Protocol::Ucx)),
         ),
     ];
-    let mut ran = 0;
-    for (name, t) in tests {
-        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
-            continue;
-        }
-        let t0 = Instant::now();
-        t();
-        println!("test {name} ... ok ({:.1?})", t0.elapsed());
-        ran += 1;
-    }
-    println!("test result: ok. {ran} passed");
+    test_support::run_tests(tests);
 }

@@ -7,7 +7,7 @@
 //! Its own `main` (no test harness): worker processes re-execute this binary. Sizes are CI's;
 //! `cargo run --release --example resilience` runs them at full size and prints the figures.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dask_comm::drills;
 use dask_graph::FailureKind;
@@ -123,8 +123,6 @@ fn shuffle_chaos() {
     assert_eq!(r.stats.workers_lost, 20);
 }
 
-type Test = fn();
-
 fn main() {
     drills::register();
     dask_comm::run_if_worker();
@@ -133,25 +131,14 @@ fn main() {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .try_init();
-    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
-    let tests: Vec<(&str, Test)> = vec![
-        ("stealing", stealing),
-        ("elastic", elastic),
-        ("spill", spill),
-        ("killer_task", killer_task),
-        ("queuing", queuing),
-        ("chaos", chaos),
-        ("shuffle_chaos", shuffle_chaos),
+    let tests: Vec<test_support::NamedTest> = vec![
+        ("stealing", Box::new(stealing)),
+        ("elastic", Box::new(elastic)),
+        ("spill", Box::new(spill)),
+        ("killer_task", Box::new(killer_task)),
+        ("queuing", Box::new(queuing)),
+        ("chaos", Box::new(chaos)),
+        ("shuffle_chaos", Box::new(shuffle_chaos)),
     ];
-    let mut ran = 0;
-    for (name, t) in tests {
-        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
-            continue;
-        }
-        let t0 = Instant::now();
-        t();
-        println!("test {name} ... ok ({:.1?})", t0.elapsed());
-        ran += 1;
-    }
-    println!("test result: ok. {ran} passed");
+    test_support::run_tests(tests);
 }

@@ -76,6 +76,34 @@ pub fn port_of(address: &str) -> Option<u16> {
     address.rsplit(':').next()?.parse().ok()
 }
 
+/// One named test of a harness-less test binary (one whose processes re-execute it, so it
+/// keeps its own `main`).
+pub type NamedTest<'a> = (&'a str, Box<dyn Fn() + 'a>);
+
+/// Runs `tests` in order, those whose name contains the first command-line argument (when
+/// there is one that is not a flag), printing a line for each and a closing line as
+/// libtest's; a test fails by panicking, which ends the run with the panic's status.
+///
+/// ```
+/// let ran = std::cell::Cell::new(0);
+/// test_support::run_tests(vec![("counts", Box::new(|| ran.set(ran.get() + 1)))]);
+/// assert_eq!(ran.get(), 1);
+/// ```
+pub fn run_tests(tests: Vec<NamedTest<'_>>) {
+    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    let mut ran = 0;
+    for (name, t) in tests {
+        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
+        let t0 = std::time::Instant::now();
+        t();
+        println!("test {name} ... ok ({:.1?})", t0.elapsed());
+        ran += 1;
+    }
+    println!("test result: ok. {ran} passed");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
