@@ -3,10 +3,12 @@
 # Debian's packages, which scripts/setup_test_tools.sh installs) configured and started here, stopped
 # afterwards; `srun -n 6` runs the mpi_tour example, and an sbatch job script like the
 # seed's (--nodes, --ntasks, --cpus-per-task, read back from SLURM_*) completes. Needs root
-# (slurmd runs the job steps); skips, saying why, where Slurm cannot run.
+# (slurmd runs the job steps); skips, saying why, where Slurm is not installed (or another Slurm
+# already runs here, which it never touches); daemons that do not start are a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 skip() { echo "slurm: skipped: $*"; exit 0; }
+fail() { echo "slurm: FAILED: $*"; exit 1; }
 [ "$(id -u)" = 0 ] || skip "the one-node cluster needs root"
 for c in slurmctld slurmd srun sbatch sinfo scontrol scancel munged; do
   command -v "$c" > /dev/null || skip "$c not found (slurm-wlm and munge not installed)"
@@ -71,11 +73,11 @@ CONF
 export SLURM_CONF="$dir/slurm.conf"
 if ! pgrep -x munged > /dev/null; then
   mkdir -p /run/munge && chown munge:munge /run/munge
-  runuser -u munge -- munged || skip "munged does not start"
+  runuser -u munge -- munged || fail "munged does not start"
   started_munge=1
 fi
-slurmctld || skip "slurmctld does not start: $(tail -3 "$dir/slurmctld.log" 2>/dev/null)"
-slurmd || skip "slurmd does not start: $(tail -3 "$dir/slurmd.log" 2>/dev/null)"
+slurmctld || fail "slurmctld does not start: $(tail -3 "$dir/slurmctld.log" 2>/dev/null)"
+slurmd || fail "slurmd does not start: $(tail -3 "$dir/slurmd.log" 2>/dev/null)"
 for _ in $(seq 60); do
   state=$(sinfo -h -o %T 2> /dev/null || true)
   [ "$state" = idle ] && break
