@@ -67,10 +67,13 @@ fn rank_main(mode: &str) {
             "panic" => panic!("rank 1's main panics"),
             // No destructor runs: the scheduler sees only the client's connection go.
             "exit" => std::process::exit(4),
-            // Until the test kills this process.
-            "hang" => loop {
-                std::thread::sleep(Duration::from_secs(1));
-            },
+            // Until the test kills this process (which it does well within this bound).
+            "hang" => {
+                for _ in 0..(2 * LIMIT.as_secs()) {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err("not killed in time".into())
+            }
             other => Err(format!("unknown mode {other}").into()),
         }
     })();
