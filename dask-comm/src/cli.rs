@@ -11,7 +11,8 @@
 //!                  [--memory-limit 4GiB|auto|0] [--local-directory D] [--listen URI] [--name N]
 //!                  [--no-nanny]
 //! mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0]
-//!                            [--interface IF] [--protocol tcp|ucx] [--scheduler-rank R]
+//!                            [--interface IF] [--address-family ipv4|ipv6]
+//!                            [--protocol tcp|ucx] [--scheduler-rank R]
 //!                            [--local-directory D]
 //!                            [--dashboard-address 127.0.0.1:8787 | --no-dashboard]
 //! dask-comm bench [--workload merge-10000,tree-12,chain-10000,roundtrip] [--workers 2]
@@ -164,7 +165,7 @@ fn secret_from(file: Option<String>) -> Result<Option<Secret>> {
 const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F] [--no-work-stealing] [--allowed-failures N] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm status (--scheduler-file F | --dashboard HOST:PORT) [--window SECONDS]
        dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--local-directory D] [--listen URI] [--name N] [--no-nanny]
-       mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0] [--interface IF] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D] [--dashboard-address HOST:PORT | --no-dashboard]
+       mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0] [--interface IF] [--address-family ipv4|ipv6] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
 
 /// Runs the command line (the process's arguments); returns the exit status.
@@ -399,6 +400,9 @@ fn mpi(mut a: Args) -> Result<()> {
     }
     if let Some(p) = a.value("--protocol")? {
         opts.protocol = p.parse()?;
+    }
+    if let Some(f) = a.value("--address-family")? {
+        opts.address_family = f.parse()?;
     }
     opts.memory_limit = match a.value("--memory-limit")?.as_deref() {
         None | Some("auto") => None,

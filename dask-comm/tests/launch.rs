@@ -24,6 +24,8 @@ const DIR: &str = "LAUNCH_TEST_DIR";
 const PROTOCOL: &str = "LAUNCH_TEST_PROTOCOL";
 /// Set in a rank's environment: the scheduler's rank (`LaunchOptions::scheduler_rank`).
 const SCHEDULER_RANK: &str = "LAUNCH_TEST_SCHEDULER_RANK";
+/// Set in a rank's environment: `ipv4` or `ipv6` (`LaunchOptions::address_family`).
+const FAMILY: &str = "LAUNCH_TEST_FAMILY";
 /// How long a whole job may take before the test calls it hung.
 const LIMIT: Duration = Duration::from_secs(90);
 
@@ -44,17 +46,29 @@ fn rank_main(mode: &str) {
     let dir = PathBuf::from(std::env::var(DIR).expect("LAUNCH_TEST_DIR"));
     let protocol = std::env::var(PROTOCOL).unwrap_or_else(|_| "tcp".into());
     let scheduler_rank = std::env::var(SCHEDULER_RANK).map_or(0, |r| r.parse().unwrap());
+    let family = std::env::var(FAMILY).unwrap_or_else(|_| "ipv4".into());
     let r = (|| -> Result<(), Failure> {
         let cluster = dask_comm::initialize(LaunchOptions {
             scheduler_file: Some(dir.join("scheduler.json")),
             protocol: protocol.parse::<Protocol>()?,
             timeout: Duration::from_secs(30),
             scheduler_rank,
+            address_family: family.parse()?,
             ..LaunchOptions::default()
         })?;
         let two = cluster.submit_blocking("inc", vec![Arg::lit(1i64)])?;
         assert_eq!(two.result_blocking()?.downcast_ref::<i64>(), Some(&2));
-        std::fs::write(dir.join("up"), cluster.rank().rank.to_string())?;
+        // This rank's number, then the workers' addresses.
+        let workers: Vec<String> = cluster
+            .client()
+            .workers()
+            .into_iter()
+            .map(|w| w.address)
+            .collect();
+        std::fs::write(
+            dir.join("up"),
+            format!("{}\n{}", cluster.rank().rank, workers.join(" ")),
+        )?;
         match mode {
             "return" => Ok(()),
             // A task's error, passed up by `?`: `cluster` drops as the error leaves.
@@ -93,10 +107,15 @@ struct Job {
 
 impl Job {
     fn start(name: &str, size: u32, mode: &str, protocol: &str) -> Job {
-        Job::with_scheduler(name, size, mode, protocol, 0)
+        Job::with(name, size, mode, &[(PROTOCOL, protocol)])
     }
 
-    fn with_scheduler(name: &str, size: u32, mode: &str, protocol: &str, scheduler: u32) -> Job {
+    /// A job whose ranks also have `vars` ([`PROTOCOL`], [`SCHEDULER_RANK`], [`FAMILY`]).
+    fn with(name: &str, size: u32, mode: &str, vars: &[(&str, &str)]) -> Job {
+        let scheduler: u32 = vars
+            .iter()
+            .find(|v| v.0 == SCHEDULER_RANK)
+            .map_or(0, |v| v.1.parse().unwrap());
         let dir = std::env::temp_dir().join(format!(
             "launch-test-{}-{name}-{}",
             std::process::id(),
@@ -126,8 +145,7 @@ impl Job {
                     .env("MPI_LOCALNRANKS", size.to_string())
                     .env(MODE, mode)
                     .env(DIR, &dir)
-                    .env(PROTOCOL, protocol)
-                    .env(SCHEDULER_RANK, scheduler.to_string())
+                    .envs(vars.iter().copied())
                     .stdin(Stdio::null())
                     .stdout(file("out").unwrap())
                     .stderr(file("err").unwrap())
@@ -214,24 +232,36 @@ impl Drop for Job {
 /// cluster is up); every other rank must then exit by itself with status 0, and the client's
 /// with `want`.
 fn ends(mode: &str, protocol: &str, want: impl Fn(&ExitStatus) -> bool) {
-    ends_in(Job::start(mode, 4, mode, protocol), mode, want)
+    let loopback = |a: &str| a.contains("://127.0.0.1:");
+    ends_in(Job::start(mode, 4, mode, protocol), mode, want, loopback)
 }
 
-fn ends_in(mut job: Job, mode: &str, want: impl Fn(&ExitStatus) -> bool) {
+/// As [`ends`], for `job`, whose workers' addresses must all satisfy `listens`.
+fn ends_in(
+    mut job: Job,
+    mode: &str,
+    want: impl Fn(&ExitStatus) -> bool,
+    listens: impl Fn(&str) -> bool,
+) {
     let up = job.dir.join("up");
     job.wait_for(&up, LIMIT);
     let client = job.client;
-    // Written once the cluster computed: the client's rank (a file being written reads short).
+    // Written once the cluster computed: the client's rank, then the workers' addresses (a
+    // file being written reads short).
     let t0 = Instant::now();
     let mut said = String::new();
-    while said.is_empty() && t0.elapsed() < Duration::from_secs(5) {
+    while !said.contains('\n') && t0.elapsed() < Duration::from_secs(5) {
         said = std::fs::read_to_string(&up).unwrap_or_default();
         std::thread::sleep(Duration::from_millis(10));
     }
-    if said != client.to_string() {
+    let (rank, addresses) = said.split_once('\n').unwrap_or((&said, ""));
+    if rank != client.to_string() {
         job.fail(&format!(
-            "rank {said:?} got the client, expected rank {client}"
+            "rank {rank:?} got the client, expected rank {client}"
         ));
+    }
+    if !addresses.split(' ').all(&listens) {
+        job.fail(&format!("workers listen on {addresses:?}"));
     }
     if mode == "hang" {
         job.ranks[client].kill().unwrap();
@@ -297,8 +327,22 @@ fn main() {
             "scheduler_on_rank_3",
             Box::new(|| {
                 // Rank 3 the scheduler, rank 0 the client, ranks 1 and 2 workers.
-                let job = Job::with_scheduler("rank3", 4, "return", "tcp", 3);
-                ends_in(job, "return", code(0))
+                let job = Job::with("rank3", 4, "return", &[(SCHEDULER_RANK, "3")]);
+                ends_in(job, "return", code(0), |a| {
+                    a.starts_with("tcp://127.0.0.1:")
+                })
+            }),
+        ),
+        (
+            "ipv6",
+            Box::new(|| {
+                // Every rank on this host: IPv6 loopback. Skipped where the kernel has no IPv6.
+                if !std::path::Path::new("/proc/net/if_inet6").exists() {
+                    println!("  skipped: no IPv6 here (/proc/net/if_inet6)");
+                    return;
+                }
+                let job = Job::with("ipv6", 4, "return", &[(FAMILY, "ipv6")]);
+                ends_in(job, "return", code(0), |a| a.starts_with("tcp://[::1]:"))
             }),
         ),
         ("too_few_ranks", Box::new(too_few_ranks)),

@@ -11,7 +11,8 @@
 //! srun -n 6 target/release/examples/mpi_tour               # Slurm
 //! ```
 //!
-//! Options: `--protocol tcp|ucx`, `--interface IF`, `--scheduler-file F`, `--nthreads N`.
+//! Options: `--protocol tcp|ucx`, `--interface IF`, `--address-family ipv4|ipv6`,
+//! `--scheduler-file F`, `--nthreads N`.
 //! `--connect F` runs no ranks: it is a plain client of the cluster whose scheduler file is
 //! `F` (one started by `mpirun -np N dask-comm mpi --scheduler-file F`), computes with the
 //! functions `dask-comm` registers once `--workers N` (1) have joined, and shuts that cluster
@@ -43,7 +44,7 @@ fn is_prime(n: u64) -> bool {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: mpi_tour [--protocol tcp|ucx] [--interface IF] [--scheduler-file F] [--nthreads N]\n       mpi_tour --connect SCHEDULER_FILE [--workers N]"
+        "usage: mpi_tour [--protocol tcp|ucx] [--interface IF] [--address-family ipv4|ipv6] [--scheduler-file F] [--nthreads N]\n       mpi_tour --connect SCHEDULER_FILE [--workers N]"
     );
     std::process::exit(2)
 }
@@ -137,6 +138,7 @@ fn main() {
         match flag.as_str() {
             "--protocol" => opts.protocol = value.parse::<Protocol>().unwrap_or_else(|_| usage()),
             "--interface" => opts.interface = Some(value),
+            "--address-family" => opts.address_family = value.parse().unwrap_or_else(|_| usage()),
             "--scheduler-file" => opts.scheduler_file = Some(value.into()),
             "--nthreads" => opts.nthreads = value.parse().unwrap_or_else(|_| usage()),
             "--connect" => connect = Some(PathBuf::from(value)),

@@ -39,7 +39,7 @@ use crate::security::Secret;
 use crate::worker::{run_worker, WorkerOptions};
 
 pub use env::{Launcher, Rank};
-pub use host::interface_address;
+pub use host::{interface_address, interface_address_of, AddressFamily};
 
 /// Why a launched process could not take its part.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,19 +88,23 @@ pub enum LaunchError {
         /// The size.
         size: u32,
     },
-    /// No interface of that name (with an IPv4 address).
-    #[error("no network interface {name:?} with an IPv4 address (there are {have:?})")]
+    /// No interface of that name with an address of the family asked for.
+    #[error("no network interface {name:?} with an {family} address (there are {have:?})")]
     NoInterface {
         /// The name asked for.
         name: String,
+        /// The address family asked for.
+        family: AddressFamily,
         /// The interfaces there are.
         have: Vec<String>,
     },
     /// The ranks may span hosts and no address other ranks could reach was found.
-    #[error("the ranks may span hosts and {host:?} resolves to no address but loopback: name a network interface (--interface)")]
+    #[error("the ranks may span hosts and {host:?} resolves to no {family} address but loopback: name a network interface (--interface)")]
     NoAddress {
         /// This host's name.
         host: String,
+        /// The address family asked for.
+        family: AddressFamily,
     },
     /// The interfaces could not be listed.
     #[error("listing the network interfaces: {reason}")]
@@ -129,6 +133,9 @@ pub struct LaunchOptions {
     /// The network interface to listen on (`ib0`, `eth0`); `None`: loopback when every rank
     /// runs on this host, else the address this host's name resolves to.
     pub interface: Option<String>,
+    /// IPv4 (the default) or IPv6 addresses. `ucx://` over IPv6 needs UCX's
+    /// `UCX_TCP_AF_PRIO=inet6` (ucx-rs says so when it is missing).
+    pub address_family: AddressFamily,
     /// `tcp` or `ucx`.
     pub protocol: Protocol,
     /// The workers' folder for spilled values.
@@ -149,6 +156,7 @@ impl Default for LaunchOptions {
             nthreads: 1,
             memory_limit: None,
             interface: None,
+            address_family: AddressFamily::Ipv4,
             protocol: Protocol::Tcp,
             local_directory: None,
             timeout: Duration::from_secs(60),
@@ -339,12 +347,23 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 fn serve(opts: &LaunchOptions, job: &Job, role: Role, launched: bool) -> Result<()> {
     let (rank, file) = (job.rank, &job.file);
     let scheme = opts.scheme()?;
-    let host = host::listen_host(opts.interface.as_deref(), rank.one_host)?;
+    let host = host::listen_host(
+        opts.interface.as_deref(),
+        rank.one_host,
+        opts.address_family,
+    )?;
+    // `[v6]:0` or `v4:0`.
+    let host_port = std::net::SocketAddr::new(host, 0);
     tracing::info!(rank = rank.rank, size = rank.size, ?role, %host, file = %file.display(), "launched");
     match role {
         Role::Scheduler => {
             let until = launched.then_some(opts.timeout);
-            scheduler(job, &format!("{scheme}://{host}:0"), until, opts.dashboard)
+            scheduler(
+                job,
+                &format!("{scheme}://{host_port}"),
+                until,
+                opts.dashboard,
+            )
         }
         Role::Worker | Role::Client => {
             let sf = fresh_file(job, opts.timeout)?;
@@ -353,7 +372,7 @@ fn serve(opts: &LaunchOptions, job: &Job, role: Role, launched: bool) -> Result<
                 Secret::from_hex(&sf.secret)?,
                 opts.nthreads.max(1),
             );
-            w.listen = Some(parse(&format!("{scheme}://{host}:0"))?);
+            w.listen = Some(parse(&format!("{scheme}://{host_port}"))?);
             w.memory_limit = opts.memory_limit.unwrap_or_else(|| {
                 // The ranks on this host share its memory.
                 let local = match rank.one_host {
