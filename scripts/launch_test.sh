@@ -13,7 +13,8 @@ tour="$PWD/target/release/examples/mpi_tour"
 cli="$PWD/target/release/dask-comm"
 work=$(mktemp -d)
 # Also when a time limit ends this script: no launcher or rank of it outlives it.
-trap 'pkill -9 -f "$tour|$cli mpi" 2> /dev/null; rm -rf "$work"' EXIT
+# (`|| true`: under set -e a pkill that finds nothing would make this script fail.)
+trap 'pkill -9 -f "$tour|$cli mpi" 2> /dev/null || true; rm -rf "$work"' EXIT
 cd "$work"
 
 ompi=(mpirun.openmpi --oversubscribe)
