@@ -16,6 +16,8 @@ them. Each result is printed with its ratio to ucx_perftest measured in the same
                                 round's payload is stamped afresh and checked
   transport ucx://, tcp://      `transport-echo` (one frame per message); ucx:// on its
                                 client-server endpoint and with Options::ucx_direct ("direct")
+                                tcp:// spins 50 µs before parking a receive (Options::tcp_spin,
+                                while replies come within it); "no spin" parks at once
   tokio TCP ping-pong           `transport-echo --raw-tcp`: plain tokio sockets, no framing (the
                                 floor of what tokio's TCP does here)
   UCXX (Python)                 `python -m ucxx.benchmarks.send_recv`, its defaults (numpy,
@@ -141,17 +143,19 @@ class UcxRs:
 
 
 class Transport:
-    def __init__(self, scheme, mode="polling", spin_us=0, direct=False, raw=False, batch=False):
+    def __init__(self, scheme, mode="polling", spin_us=None, direct=False, raw=False, batch=False):
+        # spin_us: Options::tcp_spin (None: the default, 50 µs; -1: 0, no spin)
         self.scheme, self.mode, self.spin_us, self.direct, self.raw = scheme, mode, spin_us, direct, raw
         self.batch = batch
         self.name = "tokio TCP ping-pong (no framing)" if raw else (
             f"transport {scheme}://" + (f" {mode}" if scheme == "ucx" else "") + (" direct" if direct else "") + (
-                f" spin {spin_us} us" if spin_us else "") + (" batched" if batch else ""))
+                "" if spin_us is None else " no spin" if spin_us < 0 else f" spin {spin_us} us")
+            + (" batched" if batch else ""))
 
     def _flags(self):
         flags = ["--ucx-progress", self.mode] if self.scheme == "ucx" else []
-        if self.spin_us:
-            flags += ["--tcp-spin-us", str(self.spin_us)]
+        if self.spin_us is not None:
+            flags += ["--tcp-spin-us", str(max(self.spin_us, 0))]
         if self.direct:
             flags += ["--ucx-direct"]
         if self.raw:
@@ -380,7 +384,7 @@ def main():
         for m in modes:
             impls += [UcxRs(m), UcxRs(m, direct=True)]
         impls += [Transport("ucx", m, direct=d) for m in modes for d in (False, True)]
-        impls += [Transport("tcp"), Transport("tcp", spin_us=50), Transport("tcp", raw=True), Perftest(tls="tcp")]
+        impls += [Transport("tcp"), Transport("tcp", spin_us=-1), Transport("tcp", raw=True), Perftest(tls="tcp")]
         if has_ucxx:
             impls.append(Ucxx(a.ucxx_python))
         else:

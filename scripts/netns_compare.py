@@ -5,12 +5,13 @@ namespaces joined by a veth pair (as transport/tests/netns.rs builds them), UCX 
 interleaved A B C A B C; one-way medians (half a round trip), the median over rounds, each
 with its ratio to ucx_perftest -t tag_lat from the same run.
 
-Rows: ucx_perftest with ucx-rs's default options (the reference), and with UCX's own; transport ucx:// in each progress mode (--modes), on its client-server
+Rows: ucx_perftest as ucx-rs's endpoints run (the reference: -e, ucx::DEFAULT_OPTIONS), without
+-e, and with UCX's own options; transport ucx:// in each progress mode (--modes), on its client-server
 endpoint and with Options::ucx_direct ("direct": endpoints by worker address, which across
 hosts carry the TCP lanes of the peers' worker addresses); transport tcp://.
 
   cargo build --release -p transport --bins
-  sudo python3 scripts/netns_compare.py [--rounds 3] [--sizes 8,64k,4m] [--modes polling,blocking,thread]
+  sudo python3 scripts/netns_compare.py [--rounds 5] [--sizes 8,64k,4m] [--modes polling,blocking,thread]
 
 Needs root and `ip netns`; removes the namespaces when done.
 """
@@ -57,27 +58,29 @@ def iters_for(size):
 
 
 class Perftest:
-    """ucx_perftest -t tag_lat. The reference (`ucx_defaults` False) runs with what ucx-rs sets
-    by default (`ucx::DEFAULT_OPTIONS`): `UCX_TCP_PUT_ENABLE=n`, so rendezvous goes through TCP
-    active messages for both sides; the row below it keeps UCX's own defaults (TCP's emulated
-    put for rendezvous)."""
+    """ucx_perftest -t tag_lat. The reference (`ucx_defaults` False) runs as ucx-rs's endpoints
+    do: with peer error handling (`-e`, which adds a keepalive lane beside the tag lane, as
+    `UCX_LOG_LEVEL=info` shows) and `UCX_TCP_PUT_ENABLE=n` (ucx::DEFAULT_OPTIONS), so
+    rendezvous goes through TCP active messages on both sides. `plain` drops `-e`; the
+    `ucx_defaults` row also keeps UCX's own options (TCP's emulated put for rendezvous)."""
 
-    def __init__(self, ucx_defaults=False):
-        self.ucx_defaults = ucx_defaults
-        self.name = "ucx_perftest tag_lat" + (" (TCP put)" if ucx_defaults else "")
+    def __init__(self, ucx_defaults=False, plain=False):
+        self.ucx_defaults, self.plain = ucx_defaults, plain or ucx_defaults
+        self.name = "ucx_perftest tag_lat" + (" (TCP put)" if ucx_defaults else "" if plain else " -e")
 
     def latency(self, hosts, size):
         env = dict(os.environ, UCX_TLS="self,tcp")
         if not self.ucx_defaults:
             env.setdefault("UCX_TCP_PUT_ENABLE", "n")
+        extra = [] if self.plain else ["-e"]
         p = next_port()
-        srv = subprocess.Popen(hosts.on(hosts.a, SERVER_CPU, ["ucx_perftest", "-p", p]), env=env,
+        srv = subprocess.Popen(hosts.on(hosts.a, SERVER_CPU, ["ucx_perftest", "-p", p, *extra]), env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             time.sleep(0.5)
             out = subprocess.run(hosts.on(hosts.b, CLIENT_CPU, [
-                "ucx_perftest", SERVER_IP, "-p", p, "-t", "tag_lat", "-s", str(size), "-n", str(iters_for(size))]),
-                env=env, capture_output=True, text=True, timeout=300)
+                "ucx_perftest", SERVER_IP, "-p", p, "-t", "tag_lat", "-s", str(size), "-n", str(iters_for(size)),
+                *extra]), env=env, capture_output=True, text=True, timeout=300)
         finally:
             stop(srv)
         final = [l for l in out.stdout.splitlines() if l.startswith("Final:")]
@@ -110,7 +113,7 @@ class Echo:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sizes", default="8,64k,4m")
     ap.add_argument("--modes", default="polling,blocking,thread")
     a = ap.parse_args()
@@ -119,7 +122,7 @@ def main():
     if not os.path.exists(TECHO):
         sys.exit(f"{TECHO} is missing: cargo build --release -p transport --bins")
     sizes = [size_arg(s) for s in a.sizes.split(",")]
-    impls = [Perftest(), Perftest(ucx_defaults=True)]
+    impls = [Perftest(), Perftest(plain=True), Perftest(ucx_defaults=True)]
     for m in a.modes.split(","):
         impls += [Echo("ucx", m), Echo("ucx", m, direct=True)]
     impls.append(Echo("tcp"))

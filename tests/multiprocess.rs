@@ -17,8 +17,13 @@ struct Server {
 
 impl Server {
     fn spawn(mode: &str, once: bool) -> Server {
+        Server::spawn_with(mode, once, &[])
+    }
+
+    fn spawn_with(mode: &str, once: bool, extra: &[&str]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ucx-echo"));
         cmd.args(["server", "--bind", "127.0.0.1", "--mode", mode]);
+        cmd.args(extra);
         if once {
             cmd.arg("--once");
         }
@@ -233,6 +238,49 @@ async fn stream_am_multi_and_rma_across_processes() {
     .expect("within the step limit");
     ep.close().await.unwrap();
     assert!(server.wait_exit(STEP).success());
+}
+
+/// Thread mode in processes allowed one CPU each, both the same CPU (`--cpu 0`): the progress
+/// threads yield that CPU, and a task awaiting an operation progresses the worker itself for a
+/// while before it parks. Messages of every protocol (eager, rendezvous) still arrive whole, on
+/// client-server and direct endpoints, and the server, idle afterwards, stops using the CPU.
+#[test]
+fn thread_mode_on_one_cpu() {
+    for direct in [false, true] {
+        let mut server = Server::spawn_with("thread", true, &["--cpu", "0"]);
+        let mut client = Command::new(env!("CARGO_BIN_EXE_ucx-echo"));
+        client
+            .args(["client", "--connect", &format!("127.0.0.1:{}", server.port)])
+            .args(["--mode", "thread", "--cpu", "0", "--json", "--iters", "20"])
+            .args(["--sizes", "1,8192,65536,4194304"]);
+        if direct {
+            client.arg("--direct");
+        }
+        let out = client.output().unwrap();
+        assert!(
+            out.status.success(),
+            "client (direct: {direct}) failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rows = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .count();
+        assert_eq!(rows, 4, "{}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            server.wait_exit(STEP).success(),
+            "server (direct: {direct}) did not finish cleanly"
+        );
+    }
+    let server = Server::spawn_with("thread", false, &["--cpu", "0"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_seconds(server.child.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_seconds(server.child.id()) - before;
+    assert!(
+        used < 0.5,
+        "thread mode on one CPU: an idle server used {used:.2} s of CPU in 2 s"
+    );
 }
 
 #[test]

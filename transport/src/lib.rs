@@ -151,10 +151,12 @@ pub struct Options {
     /// [`tls`]). Other schemes ignore it.
     #[cfg(feature = "tls")]
     pub tls: Option<tls::TlsConfig>,
-    /// `tcp://`, `tls://`: before a receive parks on the event loop, poll the socket for this
-    /// long (a kernel wake-up costs tens of µs on a VM; polling costs a core while it spins).
-    /// Zero (the default): never spin. Like UCX's polling progress, for latency-bound peers
-    /// with cores to spare.
+    /// `tcp://`, `tls://`: before a receive parks on the event loop, poll it for this long,
+    /// yielding to the runtime between polls (a kernel wake-up costs tens of µs on a VM).
+    /// Only while the connection is in a conversation: a receive spins when the one before it
+    /// found its message within the spin (or, parked, within twice the spin), so a connection
+    /// that waits long between messages parks at once and costs no CPU. [`DEFAULT_TCP_SPIN`]
+    /// by default; zero: never spin.
     pub tcp_spin: Duration,
     /// `ucx://`: after connecting, move to endpoints connected by the peers' worker addresses
     /// (shared memory on one host, the fabric's own lanes across hosts; see [`ucx_lanes`]). A
@@ -166,6 +168,10 @@ pub struct Options {
     pub ucx_direct: bool,
 }
 
+/// [`Options::tcp_spin`]'s default: longer than a round trip between two processes on one
+/// host or across a LAN (5–50 µs), shorter than the kernel's wake-up on a loaded VM is long.
+pub const DEFAULT_TCP_SPIN: Duration = Duration::from_micros(50);
+
 impl Default for Options {
     fn default() -> Self {
         Options {
@@ -175,7 +181,7 @@ impl Default for Options {
             secret: None,
             #[cfg(feature = "tls")]
             tls: None,
-            tcp_spin: Duration::ZERO,
+            tcp_spin: DEFAULT_TCP_SPIN,
             ucx_direct: false,
         }
     }

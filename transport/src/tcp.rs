@@ -60,6 +60,11 @@ pub(crate) struct Conn {
     state: Arc<CloseState>,
     /// Poll the socket this long before parking a receive ([`Options::tcp_spin`]).
     spin: std::time::Duration,
+    /// Whether the next receive spins: it does while messages come within `spin` of a receive
+    /// (and after a parked receive waited less than twice `spin`: a round trip through two
+    /// parked peers pays two wake-ups), so a connection that waits long between messages
+    /// parks at once and costs no CPU. A new connection starts spinning.
+    hot: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Conn {
@@ -280,30 +285,27 @@ impl Conn {
             limits: crate::SharedLimits::new(opts.limits),
             state,
             spin: opts.tcp_spin,
+            hot: std::sync::atomic::AtomicBool::new(!opts.tcp_spin.is_zero()),
         }
     }
 
-    /// Polls the socket until a byte is there (or it ends, or fails), for at most `spin`:
-    /// the receive that follows then finds its event without the thread sleeping.
-    fn spin_for_data(&self) {
-        let deadline = std::time::Instant::now() + self.spin;
-        // SAFETY: the descriptor is the connection's socket, which its halves own and keep
-        // open while `self` lives; it is only borrowed for this call.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
-        let sock = socket2::SockRef::from(&fd);
-        let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+    /// Awaits `read`, first polling it for at most `spin`, yielding to the runtime between
+    /// polls (the runtime checks its sockets then, and other tasks on this thread run): a
+    /// reply that comes within the spin is read without the thread sleeping in the kernel.
+    /// Also says whether it came within the spin.
+    async fn spin_on<F: std::future::Future>(&self, read: F) -> (F::Output, bool) {
+        let mut read = std::pin::pin!(read);
+        let start = std::time::Instant::now();
         loop {
-            // Non-blocking (tokio's sockets are): MSG_PEEK leaves the data for the receive.
-            match sock.peek(&mut byte) {
-                Ok(_) => return, // data, or the end of the stream
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return, // the receive reports it
+            let polled =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx))).await;
+            if let std::task::Poll::Ready(v) = polled {
+                return (v, true);
             }
-            if std::time::Instant::now() >= deadline {
-                return;
+            if start.elapsed() >= self.spin {
+                return (read.await, false);
             }
-            std::hint::spin_loop();
+            tokio::task::yield_now().await;
         }
     }
 
@@ -383,12 +385,24 @@ impl Conn {
     }
 
     pub(crate) async fn recv(&self) -> Result<(u32, Message)> {
+        use std::sync::atomic::Ordering::Relaxed;
         let mut r = self.reader.lock().await;
-        if !self.spin.is_zero() && r.buffer().is_empty() {
-            self.spin_for_data();
-        }
         let mut fixed = [0u8; frame::FIXED_LEN];
-        match read_full(&mut *r, &mut fixed).await? {
+        let got = if self.spin.is_zero() || !r.buffer().is_empty() {
+            read_full(&mut *r, &mut fixed).await?
+        } else if self.hot.load(Relaxed) {
+            // Spinning: stay hot while messages come within the spin.
+            let (got, came) = self.spin_on(read_full(&mut *r, &mut fixed)).await;
+            self.hot.store(came, Relaxed);
+            got?
+        } else {
+            // Parked: warm up if the message came soon even so (wake-ups included).
+            let start = std::time::Instant::now();
+            let got = read_full(&mut *r, &mut fixed).await?;
+            self.hot.store(start.elapsed() < 2 * self.spin, Relaxed);
+            got
+        };
+        match got {
             0 => {
                 return Err(TransportError::Closed(CloseReason::PeerFailed(
                     Failure::Vanished,
@@ -451,5 +465,65 @@ impl Conn {
             tracing::debug!(error = %e, "shutting the socket down");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    async fn pair(opts: &Options) -> (Conn, Conn) {
+        let mut l = listen("127.0.0.1", 0).await.unwrap();
+        let Address::Tcp { port, .. } = l.local() else {
+            unreachable!("a TCP listener has a TCP address")
+        };
+        let (a, b) = tokio::join!(
+            connect("127.0.0.1", port, opts, Arc::default()),
+            l.accept(opts, Arc::default())
+        );
+        (a.unwrap(), b.unwrap().0)
+    }
+
+    /// A receive that waits longer than the spin leaves the connection parking at once (no
+    /// core burnt on a connection that waits long between messages), whether it spun first
+    /// or not, and the message arrives whole either way.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_long_wait_stops_the_spinning() {
+        let (a, b) = pair(&Options::default()).await;
+        for hot in [true, false] {
+            b.hot.store(hot, Relaxed);
+            let late = async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                a.send(7, Message::from(vec![bytes::Bytes::from_static(b"late")]))
+                    .await
+            };
+            let (sent, got) = tokio::join!(late, b.recv());
+            sent.unwrap();
+            let (channel, msg) = got.unwrap();
+            assert_eq!((channel, msg.frames.len()), (7, 1));
+            assert_eq!(msg.frames[0].as_host().unwrap().as_ref(), b"late");
+            assert!(
+                !b.hot.load(Relaxed),
+                "still spinning after a 20 ms wait (was {hot})"
+            );
+        }
+    }
+
+    /// `tcp_spin` zero never spins: the flag is never set.
+    #[tokio::test(flavor = "current_thread")]
+    async fn no_spin_stays_parked() {
+        let opts = Options {
+            tcp_spin: Duration::ZERO,
+            ..Default::default()
+        };
+        let (a, b) = pair(&opts).await;
+        for i in 0..20u32 {
+            let (sent, got) =
+                tokio::join!(a.send(i, Message::from(Vec::<Vec<u8>>::new())), b.recv());
+            sent.unwrap();
+            assert_eq!(got.unwrap().0, i);
+            assert!(!b.hot.load(Relaxed));
+        }
     }
 }

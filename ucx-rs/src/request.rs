@@ -550,6 +550,8 @@ pub(crate) fn wait<'a>(op: &'a OpCore, worker: &'a WorkerShared) -> Wait<'a> {
         op,
         worker,
         polled: false,
+        assisting_since: None,
+        parked: false,
     }
 }
 
@@ -558,6 +560,10 @@ pub(crate) struct Wait<'a> {
     worker: &'a WorkerShared,
     /// Whether this future was polled before (polling mode).
     polled: bool,
+    /// When this future began progressing an assisting worker itself (`WorkerShared::assists`).
+    assisting_since: Option<std::time::Instant>,
+    /// Done assisting: waiting for the progress thread to wake this future.
+    parked: bool,
 }
 
 impl Future for Wait<'_> {
@@ -587,8 +593,32 @@ impl Future for Wait<'_> {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        self.op.waker.register(cx.waker());
-        if self.op.is_done() {
+        let this = self.get_mut();
+        if this.worker.assists() && !this.parked {
+            // A thread-mode worker on a lone CPU: progress here for a while rather than wait
+            // for the progress thread to wake this task (a switch between the two threads on
+            // that CPU per message). The first poll only yields, as in polling mode.
+            let since = *this
+                .assisting_since
+                .get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() < crate::worker::ASSIST {
+                if this.polled {
+                    this.worker.try_progress();
+                }
+                this.polled = true;
+                if this.op.is_done() {
+                    return Poll::Ready(());
+                }
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            // Parking: the progress thread may have armed the event fd and gone to sleep
+            // before this task's progress calls; wake it to progress and arm afresh.
+            this.parked = true;
+            this.worker.wake_progress();
+        }
+        this.op.waker.register(cx.waker());
+        if this.op.is_done() {
             Poll::Ready(())
         } else {
             Poll::Pending

@@ -77,6 +77,10 @@ type Deferred = Box<dyn FnOnce() + Send>;
 pub(crate) struct WorkerShared {
     raw: Mutex<RawWorker>,
     mode: ProgressMode,
+    /// A `Thread` worker in a process allowed one CPU: a task awaiting an operation progresses
+    /// the worker itself for a while ([`ASSIST`]) before it parks, so a reply that comes soon
+    /// costs no switch from the progress thread to the task's thread on that CPU.
+    assists: bool,
     context: Context,
     /// The progress engine (blocking task or thread) is asleep on the event fd.
     sleeping: AtomicBool,
@@ -104,6 +108,41 @@ pub(crate) struct WorkerShared {
 impl WorkerShared {
     pub(crate) fn mode(&self) -> ProgressMode {
         self.mode
+    }
+
+    /// Whether tasks awaiting operations progress the worker themselves for up to [`ASSIST`]
+    /// (see the field).
+    pub(crate) fn assists(&self) -> bool {
+        self.assists
+    }
+
+    /// Wakes the progress thread if it sleeps on the event fd.
+    pub(crate) fn wake_progress(&self) {
+        if self.mode == ProgressMode::Thread && self.sleeping.load(Ordering::Acquire) {
+            // SAFETY: the worker is alive (`self` holds it); ucp_worker_signal may be called
+            // from any thread at any time.
+            unsafe { sys::ucp_worker_signal(self.raw_handle()) };
+        }
+    }
+
+    /// Progresses the worker unless another thread holds it (its progress thread: that one
+    /// is progressing it already).
+    pub(crate) fn try_progress(&self) {
+        let Ok(guard) = self.raw.try_lock() else {
+            return;
+        };
+        #[cfg(feature = "cuda")]
+        if let Some(ctx) = self.cuda.get() {
+            if let Err(e) = ctx.bind_to_thread() {
+                tracing::warn!(error = %e, "cannot make the CUDA context current");
+            }
+        }
+        Locked {
+            guard: Some(guard),
+            shared: self,
+            after_unlock: Vec::new(),
+        }
+        .progress();
     }
 
     /// The worker's handle, for calls UCX allows from any thread without the lock.
@@ -332,6 +371,7 @@ impl Worker {
         let shared = Arc::new(WorkerShared {
             raw: Mutex::new(RawWorker { handle }),
             mode,
+            assists: mode == ProgressMode::Thread && alone_on_a_cpu(),
             context: context.clone(),
             sleeping: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
@@ -592,11 +632,21 @@ const BLOCKING_SPIN: u32 = 64;
 /// Progress calls without events before the thread arms the fd and sleeps.
 const THREAD_SPIN: u32 = 2_000;
 
+/// How long a task awaiting an operation on an assisting worker progresses it itself before
+/// it parks (see `WorkerShared::assists`): about as long as the progress thread spins before
+/// it sleeps, so the CPU is no busier than without.
+pub(crate) const ASSIST: Duration = Duration::from_micros(50);
+
+/// Whether this process may run on one CPU only.
+fn alone_on_a_cpu() -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() == 1)
+}
+
 fn thread_progress(weak: Weak<WorkerShared>, fd: OwnedFd) {
     // Counted until this thread ends, after its reference to the worker is gone (crate::exit).
     let _running = crate::exit::ProgressThread::enter(weak.clone());
     // With one CPU to share with the threads it wakes, spinning on it only delays them.
-    let shares_cpu = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
+    let shares_cpu = alone_on_a_cpu();
     tracing::debug!(shares_cpu, "UCX progress thread started");
     let mut idle = 0u32;
     loop {

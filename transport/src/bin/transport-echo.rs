@@ -9,6 +9,7 @@
 //! transport-echo tls-generate DIR [NAME...]        # a cluster certificate: DIR/cert.pem, DIR/key.pem
 //! UCX flags: --ucx-tcp --ucx-no-shm --ucx-net-devices DEV --ucx-progress polling|blocking|thread
 //!            --ucx-direct (move to endpoints by worker address: Options::ucx_direct, both sides)
+//! TCP flags: --tcp-spin-us US (Options::tcp_spin; default 50, 0: park at once)
 //! Security flags: --tls-dir DIR (tls://: DIR/cert.pem presented and trusted, DIR/key.pem)
 //!                 --secret-file F (64 hex digits: the shared-secret challenge on any scheme)
 //! ```
@@ -87,7 +88,7 @@ fn parse() -> Args {
         intent: UcxIntent::default(),
         tls_dir: None,
         secret_file: None,
-        tcp_spin: std::time::Duration::ZERO,
+        tcp_spin: transport::DEFAULT_TCP_SPIN,
         ucx_direct: false,
         raw_tcp: false,
         stream: false,
