@@ -5,12 +5,12 @@ namespaces joined by a veth pair (as transport/tests/netns.rs builds them), UCX 
 interleaved A B C A B C; one-way medians (half a round trip), the median over rounds, each
 with its ratio to ucx_perftest -t tag_lat from the same run.
 
-Rows: ucx_perftest as ucx-rs's endpoints run (the reference: -e, ucx::DEFAULT_OPTIONS), without
+Rows: ucx-rs alone (`ucx-echo`, client-server endpoint) per mode, when built; ucx_perftest as ucx-rs's endpoints run (the reference: -e, ucx::DEFAULT_OPTIONS), without
 -e, and with UCX's own options; transport ucx:// in each progress mode (--modes), on its client-server
 endpoint and with Options::ucx_direct ("direct": endpoints by worker address, which across
 hosts carry the TCP lanes of the peers' worker addresses); transport tcp://.
 
-  cargo build --release -p transport --bins
+  cargo build --release -p transport --bins   (and -p ucx-stack --bin ucx-echo for ucx-rs rows)
   sudo python3 scripts/netns_compare.py [--rounds 5] [--sizes 8,64k,4m] [--modes polling,blocking,thread]
 
 Needs root and `ip netns`; removes the namespaces when done.
@@ -23,6 +23,7 @@ from runner import (CLIENT_CPU, SERVER_CPU, json_rows, next_port, size_arg, size
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TECHO = os.path.join(ROOT, "target", "release", "transport-echo")
+UECHO = os.path.join(ROOT, "target", "release", "ucx-echo")
 SERVER_IP, CLIENT_IP = "10.231.9.1", "10.231.9.2"
 UCX_TCP = ["--ucx-tcp", "--ucx-no-shm"]  # UCX_TLS=self,tcp
 
@@ -89,6 +90,32 @@ class Perftest:
         return float(final[0].split()[2])
 
 
+class UcxEcho:
+    """ucx-rs alone (`ucx-echo`, its client-server endpoint), UCX_TLS=self,tcp."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.name = f"ucx-rs {mode}"
+
+    def latency(self, hosts, size):
+        env = dict(os.environ, UCX_TLS="self,tcp")
+        p = next_port()
+        srv = subprocess.Popen(hosts.on(hosts.a, SERVER_CPU, [
+            UECHO, "server", "--port", p, "--once", "--mode", self.mode]), env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(0.5)
+            out = subprocess.run(hosts.on(hosts.b, CLIENT_CPU, [
+                UECHO, "client", "--connect", f"{SERVER_IP}:{p}", "--sizes", str(size),
+                "--iters", str(iters_for(size)), "--mode", self.mode, "--json"]),
+                env=env, capture_output=True, text=True, timeout=300)
+            if out.returncode != 0:
+                raise RuntimeError(f"{self.name} {size}: {out.stderr.strip()[-300:]}")
+            return json_rows(out.stdout)[0]["median_us"]
+        finally:
+            stop(srv)
+
+
 class Echo:
     def __init__(self, scheme, mode=None, direct=False):
         self.scheme, self.mode, self.direct = scheme, mode, direct
@@ -123,6 +150,8 @@ def main():
         sys.exit(f"{TECHO} is missing: cargo build --release -p transport --bins")
     sizes = [size_arg(s) for s in a.sizes.split(",")]
     impls = [Perftest(), Perftest(plain=True), Perftest(ucx_defaults=True)]
+    if os.path.exists(UECHO):
+        impls += [UcxEcho(m) for m in a.modes.split(",")]
     for m in a.modes.split(","):
         impls += [Echo("ucx", m), Echo("ucx", m, direct=True)]
     impls.append(Echo("tcp"))
@@ -154,6 +183,11 @@ def main():
             ratio = f"{m / base[s]:.2f}x" if s in base else "-"
             cells += f"{m:>13.1f} {ratio:>8}"
         print(f"{i.name:34}{cells}")
+    print("every round (µs), in order:")
+    for i in impls:
+        rounds = "  ".join(f"{size_name(s)}: " + " ".join(f"{v:.0f}" for v in res.get(i.name, {}).get(s, []))
+                           for s in sizes)
+        print(f"  {i.name:32}{rounds}")
     for name, e in errors.items():
         print(f"  {name}: {e}")
     if errors:

@@ -178,7 +178,7 @@ async fn serve_inner(ep: Endpoint) -> Result<u64> {
         let size = size as usize;
         match kind {
             PINGPONG => {
-                let mut buf = vec![0u8; size];
+                let mut buf = ucx::host_buffer(size);
                 for _ in 0..count {
                     let (r, b) = ep.recv(buf, DATA_TAG).await;
                     r?;
@@ -261,7 +261,7 @@ fn sink_buffers(kept: &mut Vec<Vec<u8>>, n: usize, size: usize) -> Vec<Vec<u8>> 
     for b in &mut bufs {
         b.resize(size, 0);
     }
-    bufs.resize_with(n, || vec![0u8; size]);
+    bufs.resize_with(n, || ucx::host_buffer(size));
     bufs
 }
 
@@ -291,8 +291,12 @@ pub async fn bye(ep: &Endpoint) -> Result<()> {
 pub async fn pingpong(ep: &Endpoint, size: usize, warmup: usize, iters: usize) -> Result<Summary> {
     let total = warmup + iters;
     Command::new(PINGPONG, size, total).send(ep).await?;
-    let mut sbuf: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
-    let mut rbuf = vec![0u8; size];
+    // Huge pages from 2 MiB up, as ucx_perftest's buffers are (ucx::host_buffer).
+    let mut sbuf = ucx::host_buffer(size);
+    for (i, b) in sbuf.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let mut rbuf = ucx::host_buffer(size);
     let mut rts = Vec::with_capacity(iters);
     let k = size.min(8);
     for i in 0..total {
@@ -332,7 +336,7 @@ pub async fn stream_bandwidth(
     window: usize,
     batched: bool,
 ) -> Result<f64> {
-    let data = bytes::Bytes::from(vec![7u8; size]);
+    let data = bytes::Bytes::from(filled(size, 7));
     stream_once(ep, &data, (2 * window).max(4), window, batched).await?;
     let t0 = Instant::now();
     stream_once(ep, &data, count, window, batched).await?;
@@ -480,7 +484,7 @@ pub async fn time_op(
         Op::Tag => return pingpong(ep, size, warmup, iters).await,
         Op::Stream => {
             Command::new(STREAM_ECHO, size, total).send(ep).await?;
-            let (mut sbuf, mut rbuf) = (vec![5u8; size], Vec::with_capacity(size));
+            let (mut sbuf, mut rbuf) = (filled(size, 5), Vec::with_capacity(size));
             for i in 0..total {
                 let t0 = Instant::now();
                 let ((rr, rb), (sr, sb)) =
@@ -493,7 +497,7 @@ pub async fn time_op(
         }
         Op::Am => {
             Command::new(AM_ECHO, size, total).send(ep).await?;
-            let mut sbuf = vec![6u8; size];
+            let mut sbuf = filled(size, 6);
             for i in 0..total {
                 let t0 = Instant::now();
                 let ((sr, sb), got) = futures::join!(ep.am_send(sbuf), ep.am_recv());
@@ -508,7 +512,7 @@ pub async fn time_op(
         Op::Put | Op::Get => {
             Command::new(RMA_REGION, size, 1).send(ep).await?;
             let key = ep.unpack_rkey(&ep.recv_vec(CTRL_TAG).await?)?;
-            let mut buf = vec![7u8; size];
+            let mut buf = filled(size, 7);
             for i in 0..total {
                 let t0 = Instant::now();
                 buf = if op == Op::Put {
@@ -595,3 +599,11 @@ pub fn iterations_for(size: usize, base: usize) -> usize {
 
 /// Default time limit for one benchmark step in the tools.
 pub const STEP_LIMIT: Duration = Duration::from_secs(120);
+
+/// `size` bytes of `byte`, in memory as `ucx_perftest`'s buffers are: huge pages from 2 MiB up
+/// ([`ucx::host_buffer`]).
+fn filled(size: usize, byte: u8) -> Vec<u8> {
+    let mut v = ucx::host_buffer(size);
+    v.fill(byte);
+    v
+}

@@ -113,6 +113,23 @@ pub fn ucx_charge(len: usize) -> u64 {
     (len as u64).saturating_add(64).min(UCX_CHARGE_CAP)
 }
 
+/// A zeroed buffer of `len` bytes to build a large message in. From 2 MiB up the kernel is
+/// asked to back it with transparent huge pages (`MADV_HUGEPAGE`), as the transport's own
+/// receive buffers are and as UCX's allocations (`ucx_perftest`'s buffers among them) are:
+/// every copy through memory of 4 KiB pages (the kernel's socket copies, UCX's) takes a TLB
+/// miss per page. Otherwise an ordinary vector.
+///
+/// ```
+/// let b = transport::host_buffer(4 << 20);
+/// assert_eq!(b.len(), 4 << 20);
+/// assert!(b.iter().all(|&x| x == 0));
+/// let msg = transport::Message::from(vec![b]);
+/// assert_eq!(msg.len(), 4 << 20);
+/// ```
+pub fn host_buffer(len: usize) -> Vec<u8> {
+    pool::zeroed(len)
+}
+
 /// The channel a connection's close travels on; applications use the channels below it.
 pub const CLOSE_CHANNEL: u32 = u32::MAX;
 

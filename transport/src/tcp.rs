@@ -225,6 +225,7 @@ async fn read_frame(r: &mut (impl AsyncRead + Unpin), size: usize) -> Result<Vec
         let left = size - b.len();
         if b.len() == b.capacity() {
             b.reserve_exact(b.capacity().max(GROW_FROM).min(left));
+            crate::pool::advise_huge_pages(&mut b);
         }
         let room = (b.capacity() - b.len()).min(left);
         if (&mut *r).take(room as u64).read_buf(&mut b).await? == 0 {

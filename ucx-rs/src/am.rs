@@ -245,6 +245,7 @@ pub(crate) fn alloc_host(len: usize) -> Result<Vec<u8>> {
     let mut v: Vec<u8> = Vec::new();
     v.try_reserve_exact(len)
         .map_err(|_| Error::Alloc { bytes: len })?;
+    crate::buffer::advise_huge_pages(&mut v);
     Ok(v)
 }
 

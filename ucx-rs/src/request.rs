@@ -562,7 +562,7 @@ pub(crate) struct Wait<'a> {
     polled: bool,
     /// When this future began progressing an assisting worker itself (`WorkerShared::assists`).
     assisting_since: Option<std::time::Instant>,
-    /// Done assisting: waiting for the progress thread to wake this future.
+    /// Done assisting (or never did): waiting for the progress engine to wake this future.
     parked: bool,
 }
 
@@ -570,6 +570,11 @@ impl Future for Wait<'_> {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<()> {
         if self.op.is_done() {
+            if let (true, Some(since)) = (self.parked, self.assisting_since) {
+                // Parked, yet done soon (wake-ups included): the next wait assists again.
+                self.worker
+                    .set_hot(since.elapsed() < 2 * crate::worker::ASSIST);
+            }
             return Poll::Ready(());
         }
         if self.worker.mode() == ProgressMode::Polling {
@@ -597,11 +602,12 @@ impl Future for Wait<'_> {
         if this.worker.assists() && !this.parked {
             // A thread-mode worker on a lone CPU: progress here for a while rather than wait
             // for the progress thread to wake this task (a switch between the two threads on
-            // that CPU per message). The first poll only yields, as in polling mode.
+            // that CPU per message). Only while waits end soon (`WorkerShared::hot`). The
+            // first poll only yields, as in polling mode.
             let since = *this
                 .assisting_since
                 .get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() < crate::worker::ASSIST {
+            if this.worker.hot() && since.elapsed() < crate::worker::ASSIST {
                 if this.polled {
                     this.worker.try_progress();
                 }
@@ -612,9 +618,11 @@ impl Future for Wait<'_> {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            // Parking: the progress thread may have armed the event fd and gone to sleep
-            // before this task's progress calls; wake it to progress and arm afresh.
+            // Parking: waits that outlast the assist stop assisting. The progress engine may
+            // have armed the event fd and gone to sleep before this task's progress calls;
+            // wake it to progress and arm afresh.
             this.parked = true;
+            this.worker.set_hot(false);
             this.worker.wake_progress();
         }
         this.op.waker.register(cx.waker());

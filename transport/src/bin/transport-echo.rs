@@ -310,7 +310,7 @@ async fn client(
         let per = size / frames.max(1);
         let msg = Message::from(
             (0..frames.max(1))
-                .map(|f| (0..per).map(|i| ((i * 31 + f * 7) % 251) as u8).collect())
+                .map(|f| payload(per, |i| ((i * 31 + f * 7) % 251) as u8))
                 .collect::<Vec<Vec<u8>>>(),
         );
         let warmup = iters.div_ceil(10).max(2);
@@ -335,6 +335,16 @@ async fn client(
     Ok(())
 }
 
+/// A message's bytes, `byte(i)` at `i`, in memory as `ucx_perftest`'s buffers are: huge pages
+/// from 2 MiB up ([`transport::host_buffer`]).
+fn payload(len: usize, byte: impl Fn(usize) -> u8) -> Vec<u8> {
+    let mut v = transport::host_buffer(len);
+    for (i, b) in v.iter_mut().enumerate() {
+        *b = byte(i);
+    }
+    v
+}
+
 /// How `--stream` sends.
 struct Stream {
     /// Sends in flight (single sends).
@@ -356,9 +366,7 @@ async fn stream(
 ) -> Result<(), BoxError> {
     let conn = connect_with(&addr, &opts).await?;
     for size in sizes {
-        let msg = Message::from(vec![(0..size)
-            .map(|i| (i % 251) as u8)
-            .collect::<Vec<u8>>()]);
+        let msg = Message::from(vec![payload(size, |i| (i % 251) as u8)]);
         let count = how
             .count
             .unwrap_or_else(|| (4 * how.iters).min((2usize << 30) / size.max(1)).max(20));
@@ -458,7 +466,7 @@ mod raw {
             if size > MAX {
                 return Err(format!("a client announced {size} bytes (at most {MAX})").into());
             }
-            let mut buf = vec![0u8; size as usize];
+            let mut buf = transport::host_buffer(size as usize);
             for _ in 0..count {
                 s.read_exact(&mut buf).await?;
                 s.write_all(&buf).await?;
@@ -475,8 +483,8 @@ mod raw {
             let total = warmup + iters;
             let announce = [(size as u64).to_le_bytes(), (total as u64).to_le_bytes()].concat();
             s.write_all(&announce).await?;
-            let mut out: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
-            let mut back = vec![0u8; size];
+            let mut out = super::payload(size, |i| (i % 251) as u8);
+            let mut back = transport::host_buffer(size);
             let mut rts = Vec::with_capacity(iters);
             for i in 0..total {
                 // A fresh stamp every round, checked on its way back.
