@@ -62,6 +62,8 @@ pub struct Listener {
     handshakes: FuturesUnordered<Handshaking>,
     handshake_timeout: Duration,
     runtime: tokio::runtime::Handle,
+    /// The worker's progress count after this listener's last poll (polling mode).
+    seen_progress: u64,
 }
 
 // SAFETY: the listener handle is only used under the worker lock; the other fields are Send.
@@ -133,6 +135,7 @@ impl Listener {
             handshakes: FuturesUnordered::new(),
             handshake_timeout: DEFAULT_TIMEOUT,
             runtime,
+            seen_progress: u64::MAX,
         })
     }
 
@@ -222,7 +225,16 @@ impl Stream for Listener {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<Option<Self::Item>> {
         let polling = self.worker.mode() == ProgressMode::Polling;
         if polling {
-            self.worker.progress();
+            // Only when nothing else progressed the worker since this listener's last poll: a
+            // pending accept beside a busy connection would otherwise double the progress
+            // calls (connection requests found by others' progress wake `incoming.waker`).
+            let mut locked = self.worker.shared.lock();
+            if locked.progress_calls() == self.seen_progress {
+                locked.progress();
+            }
+            let seen = locked.progress_calls();
+            drop(locked);
+            self.seen_progress = seen;
         }
         self.incoming.waker.register(cx.waker());
         if let Some(e) = self.start_handshakes() {

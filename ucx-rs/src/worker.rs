@@ -66,6 +66,8 @@ impl std::str::FromStr for ProgressMode {
 
 pub(crate) struct RawWorker {
     handle: sys::ucp_worker_h,
+    /// `ucp_worker_progress` calls so far (see [`Locked::progress_calls`]).
+    progress_calls: u64,
 }
 
 // SAFETY: the raw worker is only reachable through WorkerShared's mutex, which serialises every
@@ -279,8 +281,20 @@ impl Locked<'_> {
         self.guard.as_ref().expect("locked until drop").handle
     }
 
+    /// How many times the worker was progressed: a polling-mode future that sees it moved
+    /// since its last poll knows another one is progressing the worker.
+    pub(crate) fn progress_calls(&self) -> u64 {
+        self.guard
+            .as_ref()
+            .expect("locked until drop")
+            .progress_calls
+    }
+
     /// One `ucp_worker_progress` call plus the deferred work it produced.
     pub(crate) fn progress(&mut self) -> u32 {
+        if let Some(raw) = self.guard.as_mut() {
+            raw.progress_calls = raw.progress_calls.wrapping_add(1);
+        }
         // SAFETY: the worker is alive and locked.
         let n = unsafe { sys::ucp_worker_progress(self.handle()) };
         self.after_progress(n);
@@ -393,7 +407,10 @@ impl Worker {
         // SAFETY: the context is alive (we keep a clone); params is valid; handle is an out-ptr.
         check(unsafe { sys::ucp_worker_create(context.handle(), &params, &mut handle) })?;
         let shared = Arc::new(WorkerShared {
-            raw: Mutex::new(RawWorker { handle }),
+            raw: Mutex::new(RawWorker {
+                handle,
+                progress_calls: 0,
+            }),
             mode,
             assists: mode == ProgressMode::Thread && alone_on_a_cpu(),
             hot: AtomicBool::new(true),
