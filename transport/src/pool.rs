@@ -9,29 +9,17 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
-/// Buffers at least this large ask the kernel for transparent huge pages (one 2 MiB page).
-const HUGE_FROM: usize = 2 << 20;
-
-/// Asks the kernel to back `v`'s allocation with transparent huge pages (`MADV_HUGEPAGE`),
-/// as UCX does for the buffers it allocates: the kernel's and the transports' copies through
-/// a buffer of 4 KiB pages take a TLB miss every 4 KiB. Measured across two namespaces at
-/// 4 MiB: `ucx_perftest` (whose buffers are huge pages) 1.6× faster than the same transfer
-/// between buffers of 4 KiB pages, and even with them (docs/transport.md). Call it before the
-/// memory is first touched: the pages are chosen when they fault in. Small buffers, and
-/// kernels without THP, are left as they are.
+/// Asks the kernel to back `v`'s allocation with transparent huge pages from 2 MiB up
+/// (`ucx::advise_huge_pages`), as UCX backs the buffers it allocates: the kernel's and the
+/// transports' copies through memory of 4 KiB pages take a TLB miss every 4 KiB. Measured
+/// across two namespaces at 4 MiB: `ucx_perftest` (whose buffers are huge pages) 1.6× faster
+/// than ucx-rs between buffers of 4 KiB pages, and even with them (docs/transport.md). Builds
+/// without the `ucx` feature leave buffers as they are.
 pub(crate) fn advise_huge_pages(v: &mut Vec<u8>) {
-    if v.capacity() < HUGE_FROM {
-        return;
-    }
-    const PAGE: usize = 4096;
-    let from = (v.as_mut_ptr() as usize).next_multiple_of(PAGE);
-    let to = (v.as_mut_ptr() as usize + v.capacity()) / PAGE * PAGE;
-    if to > from {
-        // SAFETY: [from, to) lies inside the vector's allocation (rounded inward to whole
-        // pages); MADV_HUGEPAGE only tells the kernel how to back those pages and never
-        // changes their contents. A kernel that refuses (no THP) leaves them as they were.
-        unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_HUGEPAGE) };
-    }
+    #[cfg(feature = "ucx")]
+    ucx::advise_huge_pages(v);
+    #[cfg(not(feature = "ucx"))]
+    let _ = v;
 }
 
 /// A zeroed buffer of `len` bytes for a large message: from 2 MiB up, backed by transparent
@@ -113,6 +101,7 @@ impl Drop for Pooled {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "ucx")]
     /// Whether the kernel may back the mapping holding `addr` with huge pages (`THPeligible`
     /// in /proc/self/smaps), or `None` where it cannot say.
     fn huge_page_eligible(addr: usize) -> Option<bool> {
@@ -140,6 +129,7 @@ mod tests {
 
     /// Large buffers (the pool's, and `host_buffer`'s) may be backed by huge pages where the
     /// kernel has them on request (`madvise`); small ones are left alone.
+    #[cfg(feature = "ucx")]
     #[test]
     fn large_buffers_ask_for_huge_pages() {
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")

@@ -72,7 +72,7 @@ pub mod wire;
 mod worker;
 
 pub use am::{AmAllocator, AmBuffer, HostAllocator};
-pub use buffer::{host_buffer, IoBuf, IoBufMut, MemoryType};
+pub use buffer::{advise_huge_pages, host_buffer, IoBuf, IoBufMut, MemoryType};
 pub use context::{
     version, Context, ContextBuilder, CudaSupport, Features, Precedence, DEFAULT_CUDA_STAGE_BELOW,
     DEFAULT_OPTIONS,
