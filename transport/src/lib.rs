@@ -117,7 +117,7 @@ pub fn ucx_charge(len: usize) -> u64 {
 /// asked to back it with transparent huge pages (`MADV_HUGEPAGE`), as the transport's own
 /// receive buffers are and as UCX's allocations (`ucx_perftest`'s buffers among them) are:
 /// every copy through memory of 4 KiB pages (the kernel's socket copies, UCX's) takes a TLB
-/// miss per page. Otherwise an ordinary vector.
+/// miss per page (`ucx::host_buffer`; in builds without the `ucx` feature a plain vector).
 ///
 /// ```
 /// let b = transport::host_buffer(4 << 20);
@@ -127,7 +127,10 @@ pub fn ucx_charge(len: usize) -> u64 {
 /// assert_eq!(msg.len(), 4 << 20);
 /// ```
 pub fn host_buffer(len: usize) -> Vec<u8> {
-    pool::zeroed(len)
+    #[cfg(feature = "ucx")]
+    return ucx::host_buffer(len);
+    #[cfg(not(feature = "ucx"))]
+    vec![0; len]
 }
 
 /// The channel a connection's close travels on; applications use the channels below it.

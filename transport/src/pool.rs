@@ -12,23 +12,14 @@ use bytes::Bytes;
 /// Asks the kernel to back `v`'s allocation with transparent huge pages from 2 MiB up
 /// (`ucx::advise_huge_pages`), as UCX backs the buffers it allocates: the kernel's and the
 /// transports' copies through memory of 4 KiB pages take a TLB miss every 4 KiB. Measured
-/// across two namespaces at 4 MiB: `ucx_perftest` (whose buffers are huge pages) 1.6× faster
-/// than ucx-rs between buffers of 4 KiB pages, and even with them (docs/transport.md). Builds
+/// across two namespaces at 4 MiB: `ucx_perftest` (whose buffers are huge pages) 1.4–1.9×
+/// faster than ucx-rs between buffers of 4 KiB pages, and even with them (docs/transport.md). Builds
 /// without the `ucx` feature leave buffers as they are.
 pub(crate) fn advise_huge_pages(v: &mut Vec<u8>) {
     #[cfg(feature = "ucx")]
     ucx::advise_huge_pages(v);
     #[cfg(not(feature = "ucx"))]
     let _ = v;
-}
-
-/// A zeroed buffer of `len` bytes for a large message: from 2 MiB up, backed by transparent
-/// huge pages where the kernel offers them (see [`crate::host_buffer`]).
-pub(crate) fn zeroed(len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    advise_huge_pages(&mut v);
-    v.resize(len, 0);
-    v
 }
 
 /// Frames smaller than this are plain allocations (cheap, and not worth caching).

@@ -40,7 +40,7 @@ pub fn advise_huge_pages(v: &mut Vec<u8>) {
 /// to back it with transparent huge pages (`MADV_HUGEPAGE`), as UCX backs what it allocates
 /// (`ucx_perftest`'s buffers among them): every copy through memory of 4 KiB pages (the
 /// kernel's socket copies under UCX's TCP transport, shared-memory copies) takes a TLB miss
-/// per page. Across two hosts over TCP this alone made a 4 MiB ping-pong 1.6× slower.
+/// per page. Across two hosts over TCP this alone made a 4 MiB ping-pong 1.4–1.9× slower.
 ///
 /// ```
 /// let buf = ucx::host_buffer(4 << 20);

@@ -618,12 +618,14 @@ impl Future for Wait<'_> {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            // Parking: waits that outlast the assist stop assisting. The progress engine may
-            // have armed the event fd and gone to sleep before this task's progress calls;
-            // wake it to progress and arm afresh.
+            // Parking: waits that outlast the assist stop assisting. If this task progressed
+            // the worker, the progress thread may have armed the event fd and gone to sleep
+            // before those calls: wake it to progress and arm afresh.
             this.parked = true;
-            this.worker.set_hot(false);
-            this.worker.wake_progress();
+            if this.polled {
+                this.worker.set_hot(false);
+                this.worker.wake_progress();
+            }
         }
         this.op.waker.register(cx.waker());
         if this.op.is_done() {
