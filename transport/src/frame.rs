@@ -1,13 +1,13 @@
 //! The message header: what a connection sends before a message's frames.
 //!
-//! Layout (little-endian): `magic: u32 = "UTM2"`, `channel: u32`, `nframes: u32`, then per
-//! frame `size: u64` and `memory: u8` (0 host, 1 CUDA). Version 2 of the magic: `ucx://` first
-//! messages of at most [`crate::UCX_FIRST_MAX`] bytes, and credits on
-//! [`crate::UCX_CREDIT_TAG`]. Everything is validated against
+//! Layout (little-endian): `magic: u32 = "UTM3"`, `channel: u32`, `nframes: u32`, then per
+//! frame `size: u64` and `memory: u8` (0 host, 1 CUDA). Version 3 of the magic: `ucx://` first
+//! messages of at most [`crate::UCX_FIRST_MAX`] bytes (65 KiB; version 2 posted 8 KiB), and
+//! credits on [`crate::UCX_CREDIT_TAG`]. Everything is validated against
 //! [`Limits`] before a single frame byte is allocated.
 
 /// Magic at the start of every header.
-pub const MAGIC: [u8; 4] = *b"UTM2";
+pub const MAGIC: [u8; 4] = *b"UTM3";
 /// Bytes before the per-frame entries.
 pub const FIXED_LEN: usize = 12;
 /// Bytes per frame entry.

@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{pair, STEP};
+use transport::frame;
 use transport::{connect, listen, Address, CloseReason, Message, ProtocolError, TransportError};
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -13,11 +14,17 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// The fewest frames whose header does not fit a `ucx://` first message.
+fn header_over_first_message() -> usize {
+    (transport::UCX_FIRST_MAX - frame::FIXED_LEN) / frame::ENTRY_LEN + 1
+}
+
 async fn echo_and_order(addr: &str) {
     let (server, client) = pair(addr).await;
     tokio::time::timeout(STEP, async {
         // Empty messages and frames, one byte, mixed sizes, 16 MiB, and more frames than fit a
         // first UCX message's header (with and without bytes).
+        let over = header_over_first_message();
         let shapes = [
             vec![],
             vec![0],
@@ -26,12 +33,16 @@ async fn echo_and_order(addr: &str) {
             vec![16 << 20],
             vec![1; 2000],
             vec![0; 2000],
-            // ucx://: the largest inlined message, the smallest that is not, and a header one
-            // byte over the first message (its second part is 1 byte), with and without bytes.
+            // ucx://: the largest inlined message, the smallest that is not, and a header just
+            // over the first message (its second part a few bytes), with and without bytes.
             vec![transport::UCX_FIRST_MAX - 21],
             vec![transport::UCX_FIRST_MAX - 20],
-            vec![0; 909],
-            vec![1; 909],
+            vec![0; over],
+            vec![1; over],
+            // ucx://: inlined messages past the copied size, gathered (a few frames) or
+            // copied (more frames than a gather takes).
+            vec![10_000, 0, 10_000],
+            vec![200; 100],
         ];
         for (i, shape) in shapes.iter().enumerate() {
             let msg = Message::from(
@@ -134,7 +145,8 @@ async fn close_ends_pending_recv(addr: &str) {
 async fn batches(addr: &str) {
     let (server, client) = pair(addr).await;
     tokio::time::timeout(STEP, async {
-        let shapes: [&[usize]; 7] = [
+        let over = vec![1; header_over_first_message()];
+        let shapes: [&[usize]; 10] = [
             &[8],
             &[],
             &[0, 3],
@@ -142,6 +154,9 @@ async fn batches(addr: &str) {
             &[1 << 20],
             &[transport::UCX_FIRST_MAX - 21],
             &[1; 909],
+            &over,
+            &[9_000],
+            &[200; 100],
         ];
         let batch: Vec<Message> = shapes
             .iter()
@@ -409,6 +424,19 @@ async fn ucx_garbage_closes_the_connection() {
             ));
             h
         }),
+        (
+            "a first message past UCX_FIRST_MAX (whole, one byte over)",
+            {
+                let size = transport::UCX_FIRST_MAX + 1 - transport::frame::header_len(1);
+                let meta = transport::frame::FrameMeta {
+                    size: size as u64,
+                    cuda: false,
+                };
+                let mut h = transport::frame::encode(0, &[meta]);
+                h.resize(transport::UCX_FIRST_MAX + 1, 5);
+                h
+            },
+        ),
         ("a bundle ending in half a header", {
             let mut h = transport::frame::encode(0, &[]);
             h.extend_from_slice(&transport::frame::encode(0, &[])[..5]);
@@ -416,9 +444,17 @@ async fn ucx_garbage_closes_the_connection() {
         }),
     ] {
         let (server, raw) = common::raw_ucx(&mut l, &worker).await;
-        let (r, _) = raw.send(bytes, transport::UCX_TAG).await;
-        r.unwrap();
-        let r = tokio::time::timeout(STEP, server.recv()).await.unwrap();
+        // Together: a long message may go by rendezvous, which waits for the receiver.
+        let long = bytes.len() > transport::UCX_FIRST_MAX;
+        let ((sent, _), r) = tokio::join!(
+            raw.send(bytes, transport::UCX_TAG),
+            tokio::time::timeout(STEP, server.recv())
+        );
+        // Refused mid-rendezvous, the long one's send may fail.
+        if !long {
+            sent.unwrap();
+        }
+        let r = r.unwrap();
         assert!(
             matches!(r, Err(TransportError::Protocol(_))),
             "{what}: {r:?}"

@@ -5,7 +5,9 @@
 //! message is at most [`FIRST_MAX`] bytes, so the receiver can post that receive before the
 //! message arrives.
 //! - If the header ([`crate::frame`]) and all frame bytes fit, and no frame is in device memory,
-//!   that one UCX message is the whole message (inlined).
+//!   that one UCX message is the whole message (inlined): the sender copies the frames behind
+//!   the header; the receiver copies out up to [`COPY_MAX`] bytes and hands out the buffer
+//!   larger ones landed in.
 //! - Otherwise it is the header, or the header's first `FIRST_MAX` bytes followed by a second
 //!   UCX message with the rest; then one UCX message per frame. A message with no bytes at all
 //!   has no frame messages.
@@ -50,11 +52,15 @@ pub const TAG: ucx::Tag = ucx::Tag::User(0x5455);
 /// plus the header. Larger messages send the header (in two parts if it is longer than this),
 /// then each frame. The receiver posts a receive of this size before the message arrives.
 pub const FIRST_MAX: usize = crate::UCX_FIRST_MAX;
+/// A receiver copies UCX messages of at most this many bytes out of its posted buffer (cheaper
+/// than an allocation, and than handing a 65 KiB buffer out for a few bytes); larger ones
+/// keep the buffer they landed in.
+pub(crate) const COPY_MAX: usize = 8 << 10;
 /// How long a close waits for sends in flight (the peer taking rendezvous frames) before it
 /// forces the endpoint closed.
 const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// UCX messages on [`TAG`] a receive took ahead, in order (see `receive.rs`).
-type Ahead = std::sync::Mutex<std::collections::VecDeque<Vec<u8>>>;
+type Ahead = std::sync::Mutex<std::collections::VecDeque<Bytes>>;
 /// The most UCX messages (bundles) in one UCX batch of [`Conn::send_batch`].
 const MAX_RUN: usize = 64;
 /// The tag credit grants travel on (little-endian `u64`: bytes granted back).
@@ -461,19 +467,21 @@ impl Conn {
         // (UCX keeps per-tag order, not per-message order). Sends are posted on their first
         // poll, inside the lock; completions are awaited after it is released.
         let total = msg.len();
-        if frame::header_len(msg.frames.len()) + total <= FIRST_MAX && !msg.has_cuda() {
-            // Small messages travel as one UCX message: header, then the frames' bytes.
-            // Into a buffer kept for the connection (given back once UCX is done with it).
+        let inline = frame::header_len(msg.frames.len()) + total;
+        if inline <= FIRST_MAX && !msg.has_cuda() {
+            // Messages up to FIRST_MAX travel as one UCX message: header, then the frames'
+            // bytes, copied into a buffer kept for the connection (given back once UCX is done
+            // with it). A copy of 64 KiB costs less than a second UCX message; UCX's own
+            // gather (the IOV datatype) was slower still past its rendezvous threshold
+            // (docs/transport.md, "One UCX message up to 64 KiB").
             let mut one = self
                 .send_buf
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take();
-            let mut one = one
-                .take_if(|b| b.capacity() >= FIRST_MAX)
-                .unwrap_or_default();
+            let mut one = one.take_if(|b| b.capacity() >= inline).unwrap_or_default();
             one.clear();
-            one.reserve(FIRST_MAX);
+            one.reserve(inline.max(COPY_MAX));
             encode_whole(&mut one, channel, &msg);
             let (r, one) = self.post_in_order(self.ep().send(one, TAG)).await;
             *self.send_buf.lock().unwrap_or_else(|e| e.into_inner()) = Some(one);

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 
-use super::{closed_or, Conn, FIRST_MAX, TAG};
+use super::{closed_or, Conn, COPY_MAX, FIRST_MAX, TAG};
 use crate::frame;
 use crate::{ucx_charge, CloseReason, Frame, Message, ProtocolError, Result, TransportError};
 
@@ -77,7 +77,7 @@ impl Conn {
         self.receiving.store(true, Ordering::Release);
         let _done = Receiving(&self.receiving);
         let (first, mut more) = self.recv_one().await?;
-        while let Some(msgs) = self.whole_ahead() {
+        while let Some(msgs) = self.whole_ahead()? {
             self.took(charge(&msgs)).await;
             more.extend(msgs);
         }
@@ -85,7 +85,7 @@ impl Conn {
     }
 
     /// The next UCX message taken ahead, if any.
-    fn pop_ahead(&self) -> Option<Vec<u8>> {
+    fn pop_ahead(&self) -> Option<Bytes> {
         self.ahead
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -100,33 +100,37 @@ impl Conn {
                 .ahead
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .extend(taken),
+                .extend(taken.into_iter().map(Bytes::from)),
             // The posted receive that follows reports what went wrong.
             Err(e) => tracing::trace!(error = %e, "nothing taken ahead"),
         }
     }
 
     /// The messages of the UCX message at the head of the queue taken ahead, if they are
-    /// whole there: taken off the queue. Anything else (a header whose frames follow, the
-    /// close marker, bytes the wire format does not allow) stays for the next receive.
-    fn whole_ahead(&self) -> Option<Vec<(u32, Message)>> {
+    /// whole there: taken off the queue (slices of its buffer, no copy). Anything else (a
+    /// header whose frames follow, the close marker) stays for the next receive.
+    fn whole_ahead(&self) -> Result<Option<Vec<(u32, Message)>>> {
         let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
-        let msgs = self.whole(ahead.front()?).ok()??;
-        ahead.pop_front();
-        Some(msgs)
+        let Some(front) = ahead.front() else {
+            return Ok(None);
+        };
+        let msgs = self.whole(front).map_err(|e| self.refuse(e))?;
+        if msgs.is_some() {
+            ahead.pop_front();
+        }
+        Ok(msgs)
     }
 
     /// The messages in a UCX message that holds only whole ones (one inlined message, or a
-    /// bundle of them from a batched send), copied out in one piece; `None` if it is something
-    /// else (the close marker, the header of a message whose frames follow).
+    /// bundle of them from a batched send), every frame a slice of `ucx_msg`; `None` if it is
+    /// something else (the close marker, the header of a message whose frames follow).
     fn whole(
         &self,
-        ucx_msg: &[u8],
+        ucx_msg: &Bytes,
     ) -> std::result::Result<Option<Vec<(u32, Message)>>, ProtocolError> {
         let limits = self.limits.get();
-        let mut rest = ucx_msg;
+        let mut rest = &ucx_msg[..];
         let mut out = Vec::new();
-        let mut all = Bytes::new();
         while !rest.is_empty() || out.is_empty() {
             let at = ucx_msg.len() - rest.len();
             let one = match frame::next_inline(rest, &limits)? {
@@ -134,12 +138,8 @@ impl Conn {
                 None if out.is_empty() => return Ok(None),
                 None => return Err(ProtocolError::Bundled { at }),
             };
-            if out.is_empty() {
-                // One copy for the whole bundle; every frame is a slice of it.
-                all = Bytes::copy_from_slice(ucx_msg);
-            }
             let from = ucx_msg.len() - one.bytes.len() - one.more.len();
-            let frames = inline_frames(&all, from, one.frames())?;
+            let frames = inline_frames(ucx_msg, from, one.frames())?;
             out.push((one.channel, Message { frames }));
             rest = one.more;
         }
@@ -160,21 +160,30 @@ impl Conn {
         {
             self.read_ahead().await;
         }
-        let (taken, kept) = match self.pop_ahead() {
-            Some(first) => (first, None),
+        let first = match self.pop_ahead() {
+            Some(first) => Ucx::Ahead(first),
             None => {
                 // One receive at a time: `Connection::recv` holds its slot for the whole
                 // message. The first UCX message of every transport message fits FIRST_MAX
                 // bytes, so its receive is posted before it arrives, into a buffer kept for
-                // the connection (no probe, no allocation).
+                // the connection (no probe; an allocation only after a buffer was handed out).
                 let mut buf =
                     std::mem::take(&mut *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()));
                 if buf.capacity() < FIRST_MAX {
-                    buf = Vec::with_capacity(FIRST_MAX);
+                    buf = crate::pool::try_take(FIRST_MAX)
+                        .unwrap_or_else(|| Vec::with_capacity(FIRST_MAX));
                 }
                 let (r, buf) = self.ep().recv(buf, TAG).await;
                 match r {
-                    Ok(_) => (Vec::new(), Some(buf)),
+                    // A pooled buffer may be larger than FIRST_MAX: what it took beyond is
+                    // refused as UCX refuses what does not fit.
+                    Ok(n) if n > FIRST_MAX => {
+                        return Err(self.refuse(ProtocolError::FirstMessage {
+                            got: n,
+                            max: FIRST_MAX,
+                        }))
+                    }
+                    Ok(_) => Ucx::Posted(buf),
                     Err(ucx::Error::Truncated { message, .. }) => {
                         return Err(self.refuse(ProtocolError::FirstMessage {
                             got: message,
@@ -185,11 +194,28 @@ impl Conn {
                 }
             }
         };
-        let first: &[u8] = kept.as_deref().unwrap_or(&taken);
-        let parsed = self.parse_first(first).await;
-        if let Some(buf) = kept {
-            *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()) = buf;
-        }
+        // A small UCX message is copied out and its posted buffer kept; a larger one (or one
+        // taken ahead, in a buffer of its own) becomes the messages' memory, and the next
+        // receive takes another buffer. Memory follows what arrived: a buffer less than half
+        // full is shrunk first (in place where the allocator can: glibc's can).
+        let first = match first {
+            Ucx::Posted(buf) if buf.len() <= COPY_MAX => {
+                let all = Bytes::copy_from_slice(&buf);
+                *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()) = buf;
+                all
+            }
+            Ucx::Posted(mut buf) if buf.len() < buf.capacity() / 2 => {
+                buf.shrink_to_fit();
+                Bytes::from(buf)
+            }
+            Ucx::Posted(buf) => crate::pool::into_bytes(buf),
+            Ucx::Ahead(taken) => taken,
+        };
+        let parsed = match self.whole(&first) {
+            Ok(Some(msgs)) => Ok(First::Whole(msgs)),
+            Ok(None) => self.parse_first(&first).await,
+            Err(e) => Err(self.refuse(e)),
+        };
         match parsed? {
             First::Close => Err(TransportError::Closed(CloseReason::PeerClosed)),
             First::Whole(mut msgs) => {
@@ -275,7 +301,7 @@ impl Conn {
 
     /// A frame that was taken ahead (into host memory): it must hold the announced bytes; a
     /// device frame is copied where device frames land.
-    fn frame_taken_ahead(&self, taken: Vec<u8>, m: &frame::FrameMeta) -> Result<Frame> {
+    fn frame_taken_ahead(&self, taken: Bytes, m: &frame::FrameMeta) -> Result<Frame> {
         if taken.len() as u64 != m.size {
             return Err(self.refuse(ProtocolError::FrameSize {
                 got: taken.len() as u64,
@@ -284,10 +310,10 @@ impl Conn {
         }
         #[cfg(feature = "cuda")]
         if m.cuda {
-            return crate::cuda::from_host(Bytes::from(taken))
+            return crate::cuda::from_host(taken)
                 .map_err(|e| self.refuse(ProtocolError::DeviceFrame(e.to_string())));
         }
-        Ok(Frame::Host(Bytes::from(taken)))
+        Ok(Frame::Host(taken))
     }
 
     /// Waits for receives posted ahead, the frames after those in `frames`, and appends them.
@@ -336,13 +362,10 @@ impl Conn {
         Ok(())
     }
 
-    /// Reads a message's first UCX message: whole messages (one inlined, or a bundle), the
+    /// Reads a message's first UCX message that is not whole messages ([`Self::layout`]): the
     /// close marker, or a header whose frames follow, receiving the rest of a header longer
-    /// than [`FIRST_MAX`]. Inlined frames are copied out, once per UCX message.
+    /// than [`FIRST_MAX`].
     async fn parse_first(&self, first: &[u8]) -> Result<First> {
-        if let Some(msgs) = self.whole(first).map_err(|e| self.refuse(e))? {
-            return Ok(First::Whole(msgs));
-        }
         let limits = self.limits.get();
         let mut parsed = frame::parse_first(first, None, &limits);
         if let Ok(frame::First::Split { rest: want }) = parsed {
@@ -359,7 +382,7 @@ impl Conn {
                     };
                     let mut rest = buf.into_vec();
                     rest.truncate(got);
-                    rest
+                    Bytes::from(rest)
                 }
             };
             parsed = frame::parse_first(first, Some(&rest), &limits);
@@ -387,6 +410,14 @@ impl Conn {
             Err(e) => Err(self.refuse(e)),
         }
     }
+}
+
+/// Where a message's first UCX message came from.
+enum Ucx {
+    /// The receive posted into the connection's buffer.
+    Posted(Vec<u8>),
+    /// The queue of messages taken ahead.
+    Ahead(Bytes),
 }
 
 /// The frames `metas` describes, sliced one after the other from `all` at `from`. A peer may
