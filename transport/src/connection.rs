@@ -1,7 +1,11 @@
 //! [`Connection`]: one ordered stream of messages over any backend, its cancel-safe receive,
 //! and how it records why it closed.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
+
+use futures::task::AtomicWaker;
 
 #[cfg(feature = "ucx")]
 use crate::ucx_backend;
@@ -25,7 +29,12 @@ pub struct Connection {
 #[derive(Debug, Default)]
 pub(crate) struct CloseState {
     reason: Mutex<Option<CloseReason>>,
+    /// Whether `reason` is set: read on every send and receive, without the lock.
+    set: AtomicBool,
     changed: tokio::sync::Notify,
+    /// The task of the receive in progress (one at a time), woken by a close. Cheaper to poll
+    /// than a `Notify`, whose waiter list is locked on every poll of a pending receive.
+    receiver: AtomicWaker,
 }
 
 impl CloseState {
@@ -33,16 +42,31 @@ impl CloseState {
     pub(crate) fn close(&self, reason: CloseReason) -> CloseReason {
         let mut r = self.reason.lock().unwrap_or_else(|e| e.into_inner());
         let held = r.get_or_insert(reason).clone();
+        self.set.store(true, Ordering::Release);
         drop(r);
         self.changed.notify_waiters();
+        self.receiver.wake();
         held
     }
 
     pub(crate) fn get(&self) -> Option<CloseReason> {
+        if !self.set.load(Ordering::Acquire) {
+            return None;
+        }
         self.reason
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Ready once the connection was closed locally (other reasons are the backend's
+    /// receive's to report). For the receive in progress: it registers as the one woken.
+    fn poll_closed_locally(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        self.receiver.register(cx.waker());
+        match self.get() {
+            Some(CloseReason::Local) => Poll::Ready(()),
+            _ => Poll::Pending,
+        }
     }
 
     async fn wait(&self) -> CloseReason {
@@ -284,20 +308,17 @@ impl Connection {
             Some(r) => return Err(TransportError::Closed(r)),
             None => {}
         }
-        let r = tokio::select! {
-            biased;
-            r = std::future::poll_fn(|cx| slot.poll_recv(cx)) => r,
+        let r = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = slot.poll_recv(cx) {
+                return Poll::Ready(r);
+            }
             // A local close ends a pending receive (the backend's may wait for the peer).
-            _ = self.closed_locally() => Err(TransportError::Closed(CloseReason::Local)),
-        };
+            self.state
+                .poll_closed_locally(cx)
+                .map(|()| Err(TransportError::Closed(CloseReason::Local)))
+        })
+        .await;
         r.map_err(|e| self.state.observe(e))
-    }
-
-    async fn closed_locally(&self) {
-        while self.state.wait().await != CloseReason::Local {
-            // Another reason is final too, but the backend's receive reports it itself.
-            std::future::pending::<()>().await;
-        }
     }
 
     /// Closes the connection: the peer's `recv` fails with [`CloseReason::PeerClosed`] once it

@@ -382,26 +382,29 @@ impl Conn {
 
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
         self.sent.store(true, Ordering::Relaxed);
-        self.with_cut_reason(self.send_inner(channel, msg)).await
+        // Awaited in place, and the error mapped after (an `async fn` taking the future as
+        // an argument kept two copies of it in its state: the send's future doubled in size,
+        // and was moved once more per message).
+        self.send_inner(channel, msg)
+            .await
+            .map_err(|e| self.cut_reason(e))
     }
 
-    /// Runs `op`; once the connection is cut (`cut` set, and the endpoint in use aborted,
-    /// which ends `op`), its error says why.
-    async fn with_cut_reason<T>(
-        &self,
-        op: impl std::future::Future<Output = Result<T>>,
-    ) -> Result<T> {
-        op.await.map_err(|e| match self.cut.get() {
+    /// The error an operation ended with: once the connection is cut (`cut` set, and the
+    /// endpoint in use aborted, which ends the operation), why it was cut.
+    pub(crate) fn cut_reason(&self, e: TransportError) -> TransportError {
+        match self.cut.get() {
             Some(CloseReason::Refused(p)) => TransportError::Protocol(p.clone()),
             Some(why) => TransportError::Closed(why.clone()),
             None => e,
-        })
+        }
     }
 
     pub(crate) async fn send_batch(&self, channel: u32, msgs: Vec<Message>) -> Result<()> {
         self.sent.store(true, Ordering::Relaxed);
-        self.with_cut_reason(self.send_batch_inner(channel, msgs))
+        self.send_batch_inner(channel, msgs)
             .await
+            .map_err(|e| self.cut_reason(e))
     }
 
     /// Small messages are bundled: as many whole inlined messages as fit [`FIRST_MAX`] go in
@@ -449,7 +452,8 @@ impl Conn {
             return Ok(());
         }
         self.take_credit(charge).await?;
-        let (r, _) = self.post_in_order(self.ep().send_batch(run, TAG)).await;
+        let send = std::pin::pin!(self.ep().send_batch(run, TAG));
+        let (r, _) = self.post_in_order(send).await;
         r.map_err(|e| {
             // Part of the run may be on the wire: the peer's stream is out of step.
             if !e.is_disconnect() {
@@ -483,7 +487,8 @@ impl Conn {
             one.clear();
             one.reserve(inline.max(COPY_MAX));
             encode_whole(&mut one, channel, &msg);
-            let (r, one) = self.post_in_order(self.ep().send(one, TAG)).await;
+            let send = std::pin::pin!(self.ep().send(one, TAG));
+            let (r, one) = self.post_in_order(send).await;
             *self.send_buf.lock().unwrap_or_else(|e| e.into_inner()) = Some(one);
             return r.map_err(closed_or);
         }
@@ -610,9 +615,12 @@ impl Conn {
 
     /// Runs `sends`, whose first poll posts them, with that first poll under the send lock:
     /// what one message posts is never interleaved with another's. Completions are awaited
-    /// outside the lock.
-    async fn post_in_order<F: std::future::Future>(&self, sends: F) -> F::Output {
-        let mut sends = std::pin::pin!(sends);
+    /// outside the lock. Takes the future pinned where the caller made it (by value, an
+    /// `async fn` keeps two copies of its argument in its state).
+    async fn post_in_order<F: std::future::Future>(
+        &self,
+        mut sends: std::pin::Pin<&mut F>,
+    ) -> F::Output {
         let first = std::future::poll_fn(|cx| {
             let _order = self.send_order.lock().unwrap_or_else(|e| e.into_inner());
             std::task::Poll::Ready(sends.as_mut().poll(cx))
@@ -662,9 +670,8 @@ impl Conn {
         }
         // The marker first (outside the credits: it is the last message), so the peer knows
         // this is a close; a peer already gone does not make the close fail.
-        let (r, _) = self
-            .post_in_order(self.ep().send(close_marker(), TAG))
-            .await;
+        let send = std::pin::pin!(self.ep().send(close_marker(), TAG));
+        let (r, _) = self.post_in_order(send).await;
         if let Err(e) = r {
             tracing::debug!(error = %e, "the close marker was not delivered");
         }

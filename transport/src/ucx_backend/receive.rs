@@ -20,7 +20,7 @@ const POSTED_AHEAD: u64 = 4 << 20;
 /// What a message's first UCX message held.
 enum First {
     /// Whole messages: one inlined, or a bundle of them (a batched send).
-    Whole(Vec<(u32, Message)>),
+    Whole(crate::Received),
     /// The close marker.
     Close,
     /// The header of a message on its channel: the frames follow, one UCX message each.
@@ -68,7 +68,7 @@ impl Conn {
     }
 
     pub(crate) async fn recv(&self) -> Result<crate::Received> {
-        self.with_cut_reason(self.recv_inner()).await
+        self.recv_inner().await.map_err(|e| self.cut_reason(e))
     }
 
     /// The next message, and the messages behind it that arrived with it (bundled in the
@@ -77,9 +77,10 @@ impl Conn {
         self.receiving.store(true, Ordering::Release);
         let _done = Receiving(&self.receiving);
         let (first, mut more) = self.recv_one().await?;
-        while let Some(msgs) = self.whole_ahead()? {
-            self.took(charge(&msgs)).await;
-            more.extend(msgs);
+        while let Some((one, behind)) = self.whole_ahead()? {
+            self.took(charge(&one, &behind)).await;
+            more.push(one);
+            more.extend(behind);
         }
         Ok((first, more))
     }
@@ -109,7 +110,7 @@ impl Conn {
     /// The messages of the UCX message at the head of the queue taken ahead, if they are
     /// whole there: taken off the queue (slices of its buffer, no copy). Anything else (a
     /// header whose frames follow, the close marker) stays for the next receive.
-    fn whole_ahead(&self) -> Result<Option<Vec<(u32, Message)>>> {
+    fn whole_ahead(&self) -> Result<Option<crate::Received>> {
         let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
         let Some(front) = ahead.front() else {
             return Ok(None);
@@ -122,28 +123,38 @@ impl Conn {
     }
 
     /// The messages in a UCX message that holds only whole ones (one inlined message, or a
-    /// bundle of them from a batched send), every frame a slice of `ucx_msg`; `None` if it is
-    /// something else (the close marker, the header of a message whose frames follow).
+    /// bundle of them from a batched send), every frame a slice of `ucx_msg`: the first, and
+    /// those behind it (no allocation for a lone message); `None` if it is something else
+    /// (the close marker, the header of a message whose frames follow).
     fn whole(
         &self,
         ucx_msg: &Bytes,
-    ) -> std::result::Result<Option<Vec<(u32, Message)>>, ProtocolError> {
+    ) -> std::result::Result<Option<crate::Received>, ProtocolError> {
         let limits = self.limits.get();
         let mut rest = &ucx_msg[..];
-        let mut out = Vec::new();
-        while !rest.is_empty() || out.is_empty() {
+        let mut first = None;
+        let mut more = Vec::new();
+        while !rest.is_empty() || first.is_none() {
             let at = ucx_msg.len() - rest.len();
             let one = match frame::next_inline(rest, &limits)? {
                 Some(one) => one,
-                None if out.is_empty() => return Ok(None),
+                None if first.is_none() => return Ok(None),
                 None => return Err(ProtocolError::Bundled { at }),
             };
             let from = ucx_msg.len() - one.bytes.len() - one.more.len();
-            let frames = inline_frames(ucx_msg, from, one.frames())?;
-            out.push((one.channel, Message { frames }));
+            let msg = (
+                one.channel,
+                Message {
+                    frames: inline_frames(ucx_msg, from, one.frames())?,
+                },
+            );
+            match first {
+                None => first = Some(msg),
+                Some(_) => more.push(msg),
+            }
             rest = one.more;
         }
-        Ok(Some(out))
+        Ok(first.map(|first| (first, more)))
     }
 
     /// The next message (and any bundled behind it): from what was taken ahead, or from UCX.
@@ -218,10 +229,9 @@ impl Conn {
         };
         match parsed? {
             First::Close => Err(TransportError::Closed(CloseReason::PeerClosed)),
-            First::Whole(mut msgs) => {
-                self.took(charge(&msgs)).await;
-                let first = msgs.remove(0);
-                Ok((first, msgs))
+            First::Whole((first, more)) => {
+                self.took(charge(&first, &more)).await;
+                Ok((first, more))
             }
             First::Framed(channel, metas) => {
                 // Kept out of this future (boxed): every receive's state stays small, and
@@ -401,7 +411,7 @@ impl Conn {
                 debug_assert!(bytes.is_empty() && more.is_empty());
                 let frames = inline_frames(&Bytes::copy_from_slice(bytes), 0, frames.into_iter())
                     .map_err(|e| self.refuse(e))?;
-                Ok(First::Whole(vec![(channel, Message { frames })]))
+                Ok(First::Whole(((channel, Message { frames }), Vec::new())))
             }
             Ok(frame::First::Split { rest }) => Err(self.refuse(ProtocolError::HeaderParts {
                 frames: 0,
@@ -453,6 +463,9 @@ impl Drop for Receiving<'_> {
 }
 
 /// What the sender charged for `msgs` (see [`ucx_charge`]).
-fn charge(msgs: &[(u32, Message)]) -> u64 {
-    msgs.iter().map(|(_, m)| ucx_charge(m.len())).sum()
+fn charge(first: &(u32, Message), more: &[(u32, Message)]) -> u64 {
+    std::iter::once(first)
+        .chain(more)
+        .map(|(_, m)| ucx_charge(m.len()))
+        .sum()
 }
