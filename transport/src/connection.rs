@@ -59,14 +59,10 @@ impl CloseState {
             .clone()
     }
 
-    /// Ready once the connection was closed locally (other reasons are the backend's
-    /// receive's to report). For the receive in progress: it registers as the one woken.
-    fn poll_closed_locally(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
-        self.receiver.register(cx.waker());
-        match self.get() {
-            Some(CloseReason::Local) => Poll::Ready(()),
-            _ => Poll::Pending,
-        }
+    /// Makes `waker` the one a close wakes: the receive in progress's, which checks
+    /// [`Self::get`] after registering (a close records its reason before it wakes).
+    fn register_receiver(&self, waker: &std::task::Waker) {
+        self.receiver.register(waker);
     }
 
     async fn wait(&self) -> CloseReason {
@@ -308,14 +304,24 @@ impl Connection {
             Some(r) => return Err(TransportError::Closed(r)),
             None => {}
         }
+        // The waker registered for a local close: registered again only if the task's changed
+        // (a polling-mode receive is polled many times while it waits).
+        let mut registered: Option<std::task::Waker> = None;
         let r = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = slot.poll_recv(cx) {
                 return Poll::Ready(r);
             }
             // A local close ends a pending receive (the backend's may wait for the peer).
-            self.state
-                .poll_closed_locally(cx)
-                .map(|()| Err(TransportError::Closed(CloseReason::Local)))
+            if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                self.state.register_receiver(cx.waker());
+                registered = Some(cx.waker().clone());
+            }
+            match self.state.get() {
+                Some(CloseReason::Local) => {
+                    Poll::Ready(Err(TransportError::Closed(CloseReason::Local)))
+                }
+                _ => Poll::Pending,
+            }
         })
         .await;
         r.map_err(|e| self.state.observe(e))
