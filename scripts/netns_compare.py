@@ -12,6 +12,7 @@ hosts carry the TCP lanes of the peers' worker addresses); transport tcp://.
 
   cargo build --release -p transport --bins   (and -p ucx-stack --bin ucx-echo for ucx-rs rows)
   sudo python3 scripts/netns_compare.py [--rounds 5] [--sizes 8,64k,4m] [--modes polling,blocking,thread]
+  sudo python3 scripts/netns_compare.py --ab OLD/transport-echo NEW/transport-echo   (A/B of two builds)
 
 Needs root and `ip netns`; removes the namespaces when done.
 """
@@ -117,19 +118,20 @@ class UcxEcho:
 
 
 class Echo:
-    def __init__(self, scheme, mode=None, direct=False):
-        self.scheme, self.mode, self.direct = scheme, mode, direct
-        self.name = f"transport {scheme}://" + (f" {mode}" if mode else "") + (" direct" if direct else "")
+    def __init__(self, scheme, mode=None, direct=False, binary=TECHO, label=""):
+        self.scheme, self.mode, self.direct, self.binary = scheme, mode, direct, binary
+        self.name = (f"transport {scheme}://" + (f" {mode}" if mode else "") + (" direct" if direct else "")
+                     + (f" {label}" if label else ""))
 
     def latency(self, hosts, size):
         flags = UCX_TCP + ["--ucx-progress", self.mode] if self.scheme == "ucx" else []
         if self.direct:
             flags += ["--ucx-direct"]
         srv, addr = start_server(hosts.on(hosts.a, SERVER_CPU, [
-            TECHO, "server", "--once", "--listen", f"{self.scheme}://{SERVER_IP}:0", *flags]))
+            self.binary, "server", "--once", "--listen", f"{self.scheme}://{SERVER_IP}:0", *flags]))
         try:
             out = subprocess.run(hosts.on(hosts.b, CLIENT_CPU, [
-                TECHO, "client", "--connect", addr, "--sizes", str(size), "--iters", str(iters_for(size)), *flags]),
+                self.binary, "client", "--connect", addr, "--sizes", str(size), "--iters", str(iters_for(size)), *flags]),
                 capture_output=True, text=True, timeout=300)
             if out.returncode != 0:
                 raise RuntimeError(f"{self.name} {size}: {out.stderr.strip()[-300:]}")
@@ -143,18 +145,29 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sizes", default="8,64k,4m")
     ap.add_argument("--modes", default="polling,blocking,thread")
+    ap.add_argument("--ab", nargs=2, metavar=("OLD", "NEW"),
+                    help="A/B of two transport-echo binaries: ucx_perftest -e, then OLD and NEW per mode")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (ip netns)")
     if not os.path.exists(TECHO):
         sys.exit(f"{TECHO} is missing: cargo build --release -p transport --bins")
     sizes = [size_arg(s) for s in a.sizes.split(",")]
+    if a.ab:
+        impls = [Perftest()] + [Echo("ucx", m, binary=b, label=label) for m in a.modes.split(",")
+                                for b, label in zip(a.ab, ("(old)", "(new)"))]
+        return report(a, sizes, impls)
     impls = [Perftest(), Perftest(plain=True), Perftest(ucx_defaults=True)]
     if os.path.exists(UECHO):
         impls += [UcxEcho(m) for m in a.modes.split(",")]
     for m in a.modes.split(","):
         impls += [Echo("ucx", m), Echo("ucx", m, direct=True)]
     impls.append(Echo("tcp"))
+    report(a, sizes, impls)
+
+
+def report(a, sizes, impls):
+    """Runs `impls` in interleaved rounds across the namespaces and prints the table."""
     hosts = Hosts()
     res, errors = {}, {}
     try:
