@@ -54,7 +54,8 @@ pub const TAG: ucx::Tag = ucx::Tag::User(0x5455);
 pub const FIRST_MAX: usize = crate::UCX_FIRST_MAX;
 /// A receiver copies UCX messages of at most this many bytes out of its posted buffer (cheaper
 /// than an allocation, and than handing a 65 KiB buffer out for a few bytes); larger ones
-/// keep the buffer they landed in.
+/// keep the buffer they landed in. Batched sends bundle small messages up to this size, and
+/// a receive takes messages up to this size ahead.
 pub(crate) const COPY_MAX: usize = 8 << 10;
 /// How long a close waits for sends in flight (the peer taking rendezvous frames) before it
 /// forces the endpoint closed.
@@ -407,8 +408,9 @@ impl Conn {
             .map_err(|e| self.cut_reason(e))
     }
 
-    /// Small messages are bundled: as many whole inlined messages as fit [`FIRST_MAX`] go in
-    /// one UCX message, which the receiver unpacks in order; runs of bundles go as one
+    /// Small messages are bundled: as many whole inlined messages as fit [`COPY_MAX`] go in
+    /// one UCX message (one larger than that, up to [`FIRST_MAX`], goes alone), which the
+    /// receiver unpacks in order; runs of bundles go as one
     /// [`ucx::Endpoint::send_batch`] (posted in one pass, one completion) under one take of
     /// credit. Larger messages go between them as [`Self::send`] sends them. Every message is
     /// checked against the limits before anything is sent (by the caller).
@@ -432,11 +434,13 @@ impl Conn {
                     .await?;
             }
             match run.last_mut() {
-                Some(bundle) if bundle.len() + len <= FIRST_MAX => {
+                // Bundles stay within COPY_MAX, as the receiver takes them ahead (a message
+                // that does not fit starts a bundle of its own).
+                Some(bundle) if bundle.len() + len <= COPY_MAX => {
                     encode_whole(bundle, channel, &msg)
                 }
                 _ => {
-                    let mut bundle = Vec::with_capacity(FIRST_MAX.min(len * 64));
+                    let mut bundle = Vec::with_capacity(len.max(COPY_MAX.min(len * 64)));
                     encode_whole(&mut bundle, channel, &msg);
                     run.push(bundle);
                 }

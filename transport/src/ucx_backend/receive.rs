@@ -77,7 +77,7 @@ impl Conn {
         self.receiving.store(true, Ordering::Release);
         let _done = Receiving(&self.receiving);
         let (first, mut more) = self.recv_one().await?;
-        while let Some((one, behind)) = self.whole_ahead()? {
+        while let Some((one, behind)) = self.whole_ahead() {
             self.took(charge(&one, &behind)).await;
             more.push(one);
             more.extend(behind);
@@ -96,7 +96,9 @@ impl Conn {
     /// Takes the small messages that have already arrived on [`TAG`] (one pass, nothing
     /// posted ahead) into the queue the receive reads first.
     async fn read_ahead(&self) {
-        match self.ep().recv_arrived(TAG, READ_AHEAD, FIRST_MAX).await {
+        // Messages of at most COPY_MAX: small ones, always eager (a rendezvous message would
+        // hold up the ones before it), as a batched send bundles them.
+        match self.ep().recv_arrived(TAG, READ_AHEAD, COPY_MAX).await {
             Ok(taken) => self
                 .ahead
                 .lock()
@@ -109,17 +111,13 @@ impl Conn {
 
     /// The messages of the UCX message at the head of the queue taken ahead, if they are
     /// whole there: taken off the queue (slices of its buffer, no copy). Anything else (a
-    /// header whose frames follow, the close marker) stays for the next receive.
-    fn whole_ahead(&self) -> Result<Option<crate::Received>> {
+    /// header whose frames follow, the close marker, bytes the wire format does not allow)
+    /// stays for the next receive, which reports it after the messages before it.
+    fn whole_ahead(&self) -> Option<crate::Received> {
         let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(front) = ahead.front() else {
-            return Ok(None);
-        };
-        let msgs = self.whole(front).map_err(|e| self.refuse(e))?;
-        if msgs.is_some() {
-            ahead.pop_front();
-        }
-        Ok(msgs)
+        let msgs = self.whole(ahead.front()?).ok()??;
+        ahead.pop_front();
+        Some(msgs)
     }
 
     /// The messages in a UCX message that holds only whole ones (one inlined message, or a
@@ -177,17 +175,17 @@ impl Conn {
                 // One receive at a time: `Connection::recv` holds its slot for the whole
                 // message. The first UCX message of every transport message fits FIRST_MAX
                 // bytes, so its receive is posted before it arrives, into a buffer kept for
-                // the connection (no probe; an allocation only after a buffer was handed out).
+                // the connection (no probe; an allocation only after a buffer was handed out,
+                // of exactly FIRST_MAX: not from the pool, whose buffers may be twice that).
                 let mut buf =
                     std::mem::take(&mut *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()));
                 if buf.capacity() < FIRST_MAX {
-                    buf = crate::pool::try_take(FIRST_MAX)
-                        .unwrap_or_else(|| Vec::with_capacity(FIRST_MAX));
+                    buf = Vec::with_capacity(FIRST_MAX);
                 }
                 let (r, buf) = self.ep().recv(buf, TAG).await;
                 match r {
-                    // A pooled buffer may be larger than FIRST_MAX: what it took beyond is
-                    // refused as UCX refuses what does not fit.
+                    // Vec's capacity may exceed what was asked: what it took beyond
+                    // FIRST_MAX is refused as UCX refuses what does not fit.
                     Ok(n) if n > FIRST_MAX => {
                         return Err(self.refuse(ProtocolError::FirstMessage {
                             got: n,
@@ -215,11 +213,12 @@ impl Conn {
                 *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()) = buf;
                 all
             }
-            Ucx::Posted(mut buf) if buf.len() < buf.capacity() / 2 => {
-                buf.shrink_to_fit();
+            Ucx::Posted(mut buf) => {
+                if buf.len() < buf.capacity() / 2 {
+                    buf.shrink_to_fit();
+                }
                 Bytes::from(buf)
             }
-            Ucx::Posted(buf) => crate::pool::into_bytes(buf),
             Ucx::Ahead(taken) => taken,
         };
         let parsed = match self.whole(&first) {
@@ -372,7 +371,7 @@ impl Conn {
         Ok(())
     }
 
-    /// Reads a message's first UCX message that is not whole messages ([`Self::layout`]): the
+    /// Reads a message's first UCX message that is not whole messages ([`Self::whole`]): the
     /// close marker, or a header whose frames follow, receiving the rest of a header longer
     /// than [`FIRST_MAX`].
     async fn parse_first(&self, first: &[u8]) -> Result<First> {
