@@ -498,7 +498,11 @@ async fn ucx_messages_before_garbage_arrive_first() {
             .await
             .unwrap()
             .unwrap_or_else(|e| panic!("message {i}: {e}"));
-        assert_eq!((channel, msg.host(0)), (3, Some(&b"hello"[..])), "message {i}");
+        assert_eq!(
+            (channel, msg.host(0)),
+            (3, Some(&b"hello"[..])),
+            "message {i}"
+        );
     }
     let r = tokio::time::timeout(STEP, server.recv()).await.unwrap();
     assert!(matches!(r, Err(TransportError::Protocol(_))), "{r:?}");
