@@ -59,12 +59,6 @@ impl CloseState {
             .clone()
     }
 
-    /// Makes `waker` the one a close wakes: the receive in progress's, which checks
-    /// [`Self::get`] after registering (a close records its reason before it wakes).
-    fn register_receiver(&self, waker: &std::task::Waker) {
-        self.receiver.register(waker);
-    }
-
     async fn wait(&self) -> CloseReason {
         loop {
             let changed = self.changed.notified();
@@ -311,9 +305,11 @@ impl Connection {
             if let Poll::Ready(r) = slot.poll_recv(cx) {
                 return Poll::Ready(r);
             }
-            // A local close ends a pending receive (the backend's may wait for the peer).
+            // A local close ends a pending receive (the backend's may wait for the peer). A
+            // close records its reason before it wakes, so registering first, then reading
+            // the reason, misses none.
             if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                self.state.register_receiver(cx.waker());
+                self.state.receiver.register(cx.waker());
                 registered = Some(cx.waker().clone());
             }
             match self.state.get() {
