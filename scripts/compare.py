@@ -42,6 +42,9 @@ Options that add or change tables:
   --msgrate             --stream at 8 B only (message rate)
   --ab OLD NEW          A/B of two ucx-echo builds instead (latency, client-server and direct;
                         with --msgrate the message rate too)
+  --ab-transport OLD NEW
+                        A/B of two transport-echo builds instead (ucx://, client-server and
+                        direct, beside ucx_perftest -e; with --msgrate, --stream their streams)
   --interop             UCXX's own send_recv client against a UCXX listener and against ours
                         (ucxx-peer bench-server, built against the wheel's UCX)
 
@@ -143,12 +146,14 @@ class UcxRs:
 
 
 class Transport:
-    def __init__(self, scheme, mode="polling", spin_us=None, direct=False, raw=False, batch=False):
+    def __init__(self, scheme, mode="polling", spin_us=None, direct=False, raw=False, batch=False, binary=TECHO,
+                 label=None):
         # spin_us: Options::tcp_spin (None: the default, 50 µs; -1: 0, no spin)
         self.scheme, self.mode, self.spin_us, self.direct, self.raw = scheme, mode, spin_us, direct, raw
-        self.batch = batch
+        self.batch, self.binary = batch, binary
         self.name = "tokio TCP ping-pong (no framing)" if raw else (
-            f"transport {scheme}://" + (f" {mode}" if scheme == "ucx" else "") + (" direct" if direct else "") + (
+            (label or "transport") + f" {scheme}://" + (f" {mode}" if scheme == "ucx" else "")
+            + (" direct" if direct else "") + (
                 "" if spin_us is None else " no spin" if spin_us < 0 else f" spin {spin_us} us")
             + (" batched" if batch else ""))
 
@@ -164,8 +169,9 @@ class Transport:
 
     def _run(self, client_args, env):
         flags = self._flags()
-        out = pair(pin(SERVER_CPU, [TECHO, "server", "--listen", f"{self.scheme}://127.0.0.1:0", "--once", *flags]),
-                   pin(CLIENT_CPU, [TECHO, "client", "--connect", "ADDR", *client_args, *flags]), env=env)
+        out = pair(pin(SERVER_CPU, [self.binary, "server", "--listen", f"{self.scheme}://127.0.0.1:0", "--once",
+                                    *flags]),
+                   pin(CLIENT_CPU, [self.binary, "client", "--connect", "ADDR", *client_args, *flags]), env=env)
         return json_rows(out)[0]
 
     def latency(self, size, env):
@@ -345,6 +351,7 @@ def main():
     ap.add_argument("--stream", action="store_true", help="streamed bandwidth / message rate beside tag_bw")
     ap.add_argument("--msgrate", action="store_true", help="--stream at 8 B only")
     ap.add_argument("--ab", nargs=2, metavar=("OLD", "NEW"), help="A/B of two ucx-echo binaries")
+    ap.add_argument("--ab-transport", nargs=2, metavar=("OLD", "NEW"), help="A/B of two transport-echo binaries")
     ap.add_argument("--interop", action="store_true", help="UCXX client against UCXX's listener and ours")
     ap.add_argument("--ucxx-python", default=os.path.join(ROOT, "target", "ucxx-venv", "bin", "python"))
     ap.add_argument("--build-async-ucx", action="store_true")
@@ -356,8 +363,9 @@ def main():
     for o in ops:
         if o not in PERFTEST_OPS or o == "tag":
             sys.exit(f"--ops: unknown operation {o!r} (stream, am, put, get)")
+    ab_pairs = [("A", a.ab_transport[0]), ("B", a.ab_transport[1])] if a.ab_transport else []
     tools = [ECHO] if a.ab or a.interop else [ECHO, TECHO]
-    for tool in ([] if a.ab else tools):
+    for tool in ([] if a.ab else [b for _, b in ab_pairs] if ab_pairs else tools):
         if not os.path.exists(tool):
             sys.exit(f"{tool} is missing: cargo build --release -p ucx-stack --bin ucx-echo && "
                      "cargo build --release -p transport --bins")
@@ -369,6 +377,10 @@ def main():
     base = Perftest()
     if a.ab:
         impls = [base] + [UcxRs(m, d, binary=b, label=l) for l, b in (("A", a.ab[0]), ("B", a.ab[1]))
+                          for m in modes for d in (False, True)]
+    elif ab_pairs:
+        base = Perftest(peer_errors=True)
+        impls = [base] + [Transport("ucx", m, direct=d, binary=b, label=l) for l, b in ab_pairs
                           for m in modes for d in (False, True)]
     elif a.interop:
         if not has_ucxx:
@@ -425,11 +437,16 @@ def main():
             # own defaults (on one host CMA, slower here from 1 MiB: docs/performance.md).
             ref, plain = Perftest(peer_errors=True), Perftest()
             ref.name, plain.name = "ucx_perftest tag_bw -e", "ucx_perftest tag_bw"
-            streamers = [ref, plain] + [i for i in impls if isinstance(i, UcxRs) and i.op == "tag"]
-            streamers += [UcxRs(m, d, batch=True) for m in modes for d in (False, True)]
-            streamers += [Transport("ucx", m, direct=d, batch=b) for m in modes for d in (False, True)
-                          for b in (False, True)]
-            streamers += [Transport("tcp", batch=b) for b in (False, True)]
+            if ab_pairs:
+                streamers = [ref] + [Transport("ucx", m, direct=d, batch=bt, binary=b, label=l)
+                                     for l, b in ab_pairs for m in modes for d in (False, True)
+                                     for bt in (False, True)]
+            else:
+                streamers = [ref, plain] + [i for i in impls if isinstance(i, UcxRs) and i.op == "tag"]
+                streamers += [UcxRs(m, d, batch=True) for m in modes for d in (False, True)]
+                streamers += [Transport("ucx", m, direct=d, batch=b) for m in modes for d in (False, True)
+                              for b in (False, True)]
+                streamers += [Transport("tcp", batch=b) for b in (False, True)]
             sres, serrors = interleave(
                 streamers, stream_sizes, a.rounds,
                 lambda i, s: i.stream(s, 1_000_000 if isinstance(i, Perftest) and s < SMALL else

@@ -247,7 +247,10 @@ impl Connection {
     /// nothing; the next `recv` resumes it. Once the connection is closed, fails with the
     /// [`CloseReason`] (messages the peer sent before its close come first).
     pub async fn recv(&self) -> Result<(u32, Message)> {
-        let mut slot = self.recv_slot.lock().await;
+        let mut slot = match self.recv_slot.try_lock() {
+            Ok(slot) => slot,
+            Err(_) => self.recv_slot.lock().await,
+        };
         self.recv_locked(&mut slot).await
     }
 
@@ -274,7 +277,10 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub async fn recv_many(&self, most: usize) -> Result<Vec<(u32, Message)>> {
-        let mut slot = self.recv_slot.lock().await;
+        let mut slot = match self.recv_slot.try_lock() {
+            Ok(slot) => slot,
+            Err(_) => self.recv_slot.lock().await,
+        };
         let first = self.recv_locked(&mut slot).await?;
         let mut out = vec![first];
         while out.len() < most {

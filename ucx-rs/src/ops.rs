@@ -10,21 +10,23 @@ use ucx_sys as sys;
 
 use crate::buffer::{IoBuf, IoBufMut, MemoryType};
 use crate::error::{Result, Status};
-use crate::request::{post, CbKind, Completion, InFlight, Posted};
+use crate::request::{post, CbKind, Complete, Completion, InFlight, Posted};
 use crate::worker::{Locked, WorkerShared};
 
 /// Waits for a posted operation and gives `buf` back with how it ended. Until then `buf` is
 /// owned by an [`InFlight`] guard: a future dropped mid-flight parks it (and, with `cancel`,
 /// cancels the operation) until UCX lets go of it.
-pub(crate) async fn complete<B: Send + 'static>(
+pub(crate) fn complete<B: Send + 'static>(
     worker: &WorkerShared,
     posted: Posted,
     buf: B,
     cancel: bool,
-) -> (Completion, B) {
+) -> Complete<'_, B> {
     match posted {
-        Posted::Done(c) => (c, buf),
-        Posted::Pending(op) => InFlight::new(op, buf, worker, cancel).finish().await,
+        Posted::Done(c) => Complete::Done(Some((c, buf))),
+        Posted::Pending(op) => {
+            Complete::InFlight(InFlight::new(op, buf, worker, cancel), Default::default())
+        }
     }
 }
 

@@ -274,7 +274,13 @@ pub(crate) fn post(
     memory_type: Option<sys::ucs_memory_type_t>,
     post: impl FnOnce(&mut sys::ucp_request_param_t, &mut ImmediateInfo) -> sys::ucs_status_ptr_t,
 ) -> Posted {
-    let op = Arc::new(OpCore::default());
+    // The state UCX did not use last time (an operation it completed at once), if any: small
+    // sends usually complete at once, and then cost no allocation.
+    let op = locked
+        .spare_op()
+        .take()
+        .unwrap_or_else(|| Arc::new(OpCore::default()));
+    debug_assert!(!op.is_done() && op.req.load(Ordering::Relaxed).is_null());
     let user_data = Arc::into_raw(Arc::clone(&op)) as *mut c_void;
     let mut param = sys::ucp_request_param_t {
         op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA,
@@ -303,6 +309,11 @@ pub(crate) fn post(
         // SAFETY: UCX completed immediately and will not call the callback, so the reference
         // handed out through user_data comes back here, exactly once.
         drop(unsafe { Arc::from_raw(user_data as *const OpCore) });
+        // Untouched (no callback came, nothing waited on it) and nobody else's: as new.
+        let mut op = op;
+        if Arc::get_mut(&mut op).is_some() {
+            locked.spare_op().set(Some(op));
+        }
         // SAFETY: as above, only inspects the value.
         let status = unsafe { sys::ucxrs_ptr_status(ret) };
         Posted::Done(Completion {
@@ -518,14 +529,6 @@ impl<'w, B: Send + 'static, T: Cancel + ?Sized> InFlight<'w, B, T> {
     }
 }
 
-impl<B: Send + 'static> InFlight<'_, B> {
-    /// Waits for completion and gives the buffer back.
-    pub(crate) async fn finish(mut self) -> (Completion, B) {
-        let buf = self.take_when_done().await;
-        (self.op.completion(), buf)
-    }
-}
-
 impl<B: Send + 'static, T: Cancel + ?Sized> Drop for InFlight<'_, B, T> {
     fn drop(&mut self) {
         let Some(buf) = self.buf.take() else { return };
@@ -549,35 +552,76 @@ pub(crate) fn wait<'a>(op: &'a OpCore, worker: &'a WorkerShared) -> Wait<'a> {
     Wait {
         op,
         worker,
-        polled: false,
-        assisting_since: None,
-        parked: false,
+        state: WaitState::default(),
     }
 }
 
 pub(crate) struct Wait<'a> {
     op: &'a OpCore,
     worker: &'a WorkerShared,
-    /// Whether this future was polled before (polling mode).
-    polled: bool,
-    /// When this future began progressing an assisting worker itself (`WorkerShared::assists`).
-    assisting_since: Option<std::time::Instant>,
-    /// Done assisting (or never did): waiting for the progress engine to wake this future.
-    parked: bool,
+    state: WaitState,
 }
 
 impl Future for Wait<'_> {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<()> {
-        if self.op.is_done() {
+        let this = self.get_mut();
+        this.state.poll(this.op, this.worker, cx)
+    }
+}
+
+/// Where a wait for an operation stands between polls.
+#[derive(Default)]
+pub(crate) struct WaitState {
+    /// Whether this wait was polled before (polling mode).
+    polled: bool,
+    /// When this wait began progressing an assisting worker itself (`WorkerShared::assists`).
+    assisting_since: Option<std::time::Instant>,
+    /// Done assisting (or never did): waiting for the progress engine to wake this future.
+    parked: bool,
+}
+
+/// Waits for a posted operation and gives its buffer back with how it ended: what
+/// [`crate::ops::complete`] returns. A plain future rather than an `async fn` (which keeps a
+/// copy of its arguments beside each future it awaits): every send and receive holds one,
+/// and moves it while it is being set up.
+pub(crate) enum Complete<'w, B: Send + 'static> {
+    /// Finished when posted (taken by the first poll).
+    Done(Option<(Completion, B)>),
+    /// In flight: the guard owns the buffer until the operation completes.
+    InFlight(InFlight<'w, B>, WaitState),
+}
+
+// Nothing in a `Complete` is ever pinned: the buffer is moved out of it once done (an
+// `InFlight` dropped before that parks it in the operation, as ever).
+impl<B: Send + 'static> Unpin for Complete<'_, B> {}
+
+impl<B: Send + 'static> Future for Complete<'_, B> {
+    type Output = (Completion, B);
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<(Completion, B)> {
+        match self.get_mut() {
+            Complete::Done(done) => Poll::Ready(done.take().expect("polled after completion")),
+            Complete::InFlight(guard, state) => {
+                std::task::ready!(state.poll(&guard.op, guard.worker, cx));
+                let buf = guard.buf.take().expect("polled after completion");
+                Poll::Ready((guard.op.completion(), buf))
+            }
+        }
+    }
+}
+
+const SPIN: usize = 8;
+
+impl WaitState {
+    fn poll(&mut self, op: &OpCore, worker: &WorkerShared, cx: &mut TaskCx<'_>) -> Poll<()> {
+        if op.is_done() {
             if let (true, Some(since)) = (self.parked, self.assisting_since) {
                 // Parked, yet done soon (wake-ups included): the next wait assists again.
-                self.worker
-                    .set_hot(since.elapsed() < 2 * crate::worker::ASSIST);
+                worker.set_hot(since.elapsed() < 2 * crate::worker::ASSIST);
             }
             return Poll::Ready(());
         }
-        if self.worker.mode() == ProgressMode::Polling {
+        if worker.mode() == ProgressMode::Polling {
             // One progress call per poll, then yield: spinning here would delay sibling
             // futures (in a `join!` the send is posted only after the receive's poll returns;
             // measured: 18 us instead of 1.1 us per 8 B round trip with 64 spins).
@@ -587,32 +631,35 @@ impl Future for Wait<'_> {
             // 8 B ping-pong): client-server 1.30 -> 0.97 us, direct 0.42 -> 0.39 us; the
             // cost is the 8 B message rate on client-server endpoints, 3.5 -> 2.35 M/s
             // (direct endpoints unchanged at 3.7 M/s).
-            let this = self.get_mut();
-            if this.polled {
-                this.worker.lock().progress();
+            if self.polled {
+                for _ in 0..SPIN {
+                    worker.lock().progress();
+                    if op.is_done() {
+                        return Poll::Ready(());
+                    }
+                }
             }
-            this.polled = true;
-            if this.op.is_done() {
+            self.polled = true;
+            if op.is_done() {
                 return Poll::Ready(());
             }
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        let this = self.get_mut();
-        if this.worker.assists() && !this.parked {
+        if worker.assists() && !self.parked {
             // A thread-mode worker on a lone CPU: progress here for a while rather than wait
             // for the progress thread to wake this task (a switch between the two threads on
             // that CPU per message). Only while waits end soon (`WorkerShared::hot`). The
             // first poll only yields, as in polling mode.
-            let since = *this
+            let since = *self
                 .assisting_since
                 .get_or_insert_with(std::time::Instant::now);
-            if this.worker.hot() && since.elapsed() < crate::worker::ASSIST {
-                if this.polled {
-                    this.worker.try_progress();
+            if worker.hot() && since.elapsed() < crate::worker::ASSIST {
+                if self.polled {
+                    worker.try_progress();
                 }
-                this.polled = true;
-                if this.op.is_done() {
+                self.polled = true;
+                if op.is_done() {
                     return Poll::Ready(());
                 }
                 cx.waker().wake_by_ref();
@@ -621,14 +668,14 @@ impl Future for Wait<'_> {
             // Parking: waits that outlast the assist stop assisting. If this task progressed
             // the worker, the progress thread may have armed the event fd and gone to sleep
             // before those calls: wake it to progress and arm afresh.
-            this.parked = true;
-            if this.polled {
-                this.worker.set_hot(false);
-                this.worker.wake_progress();
+            self.parked = true;
+            if self.polled {
+                worker.set_hot(false);
+                worker.wake_progress();
             }
         }
-        this.op.waker.register(cx.waker());
-        if this.op.is_done() {
+        op.waker.register(cx.waker());
+        if op.is_done() {
             Poll::Ready(())
         } else {
             Poll::Pending

@@ -68,6 +68,9 @@ pub(crate) struct RawWorker {
     handle: sys::ucp_worker_h,
     /// `ucp_worker_progress` calls so far (see [`Locked::progress_calls`]).
     progress_calls: u64,
+    /// An operation's state that UCX never saw used (it completed the operation at once):
+    /// the next operation posted takes it instead of allocating ([`Locked::spare_op`]).
+    spare_op: std::cell::Cell<Option<Arc<crate::request::OpCore>>>,
 }
 
 // SAFETY: the raw worker is only reachable through WorkerShared's mutex, which serialises every
@@ -290,6 +293,11 @@ impl Locked<'_> {
             .progress_calls
     }
 
+    /// Where an operation's state can be kept for the next one ([`crate::request::post`]).
+    pub(crate) fn spare_op(&self) -> &std::cell::Cell<Option<Arc<crate::request::OpCore>>> {
+        &self.guard.as_ref().expect("locked until drop").spare_op
+    }
+
     /// One `ucp_worker_progress` call plus the deferred work it produced.
     pub(crate) fn progress(&mut self) -> u32 {
         if let Some(raw) = self.guard.as_mut() {
@@ -410,6 +418,7 @@ impl Worker {
             raw: Mutex::new(RawWorker {
                 handle,
                 progress_calls: 0,
+                spare_op: Default::default(),
             }),
             mode,
             assists: mode == ProgressMode::Thread && alone_on_a_cpu(),

@@ -29,7 +29,7 @@
 //! fails itself.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -60,8 +60,37 @@ pub(crate) const COPY_MAX: usize = 8 << 10;
 /// How long a close waits for sends in flight (the peer taking rendezvous frames) before it
 /// forces the endpoint closed.
 const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
-/// UCX messages on [`TAG`] a receive took ahead, in order (see `receive.rs`).
-type Ahead = std::sync::Mutex<std::collections::VecDeque<Bytes>>;
+/// UCX messages on [`TAG`] a receive took ahead, in order (see `receive.rs`), with their
+/// count beside the queue: a receive finds it empty (a ping-pong always does) without taking
+/// the lock.
+#[derive(Debug, Default)]
+pub(crate) struct Ahead {
+    queue: std::sync::Mutex<std::collections::VecDeque<Bytes>>,
+    /// The queue's length, written under its lock.
+    len: AtomicUsize,
+}
+
+impl Ahead {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+
+    /// Runs `f` on the queue, under its lock (the count follows what `f` did).
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut std::collections::VecDeque<Bytes>) -> R) -> R {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let r = f(&mut queue);
+        self.len.store(queue.len(), Ordering::Release);
+        r
+    }
+
+    /// The message at the head of the queue, if any.
+    pub(crate) fn pop(&self) -> Option<Bytes> {
+        if self.is_empty() {
+            return None;
+        }
+        self.with(|q| q.pop_front())
+    }
+}
 /// The most UCX messages (bundles) in one UCX batch of [`Conn::send_batch`].
 const MAX_RUN: usize = 64;
 /// The tag credit grants travel on (little-endian `u64`: bytes granted back).
@@ -160,10 +189,9 @@ pub(crate) struct Conn {
     /// from UCX's keepalive, 20 s by default), or when this side cuts it off: the endpoint in
     /// use is then aborted, and the errors of what was pending say why.
     cut: Arc<OnceLock<CloseReason>>,
-    /// Held while posting a message's sends, so concurrent messages never interleave.
-    send_order: std::sync::Mutex<()>,
-    /// A small-message send buffer, reused.
-    send_buf: std::sync::Mutex<Option<Vec<u8>>>,
+    /// Held while posting a message's sends, so concurrent messages never interleave. It
+    /// holds the buffer small messages are copied into, reused (one lock per small message).
+    send_order: std::sync::Mutex<Option<Vec<u8>>>,
     /// The buffer first messages are received into, kept between receives.
     first_buf: std::sync::Mutex<Vec<u8>>,
     /// UCX messages on [`TAG`] taken ahead, in order, that the receive has not read yet
@@ -295,8 +323,7 @@ impl Conn {
             direct: OnceLock::new(),
             state,
             cut: Arc::default(),
-            send_order: std::sync::Mutex::new(()),
-            send_buf: std::sync::Mutex::new(None),
+            send_order: std::sync::Mutex::new(None),
             first_buf: std::sync::Mutex::new(Vec::new()),
             ahead,
             credits: AtomicU64::new(opts.credit_bytes),
@@ -482,18 +509,43 @@ impl Conn {
             // with it). A copy of 64 KiB costs less than a second UCX message; UCX's own
             // gather (the IOV datatype) was slower still past its rendezvous threshold
             // (docs/transport.md, "One UCX message up to 64 KiB").
-            let mut one = self
-                .send_buf
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-            let mut one = one.take_if(|b| b.capacity() >= inline).unwrap_or_default();
-            one.clear();
-            one.reserve(inline.max(COPY_MAX));
-            encode_whole(&mut one, channel, &msg);
-            let send = std::pin::pin!(self.ep().send(one, TAG));
-            let (r, one) = self.post_in_order(send).await;
-            *self.send_buf.lock().unwrap_or_else(|e| e.into_inner()) = Some(one);
+            // Copied and posted under the send lock, which keeps the buffer: a send that
+            // completes at once (eager, the usual case) gives it back under the same lock.
+            let mut send = std::pin::pin!(None);
+            let first = std::future::poll_fn(|cx| {
+                let mut order = self.send_order.lock().unwrap_or_else(|e| e.into_inner());
+                let mut one = order
+                    .take()
+                    .filter(|b| b.capacity() >= inline)
+                    .unwrap_or_default();
+                one.clear();
+                one.reserve(inline.max(COPY_MAX));
+                encode_whole(&mut one, channel, &msg);
+                send.set(Some(self.ep().send(one, TAG)));
+                let Some(posting) = send.as_mut().as_pin_mut() else {
+                    unreachable!("set just above")
+                };
+                let mut polled = std::future::Future::poll(posting, cx);
+                if let std::task::Poll::Ready((_, one)) = &mut polled {
+                    *order = Some(std::mem::take(one));
+                }
+                std::task::Poll::Ready(polled)
+            })
+            .await;
+            let r = match first {
+                std::task::Poll::Ready((r, _)) => r,
+                std::task::Poll::Pending => {
+                    let Some(in_flight) = send.as_pin_mut() else {
+                        unreachable!("set by the first poll")
+                    };
+                    let (r, one) = in_flight.await;
+                    self.send_order
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(one);
+                    r
+                }
+            };
             return r.map_err(closed_or);
         }
         // A header longer than FIRST_MAX goes in two parts (the receiver posts FIRST_MAX bytes).
@@ -785,9 +837,7 @@ fn watch(
         if posted.load(Ordering::Acquire) {
             return;
         }
-        let taken = ahead
-            .upgrade()
-            .is_some_and(|a| !a.lock().unwrap_or_else(|e| e.into_inner()).is_empty());
+        let taken = ahead.upgrade().is_some_and(|a| !a.is_empty());
         let queued = taken
             || weak
                 .upgrade()

@@ -87,10 +87,7 @@ impl Conn {
 
     /// The next UCX message taken ahead, if any.
     fn pop_ahead(&self) -> Option<Bytes> {
-        self.ahead
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front()
+        self.ahead.pop()
     }
 
     /// Takes the small messages that have already arrived on [`TAG`] (one pass, nothing
@@ -99,11 +96,10 @@ impl Conn {
         // Messages of at most COPY_MAX: small ones, always eager (a rendezvous message would
         // hold up the ones before it), as a batched send bundles them.
         match self.ep().recv_arrived(TAG, READ_AHEAD, COPY_MAX).await {
+            Ok(taken) if taken.is_empty() => {}
             Ok(taken) => self
                 .ahead
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(taken.into_iter().map(Bytes::from)),
+                .with(|q| q.extend(taken.into_iter().map(Bytes::from))),
             // The posted receive that follows reports what went wrong.
             Err(e) => tracing::trace!(error = %e, "nothing taken ahead"),
         }
@@ -114,10 +110,14 @@ impl Conn {
     /// header whose frames follow, the close marker, bytes the wire format does not allow)
     /// stays for the next receive, which reports it after the messages before it.
     fn whole_ahead(&self) -> Option<crate::Received> {
-        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
-        let msgs = self.whole(ahead.front()?).ok()??;
-        ahead.pop_front();
-        Some(msgs)
+        if self.ahead.is_empty() {
+            return None;
+        }
+        self.ahead.with(|ahead| {
+            let msgs = self.whole(ahead.front()?).ok()??;
+            ahead.pop_front();
+            Some(msgs)
+        })
     }
 
     /// The messages in a UCX message that holds only whole ones (one inlined message, or a
@@ -160,13 +160,7 @@ impl Conn {
         // Read ahead when receiving twice in a row (a stream); after a send, the answer is
         // usually still on its way (a ping-pong), and the posted receive is the quick path.
         let answering = self.sent.swap(false, Ordering::Relaxed);
-        if !answering
-            && self
-                .ahead
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
-        {
+        if !answering && self.ahead.is_empty() {
             self.read_ahead().await;
         }
         let first = match self.pop_ahead() {

@@ -396,13 +396,13 @@ impl EpShared {
     }
 
     /// Waits for a posted operation on this endpoint's worker (see [`ops::complete`]).
-    pub(crate) async fn complete<B: Send + 'static>(
+    pub(crate) fn complete<B: Send + 'static>(
         &self,
         posted: Posted,
         buf: B,
         cancel: bool,
-    ) -> (Completion, B) {
-        ops::complete(&self.worker, posted, buf, cancel).await
+    ) -> crate::request::Complete<'_, B> {
+        ops::complete(&self.worker, posted, buf, cancel)
     }
 
     /// Counts a completed receive (the handshake's stream receive does not count) and closes

@@ -51,7 +51,8 @@ impl EpShared {
                 match crate::probe::probe_raw(&self.worker, tag, u64::MAX, true)
                     .and_then(|p| p.message)
                 {
-                    Some(queued) => queued.recv(buf).await,
+                    // Boxed: the rare path keeps every receive's future small.
+                    Some(queued) => Box::pin(queued.recv(buf)).await,
                     None => (Err(Error::Ucx(s)), buf),
                 }
             }
