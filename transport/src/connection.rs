@@ -177,7 +177,7 @@ impl Connection {
         }
     }
 
-    /// Sends `msg` on `channel` (below [`CLOSE_CHANNEL`]). Waits while the peer is not keeping
+    /// Sends `msg` on `channel` (below [`CLOSE_CHANNEL`](crate::CLOSE_CHANNEL)). Waits while the peer is not keeping
     /// up (bounded buffering).
     pub async fn send(&self, channel: u32, msg: Message) -> Result<()> {
         // Spelled out rather than shared with `send_batch`: a helper taking the backend's
@@ -358,7 +358,7 @@ impl Connection {
 
     /// Changes what this side accepts from the peer, and may send, from the next message on.
     /// A runtime that authenticates its peers starts connections with small limits (see
-    /// [`Options::limits`]) and raises them once the peer proved who it is, so a stranger
+    /// [`Options::limits`](crate::Options::limits)) and raises them once the peer proved who it is, so a stranger
     /// cannot make it allocate more than the handshake needs.
     pub fn set_limits(&self, limits: frame::Limits) {
         match &*self.inner {
@@ -370,7 +370,7 @@ impl Connection {
     }
 
     /// `ucx://`: whether the connection moved to endpoints connected by worker address
-    /// ([`Options::ucx_direct`]); false on other schemes.
+    /// ([`Options::ucx_direct`](crate::Options::ucx_direct)); false on other schemes.
     pub fn is_ucx_direct(&self) -> bool {
         #[cfg(feature = "ucx")]
         if let ConnInner::Ucx(c) = &*self.inner {

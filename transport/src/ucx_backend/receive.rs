@@ -1,7 +1,7 @@
 //! The receiving half of a `ucx://` connection: a message's first UCX message, posted before it
 //! arrives, then its frames (small ones posted ahead, large ones probed first and budgeted).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 
@@ -17,6 +17,37 @@ const BUDGETED: u64 = 256 << 10;
 const READ_AHEAD: usize = 64;
 /// The most bytes of small frames whose receives are posted before their frames arrive.
 const POSTED_AHEAD: u64 = 4 << 20;
+/// UCX messages on [`TAG`] a receive took ahead, in order (see `receive.rs`), with their
+/// count beside the queue: a receive finds it empty (a ping-pong always does) without taking
+/// the lock.
+#[derive(Debug, Default)]
+pub(super) struct Ahead {
+    queue: std::sync::Mutex<std::collections::VecDeque<Bytes>>,
+    /// The queue's length, written under its lock.
+    len: AtomicUsize,
+}
+
+impl Ahead {
+    pub(super) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+
+    /// Runs `f` on the queue, under its lock (the count follows what `f` did).
+    pub(super) fn with<R>(&self, f: impl FnOnce(&mut std::collections::VecDeque<Bytes>) -> R) -> R {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let r = f(&mut queue);
+        self.len.store(queue.len(), Ordering::Release);
+        r
+    }
+
+    /// The message at the head of the queue, if any.
+    pub(super) fn pop(&self) -> Option<Bytes> {
+        if self.is_empty() {
+            return None;
+        }
+        self.with(|q| q.pop_front())
+    }
+}
 /// What a message's first UCX message held.
 enum First {
     /// Whole messages: one inlined, or a bundle of them (a batched send).

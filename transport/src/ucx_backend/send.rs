@@ -1,0 +1,296 @@
+//! The sending half of a `ucx://` connection: a message of up to [`FIRST_MAX`] bytes as one
+//! UCX message, larger ones as a header and one UCX message per frame, batches of small ones
+//! bundled; and the credit that bounds what a sender may have unread at the peer.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{closed_or, Conn, COPY_MAX, CREDIT_TAG, FIRST_MAX, MAX_RUN, TAG};
+use crate::frame;
+use crate::{
+    check_outgoing, encode_header, encode_whole, ucx_charge, CloseReason, Frame, Message,
+    ProtocolError, Result, UCX_GRANT_EVERY,
+};
+
+impl Conn {
+    pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
+        self.sent.store(true, Ordering::Relaxed);
+        // Awaited in place, and the error mapped after (an `async fn` taking the future as
+        // an argument kept two copies of it in its state: the send's future doubled in size,
+        // and was moved once more per message).
+        self.send_inner(channel, msg)
+            .await
+            .map_err(|e| self.cut_reason(e))
+    }
+
+    pub(crate) async fn send_batch(&self, channel: u32, msgs: Vec<Message>) -> Result<()> {
+        self.sent.store(true, Ordering::Relaxed);
+        self.send_batch_inner(channel, msgs)
+            .await
+            .map_err(|e| self.cut_reason(e))
+    }
+
+    /// Small messages are bundled: as many whole inlined messages as fit [`COPY_MAX`] go in
+    /// one UCX message (one larger than that, up to [`FIRST_MAX`], goes alone), which the
+    /// receiver unpacks in order; runs of bundles go as one
+    /// [`ucx::Endpoint::send_batch`] (posted in one pass, one completion) under one take of
+    /// credit. Larger messages go between them as [`Self::send`] sends them. Every message is
+    /// checked against the limits before anything is sent (by the caller).
+    async fn send_batch_inner(&self, channel: u32, msgs: Vec<Message>) -> Result<()> {
+        let mut run: Vec<Vec<u8>> = Vec::new();
+        let mut charge = 0;
+        for msg in msgs {
+            let bytes = msg.len();
+            let len = frame::header_len(msg.frames.len()) + bytes;
+            if len > FIRST_MAX || msg.has_cuda() {
+                self.send_run(std::mem::take(&mut run), std::mem::take(&mut charge))
+                    .await?;
+                self.send_inner(channel, msg).await?;
+                continue;
+            }
+            let c = ucx_charge(bytes);
+            // A run takes no more credit than one message may (UCX_CHARGE_CAP), so a batch
+            // cannot wait for more than the window holds.
+            if charge + c > crate::UCX_CHARGE_CAP || run.len() == MAX_RUN {
+                self.send_run(std::mem::take(&mut run), std::mem::take(&mut charge))
+                    .await?;
+            }
+            match run.last_mut() {
+                // Bundles stay within COPY_MAX, as the receiver takes them ahead (a message
+                // that does not fit starts a bundle of its own).
+                Some(bundle) if bundle.len() + len <= COPY_MAX => {
+                    encode_whole(bundle, channel, &msg)
+                }
+                _ => {
+                    let mut bundle = Vec::with_capacity(len.max(COPY_MAX.min(len * 64)));
+                    encode_whole(&mut bundle, channel, &msg);
+                    run.push(bundle);
+                }
+            }
+            charge += c;
+        }
+        self.send_run(run, charge).await
+    }
+
+    /// Sends inlined messages as one UCX batch, after taking their credit.
+    async fn send_run(&self, run: Vec<Vec<u8>>, charge: u64) -> Result<()> {
+        if run.is_empty() {
+            return Ok(());
+        }
+        self.take_credit(charge).await?;
+        let send = std::pin::pin!(self.ep().send_batch(run, TAG));
+        let (r, _) = self.post_in_order(send).await;
+        r.map_err(|e| {
+            // Part of the run may be on the wire: the peer's stream is out of step.
+            if !e.is_disconnect() {
+                tracing::warn!(error = %e, "a batch failed part-way: closing the UCX connection");
+                self.cut_off(CloseReason::Local);
+            }
+            closed_or(e)
+        })
+    }
+
+    async fn send_inner(&self, channel: u32, msg: Message) -> Result<()> {
+        check_outgoing(channel, &msg, &self.limits.get())?;
+        self.take_credit(ucx_charge(msg.len())).await?;
+        // Post under the lock so another sender's header or frames never land between ours
+        // (UCX keeps per-tag order, not per-message order). Sends are posted on their first
+        // poll, inside the lock; completions are awaited after it is released.
+        let total = msg.len();
+        let inline = frame::header_len(msg.frames.len()) + total;
+        if inline <= FIRST_MAX && !msg.has_cuda() {
+            // Messages up to FIRST_MAX travel as one UCX message: header, then the frames'
+            // bytes, copied into a buffer kept for the connection (given back once UCX is done
+            // with it). A copy of 64 KiB costs less than a second UCX message; UCX's own
+            // gather (the IOV datatype) was slower still past its rendezvous threshold
+            // (docs/transport.md, "One UCX message up to 64 KiB").
+            // Copied and posted under the send lock, which keeps the buffer: a send that
+            // completes at once (eager, the usual case) gives it back under the same lock.
+            let mut send = std::pin::pin!(None);
+            let first = std::future::poll_fn(|cx| {
+                let mut order = self.send_order.lock().unwrap_or_else(|e| e.into_inner());
+                let mut one = order
+                    .take()
+                    .filter(|b| b.capacity() >= inline)
+                    .unwrap_or_default();
+                one.clear();
+                one.reserve(inline.max(COPY_MAX));
+                encode_whole(&mut one, channel, &msg);
+                send.set(Some(self.ep().send(one, TAG)));
+                let Some(posting) = send.as_mut().as_pin_mut() else {
+                    unreachable!("set just above")
+                };
+                let mut polled = std::future::Future::poll(posting, cx);
+                if let std::task::Poll::Ready((_, one)) = &mut polled {
+                    *order = Some(std::mem::take(one));
+                }
+                std::task::Poll::Ready(polled)
+            })
+            .await;
+            let r = match first {
+                std::task::Poll::Ready((r, _)) => r,
+                std::task::Poll::Pending => {
+                    let Some(in_flight) = send.as_pin_mut() else {
+                        unreachable!("set by the first poll")
+                    };
+                    let (r, one) = in_flight.await;
+                    self.send_order
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(one);
+                    r
+                }
+            };
+            return r.map_err(closed_or);
+        }
+        // A header longer than FIRST_MAX goes in two parts (the receiver posts FIRST_MAX bytes).
+        let header = Bytes::from(encode_header(channel, &msg));
+        let parts = if header.len() > FIRST_MAX {
+            vec![header.slice(..FIRST_MAX), header.slice(FIRST_MAX..)]
+        } else {
+            vec![header]
+        };
+        // With no bytes at all, the header says everything: no frame messages.
+        let frames = if total > 0 { msg.frames } else { Vec::new() };
+        #[cfg(feature = "cuda")]
+        for f in &frames {
+            // Wait for the producer's GPU work here, not under the send lock.
+            if let Frame::Cuda(d) = f {
+                d.stream()
+                    .synchronize()
+                    .map_err(|e| crate::TransportError::Ucx(ucx::Error::Cuda(e.to_string())))?;
+            }
+        }
+        let sends: Vec<_> = parts
+            .into_iter()
+            .map(Frame::Host)
+            .chain(frames)
+            .map(|f| Box::pin(self.send_frame(f)))
+            .collect();
+        let results = self.post_all_in_order(sends).await;
+        if let Some(e) = results.into_iter().find_map(|r| r.err()) {
+            // Part of the message may be on the wire: the peer's stream is out of step, so
+            // the connection ends here.
+            if !e.is_disconnect() {
+                tracing::warn!(error = %e, "a send failed part-way: closing the UCX connection");
+                self.cut_off(CloseReason::Local);
+            }
+            return Err(closed_or(e));
+        }
+        Ok(())
+    }
+
+    /// Polls every send once, in order, under the send lock (each send posts on its first
+    /// poll), so what one message posts is never interleaved with another's; then waits for
+    /// those that did not complete at once, outside the lock.
+    async fn post_all_in_order<F>(
+        &self,
+        mut sends: Vec<std::pin::Pin<Box<F>>>,
+    ) -> Vec<ucx::Result<()>>
+    where
+        F: std::future::Future<Output = ucx::Result<()>>,
+    {
+        let mut done: Vec<Option<ucx::Result<()>>> = Vec::with_capacity(sends.len());
+        std::future::poll_fn(|cx| {
+            let _order = self.send_order.lock().unwrap_or_else(|e| e.into_inner());
+            for s in sends.iter_mut() {
+                done.push(match s.as_mut().poll(cx) {
+                    std::task::Poll::Ready(r) => Some(r),
+                    std::task::Poll::Pending => None,
+                });
+            }
+            std::task::Poll::Ready(())
+        })
+        .await;
+        let mut out = Vec::with_capacity(sends.len());
+        for (s, d) in sends.into_iter().zip(done) {
+            out.push(match d {
+                Some(r) => r,
+                None => s.await,
+            });
+        }
+        out
+    }
+
+    /// Takes `charge` bytes of credit, waiting for the peer's grants while there is too
+    /// little left.
+    async fn take_credit(&self, charge: u64) -> Result<()> {
+        loop {
+            let took = self
+                .credits
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                    c.checked_sub(charge)
+                });
+            if took.is_ok() {
+                return Ok(());
+            }
+            let mut parked = self.refill.lock().await;
+            if self.credits.load(Ordering::Acquire) >= charge {
+                continue; // another sender received a grant meanwhile
+            }
+            tracing::trace!("waiting for the peer to take messages");
+            let wait = parked.0.get_or_insert_with(|| {
+                let ep = Arc::clone(self.ep());
+                Box::pin(async move { ep.recv(vec![0u8; 8].into_boxed_slice(), CREDIT_TAG).await })
+            });
+            let (r, grant) = wait.as_mut().await;
+            parked.0 = None;
+            let n = r.map_err(closed_or)?;
+            let granted = grant
+                .first_chunk::<8>()
+                .map_or(0, |b| u64::from_le_bytes(*b));
+            let before = self.credits.fetch_add(granted, Ordering::AcqRel);
+            if n != 8 || granted == 0 || before.saturating_add(granted) > self.window {
+                return Err(self.refuse(ProtocolError::Grant {
+                    got: n,
+                    bytes: granted,
+                }));
+            }
+        }
+    }
+
+    /// Counts a message the application took, granting credits back every
+    /// [`UCX_GRANT_EVERY`] bytes.
+    pub(super) async fn took(&self, charge: u64) {
+        let taken = self.taken.fetch_add(charge, Ordering::AcqRel) + charge;
+        if taken < UCX_GRANT_EVERY {
+            return;
+        }
+        self.taken.fetch_sub(taken, Ordering::AcqRel);
+        let (r, _) = Box::pin(self.ep().send(taken.to_le_bytes().to_vec(), CREDIT_TAG)).await;
+        if let Err(e) = r {
+            // The peer is gone or going: its next operation says so.
+            tracing::debug!(error = %e, "a credit grant was not delivered");
+        }
+    }
+
+    /// Runs `sends`, whose first poll posts them, with that first poll under the send lock:
+    /// what one message posts is never interleaved with another's. Completions are awaited
+    /// outside the lock. Takes the future pinned where the caller made it (by value, an
+    /// `async fn` keeps two copies of its argument in its state).
+    pub(super) async fn post_in_order<F: std::future::Future>(
+        &self,
+        mut sends: std::pin::Pin<&mut F>,
+    ) -> F::Output {
+        let first = std::future::poll_fn(|cx| {
+            let _order = self.send_order.lock().unwrap_or_else(|e| e.into_inner());
+            std::task::Poll::Ready(sends.as_mut().poll(cx))
+        })
+        .await;
+        match first {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => sends.await,
+        }
+    }
+
+    /// Sends one frame (posted on the first poll).
+    async fn send_frame(&self, f: Frame) -> ucx::Result<()> {
+        match f {
+            Frame::Host(b) => self.ep().send(b, TAG).await.0,
+            #[cfg(feature = "cuda")]
+            Frame::Cuda(d) => self.ep().send(d, TAG).await.0,
+        }
+    }
+}
