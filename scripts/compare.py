@@ -131,7 +131,8 @@ class UcxRs:
         return json_rows(pair(
             [self.binary, "server", "--bind", "127.0.0.1", "--cpu", SERVER_CPU, "--mode", self.mode, "--once"],
             [self.binary, "client", "--connect", "127.0.0.1:PORT", "--cpu", CLIENT_CPU, "--mode", self.mode,
-             "--sizes", str(size), "--iters", str(iters), "--test", self.op, "--json", *extra, *self.direct],
+             "--sizes", str(size), "--iters", str(iters), "--exact", "--test", self.op, "--json", *extra,
+             *self.direct],
             env=env))[0]
 
     def latency(self, size, env):

@@ -108,7 +108,7 @@ class UcxEcho:
             time.sleep(0.5)
             out = subprocess.run(hosts.on(hosts.b, CLIENT_CPU, [
                 UECHO, "client", "--connect", f"{SERVER_IP}:{p}", "--sizes", str(size),
-                "--iters", str(iters_for(size)), "--mode", self.mode, "--json"]),
+                "--iters", str(iters_for(size)), "--exact", "--mode", self.mode, "--json"]),
                 env=env, capture_output=True, text=True, timeout=300)
             if out.returncode != 0:
                 raise RuntimeError(f"{self.name} {size}: {out.stderr.strip()[-300:]}")

@@ -2,15 +2,16 @@
 //!
 //! ```text
 //! ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]
-//! ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N]
-//!                 [--bw] [--json] [--direct]
+//! ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N [--exact]] [--mode M]
+//!                 [--cpu N] [--bw] [--json] [--direct]
 //! ucx-echo demo   [--sizes ...] [--iters N] [--mode M] [--direct]   # two processes
 //! ```
 //! `--direct` measures on an endpoint connected by worker address (exchanged over the first
 //! connection) instead of the client-server one: on one host that endpoint uses shared memory
 //! alone, as `ucx_perftest` does, while client-server endpoints also carry TCP lanes.
-//! ```text
-//! ```
+//! `--iters N` is scaled down for large sizes (a sweep of the defaults takes seconds);
+//! `--exact` runs N round trips (and streams N messages with `--bw`) at every size, as the
+//! comparison scripts do, so every row measures as many round trips as `ucx_perftest`.
 //! UCX options come from the environment (`UCX_TLS=tcp`, ...). The server prints
 //! `LISTENING <port>` once it accepts connections.
 
@@ -34,6 +35,8 @@ struct Args {
     connect: Option<String>,
     sizes: Vec<usize>,
     iters: usize,
+    /// `--iters` round trips (and streamed messages) at every size, not scaled down by size.
+    exact: bool,
     mode: ProgressMode,
     cpu: Option<usize>,
     once: bool,
@@ -48,7 +51,7 @@ struct Args {
 fn usage() -> ! {
     eprintln!(
         "usage: ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]\n\
-         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N] [--mode M] [--cpu N] [--bw] [--window N] [--batch] [--json] [--direct] [--test tag|stream|am|put|get]\n\
+         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N [--exact]] [--mode M] [--cpu N] [--bw] [--window N] [--batch] [--json] [--direct] [--test tag|stream|am|put|get]\n\
          \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M] [--direct]"
     );
     std::process::exit(2)
@@ -64,6 +67,7 @@ fn parse() -> Args {
         connect: None,
         sizes: vec![8, 1 << 20, 64 << 20],
         iters: 2000,
+        exact: false,
         mode: ProgressMode::Polling,
         cpu: None,
         once: false,
@@ -87,6 +91,7 @@ fn parse() -> Args {
                     .collect()
             }
             "--iters" => a.iters = val().parse().unwrap_or_else(|_| usage()),
+            "--exact" => a.exact = true,
             "--mode" => a.mode = val().parse().unwrap_or_else(|_| usage()),
             "--cpu" => a.cpu = Some(val().parse().unwrap_or_else(|_| usage())),
             "--once" => a.once = true,
@@ -208,7 +213,13 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), BoxError> {
         );
     }
     for &size in &a.sizes {
-        let iters = echo::iterations_for(size, a.iters);
+        // Scaled down for large sizes (a sweep of the defaults takes seconds), unless --exact
+        // (the comparison scripts, so every row runs as many round trips as ucx_perftest).
+        let iters = if a.exact {
+            a.iters.max(1)
+        } else {
+            echo::iterations_for(size, a.iters)
+        };
         let s = tokio::time::timeout(
             echo::STEP_LIMIT,
             echo::time_op(ep, a.op, size, (iters / 10).max(2), iters),
@@ -216,7 +227,11 @@ async fn run_client(ep: &Endpoint, a: &Args) -> Result<(), BoxError> {
         .await
         .map_err(|_| "ping-pong timed out")??;
         let bw = if a.bw {
-            let count = echo::iterations_for(size, a.iters * 4).max(20);
+            let count = if a.exact {
+                a.iters.max(1)
+            } else {
+                echo::iterations_for(size, a.iters * 4).max(20)
+            };
             Some(
                 tokio::time::timeout(
                     echo::STEP_LIMIT,
