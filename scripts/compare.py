@@ -119,6 +119,15 @@ class Perftest:
         return r["bw_MiBps"] * (1 << 20) / 1e6, r["msgrate"]
 
 
+def takes_exact(binary, seen={}):
+    """Whether this ucx-echo build has `--exact` (as many round trips at every size as asked;
+    builds before it scaled them down by size, so an A/B against one compares unlike runs)."""
+    if binary not in seen:
+        usage = subprocess.run([binary, "client", "--no-such-flag"], capture_output=True, text=True).stderr
+        seen[binary] = "--exact" in usage
+    return seen[binary]
+
+
 class UcxRs:
     def __init__(self, mode="polling", direct=False, op="tag", binary=ECHO, label=None, batch=False):
         self.mode, self.op, self.binary, self.batch = mode, op, binary, batch
@@ -131,8 +140,8 @@ class UcxRs:
         return json_rows(pair(
             [self.binary, "server", "--bind", "127.0.0.1", "--cpu", SERVER_CPU, "--mode", self.mode, "--once"],
             [self.binary, "client", "--connect", "127.0.0.1:PORT", "--cpu", CLIENT_CPU, "--mode", self.mode,
-             "--sizes", str(size), "--iters", str(iters), "--exact", "--test", self.op, "--json", *extra,
-             *self.direct],
+             "--sizes", str(size), "--iters", str(iters), *(["--exact"] if takes_exact(self.binary) else []),
+             "--test", self.op, "--json", *extra, *self.direct],
             env=env))[0]
 
     def latency(self, size, env):
@@ -299,7 +308,10 @@ def interleave(impls, sizes, rounds, measure, label):
     errors = {}
     for r in range(rounds):
         for s in sizes:
-            for i in impls:
+            # Every other round in reverse (the reference first), so no row always runs
+            # right after the same neighbour.
+            order = impls if r % 2 == 0 else impls[:1] + impls[:0:-1]
+            for i in order:
                 if i.name in errors:
                     continue
                 try:
@@ -358,6 +370,11 @@ def main():
     ap.add_argument("--build-async-ucx", action="store_true")
     ap.add_argument("--json", help="append the raw results as JSON lines to this file")
     a = ap.parse_args()
+    if a.ab and a.ab_transport:
+        sys.exit("--ab and --ab-transport: one A/B at a time")
+    if a.ab and len({takes_exact(b) for b in a.ab}) > 1:
+        print("note: only one of the two ucx-echo builds has --exact: the other scales its round trips "
+              "down by size (10 at 4 MiB and up), so large sizes compare unlike runs")
     sizes = [size_arg(s) for s in a.sizes.split(",")]
     modes = a.modes.split(",")
     ops = [o for o in a.ops.split(",") if o]
@@ -450,7 +467,7 @@ def main():
                 streamers += [Transport("tcp", batch=b) for b in (False, True)]
             sres, serrors = interleave(
                 streamers, stream_sizes, a.rounds,
-                lambda i, s: i.stream(s, 1_000_000 if isinstance(i, Perftest) and s < SMALL else
+                lambda i, s: i.stream(s, 1_000_000 if isinstance(i, (Perftest, UcxRs)) and s < SMALL else
                                       250_000 if s < SMALL else max(20, (2 << 30) // s), env), "stream")
             table(streamers, stream_sizes, sres, serrors, ref.name, stream_cell,
                   f"Streamed, 64 in flight (message rate below {size_name(SMALL)}, bandwidth from there)")

@@ -17,8 +17,7 @@ const BUDGETED: u64 = 256 << 10;
 const READ_AHEAD: usize = 64;
 /// The most bytes of small frames whose receives are posted before their frames arrive.
 const POSTED_AHEAD: u64 = 4 << 20;
-/// UCX messages on [`TAG`] a receive took ahead, in order (see `receive.rs`), with their
-/// count beside the queue: a receive finds it empty (a ping-pong always does) without taking
+/// UCX messages on [`TAG`] a receive took ahead, in order, with their count beside the queue: a receive finds it empty (a ping-pong always does) without taking
 /// the lock.
 #[derive(Debug, Default)]
 pub(super) struct Ahead {
@@ -48,6 +47,7 @@ impl Ahead {
         self.with(|q| q.pop_front())
     }
 }
+
 /// What a message's first UCX message held.
 enum First {
     /// Whole messages: one inlined, or a bundle of them (a batched send).

@@ -107,14 +107,13 @@ impl Conn {
             // gather (the IOV datatype) was slower still past its rendezvous threshold
             // (docs/transport.md, "One UCX message up to 64 KiB").
             // Copied and posted under the send lock, which keeps the buffer: a send that
-            // completes at once (eager, the usual case) gives it back under the same lock.
+            // completes at once (eager, the usual case) gives it back under the same lock,
+            // one lock per message. Concurrent senders on one connection wait for each
+            // other's copy (at most 64 KiB), as they waited for each other's post before.
             let mut send = std::pin::pin!(None);
             let first = std::future::poll_fn(|cx| {
                 let mut order = self.send_order.lock().unwrap_or_else(|e| e.into_inner());
-                let mut one = order
-                    .take()
-                    .filter(|b| b.capacity() >= inline)
-                    .unwrap_or_default();
+                let mut one = order.take().unwrap_or_default();
                 one.clear();
                 one.reserve(inline.max(COPY_MAX));
                 encode_whole(&mut one, channel, &msg);
