@@ -177,8 +177,8 @@ impl Connection {
         }
     }
 
-    /// Sends `msg` on `channel` (below [`CLOSE_CHANNEL`](crate::CLOSE_CHANNEL)). Waits while the peer is not keeping
-    /// up (bounded buffering).
+    /// Sends `msg` on `channel` (below [`CLOSE_CHANNEL`](crate::CLOSE_CHANNEL)). Waits while
+    /// the peer is not keeping up (bounded buffering).
     pub async fn send(&self, channel: u32, msg: Message) -> Result<()> {
         // Spelled out rather than shared with `send_batch`: a helper taking the backend's
         // future by value moved it once more per message (measured: 25% of the 8 B rate).
@@ -247,10 +247,7 @@ impl Connection {
     /// nothing; the next `recv` resumes it. Once the connection is closed, fails with the
     /// [`CloseReason`] (messages the peer sent before its close come first).
     pub async fn recv(&self) -> Result<(u32, Message)> {
-        let mut slot = match self.recv_slot.try_lock() {
-            Ok(slot) => slot,
-            Err(_) => self.recv_slot.lock().await,
-        };
+        let mut slot = self.recv_slot.lock().await;
         self.recv_locked(&mut slot).await
     }
 
@@ -277,10 +274,7 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub async fn recv_many(&self, most: usize) -> Result<Vec<(u32, Message)>> {
-        let mut slot = match self.recv_slot.try_lock() {
-            Ok(slot) => slot,
-            Err(_) => self.recv_slot.lock().await,
-        };
+        let mut slot = self.recv_slot.lock().await;
         let first = self.recv_locked(&mut slot).await?;
         let mut out = vec![first];
         while out.len() < most {
@@ -358,8 +352,8 @@ impl Connection {
 
     /// Changes what this side accepts from the peer, and may send, from the next message on.
     /// A runtime that authenticates its peers starts connections with small limits (see
-    /// [`Options::limits`](crate::Options::limits)) and raises them once the peer proved who it is, so a stranger
-    /// cannot make it allocate more than the handshake needs.
+    /// [`Options::limits`](crate::Options::limits)) and raises them once the peer proved who
+    /// it is, so a stranger cannot make it allocate more than the handshake needs.
     pub fn set_limits(&self, limits: frame::Limits) {
         match &*self.inner {
             ConnInner::Inproc(c) => c.limits.set(limits),

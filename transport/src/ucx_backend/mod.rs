@@ -16,9 +16,9 @@
 //! receives, and the peer's UCX buffers what arrives unexpected. So a sender holds credits: it
 //! may have at most [`Options::credit_bytes`] of messages that the receiving application has
 //! not taken, each counted as [`ucx_charge`](crate::ucx_charge) (its bytes plus 64, at most
-//! [`crate::UCX_CHARGE_CAP`]), and the receiver grants them back, a little-endian `u64` of bytes on
-//! [`CREDIT_TAG`], whenever it has taken [`UCX_GRANT_EVERY`](crate::UCX_GRANT_EVERY). Both sides compute the charge, so
-//! neither needs the other's window; a window of at least twice the cap cannot deadlock (a
+//! [`crate::UCX_CHARGE_CAP`]), and the receiver grants them back, a little-endian `u64` of
+//! bytes on [`CREDIT_TAG`], whenever it has taken [`UCX_GRANT_EVERY`](crate::UCX_GRANT_EVERY).
+//! Both sides compute the charge, so neither needs the other's window; a window of at least twice the cap cannot deadlock (a
 //! blocked sender has more than half its window in flight, more than the receiver holds back).
 //! Rendezvous frames wait for the receive anyway.
 //!

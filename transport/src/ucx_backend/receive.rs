@@ -17,8 +17,8 @@ const BUDGETED: u64 = 256 << 10;
 const READ_AHEAD: usize = 64;
 /// The most bytes of small frames whose receives are posted before their frames arrive.
 const POSTED_AHEAD: u64 = 4 << 20;
-/// UCX messages on [`TAG`] a receive took ahead, in order, with their count beside the queue: a receive finds it empty (a ping-pong always does) without taking
-/// the lock.
+/// UCX messages on [`TAG`] a receive took ahead, in order, with their count beside the queue:
+/// a receive finds it empty (a ping-pong always does) without taking the lock.
 #[derive(Debug, Default)]
 pub(super) struct Ahead {
     queue: std::sync::Mutex<std::collections::VecDeque<Bytes>>,
@@ -116,11 +116,6 @@ impl Conn {
         Ok((first, more))
     }
 
-    /// The next UCX message taken ahead, if any.
-    fn pop_ahead(&self) -> Option<Bytes> {
-        self.ahead.pop()
-    }
-
     /// Takes the small messages that have already arrived on [`TAG`] (one pass, nothing
     /// posted ahead) into the queue the receive reads first.
     async fn read_ahead(&self) {
@@ -194,7 +189,7 @@ impl Conn {
         if !answering && self.ahead.is_empty() {
             self.read_ahead().await;
         }
-        let first = match self.pop_ahead() {
+        let first = match self.ahead.pop() {
             Some(first) => Ucx::Ahead(first),
             None => {
                 // One receive at a time: `Connection::recv` holds its slot for the whole
@@ -283,7 +278,7 @@ impl Conn {
         let mut frames = Vec::with_capacity(metas.len());
         // Frames taken ahead come first, in order.
         for m in &metas {
-            let Some(taken) = self.pop_ahead() else { break };
+            let Some(taken) = self.ahead.pop() else { break };
             frames.push(self.frame_taken_ahead(taken, m)?);
         }
         let mut ahead = Vec::new();
@@ -403,7 +398,7 @@ impl Conn {
         let limits = self.limits.get();
         let mut parsed = frame::parse_first(first, None, &limits);
         if let Ok(frame::First::Split { rest: want }) = parsed {
-            let rest = match self.pop_ahead() {
+            let rest = match self.ahead.pop() {
                 Some(taken) => taken,
                 None => {
                     // `want` is bounded by the limits' frame count.
