@@ -33,14 +33,24 @@ cleanup() {
   if [ -f "$dir/slurmctld.pid" ] && kill -0 "$(cat "$dir/slurmctld.pid")" 2> /dev/null; then
     scancel --full -u root > /dev/null 2>&1 || true
   fi
+  local pids=""
   for p in slurmd slurmctld; do
-    if [ -f "$dir/$p.pid" ]; then kill "$(cat "$dir/$p.pid")" 2> /dev/null || true; fi
+    if [ -f "$dir/$p.pid" ]; then
+      pid=$(cat "$dir/$p.pid")
+      kill "$pid" 2> /dev/null && pids="$pids $pid"
+    fi
   done
   if [ -n "$started_munge" ] && [ -f /run/munge/munged.pid ]; then
     kill "$(cat /run/munge/munged.pid)" 2> /dev/null || true
   fi
   pkill -9 -f "$tour" 2> /dev/null || true
-  rm -rf "$dir"
+  # slurmctld writes its state into $dir/state as it stops: removing the directory before it
+  # has exited races with those writes. Wait for both daemons (at most 15 s), then kill.
+  for pid in $pids; do
+    for _ in $(seq 150); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2> /dev/null; then kill -9 "$pid" 2> /dev/null || true; fi
+  done
+  rm -rf "$dir" 2> /dev/null || { sleep 1; rm -rf "$dir" || echo "slurm: could not remove $dir"; }
 }
 trap cleanup EXIT
 mkdir -p "$dir/state" "$dir/spool"
