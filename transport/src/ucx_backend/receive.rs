@@ -146,6 +146,25 @@ impl Conn {
         })
     }
 
+    /// The message in `ucx_msg` if it holds one whole message of at most one host frame (a
+    /// ping-pong's), its frame copied out on its own: one allocation, where copying the UCX
+    /// message and slicing it took two (the slice makes `Bytes` allocate its shared count).
+    /// `None` for anything else, including what the wire format does not allow, which
+    /// [`Self::whole`] then reports.
+    fn lone(&self, ucx_msg: &[u8]) -> Option<(u32, Message)> {
+        let one = frame::next_inline(ucx_msg, &self.limits.get()).ok()??;
+        if !one.more.is_empty() {
+            return None;
+        }
+        let mut metas = one.frames();
+        let frames = match (metas.next(), metas.next()) {
+            (None, _) => Vec::new(),
+            (Some(m), None) if !m.cuda => vec![Frame::Host(Bytes::copy_from_slice(one.bytes))],
+            _ => return None,
+        };
+        Some((one.channel, Message { frames }))
+    }
+
     /// The messages in a UCX message that holds only whole ones (one inlined message, or a
     /// bundle of them from a batched send), every frame a slice of `ucx_msg`: the first, and
     /// those behind it (no allocation for a lone message); `None` if it is something else
@@ -229,8 +248,16 @@ impl Conn {
         // full is shrunk first (in place where the allocator can: glibc's can).
         let first = match first {
             Ucx::Posted(buf) if buf.len() <= COPY_MAX => {
-                let all = Bytes::copy_from_slice(&buf);
+                let lone = self.lone(&buf);
+                let all = match lone {
+                    Some(_) => Bytes::new(),
+                    None => Bytes::copy_from_slice(&buf),
+                };
                 *self.first_buf.lock().unwrap_or_else(|e| e.into_inner()) = buf;
+                if let Some(msg) = lone {
+                    self.took(charge(&msg, &[])).await;
+                    return Ok((msg, Vec::new()));
+                }
                 all
             }
             Ucx::Posted(mut buf) => {
