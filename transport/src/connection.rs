@@ -133,7 +133,11 @@ where
         let r = std::task::ready!(receiving.poll(cx));
         self.receiving.as_mut().set(None);
         std::task::Poll::Ready(r.map(|(first, more)| {
-            self.ready.extend(more);
+            // Usually none (a ping-pong's): extending by an empty vector still reserves,
+            // copies nothing and frees it.
+            if !more.is_empty() {
+                self.ready.extend(more);
+            }
             first
         }))
     }
