@@ -33,7 +33,7 @@ cleanup() {
   if [ -f "$dir/slurmctld.pid" ] && kill -0 "$(cat "$dir/slurmctld.pid")" 2> /dev/null; then
     scancel --full -u root > /dev/null 2>&1 || true
   fi
-  local pids=""
+  local pids="" pid
   for p in slurmd slurmctld; do
     if [ -f "$dir/$p.pid" ]; then
       pid=$(cat "$dir/$p.pid")

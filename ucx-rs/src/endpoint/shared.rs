@@ -474,7 +474,7 @@ unsafe extern "C" fn ep_error_cb(arg: *mut c_void, _ep: sys::ucp_ep_h, status: s
 fn remember<T: Cancel + ?Sized>(list: &Mutex<Vec<Weak<T>>>, op: Weak<T>) {
     let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
     // Operations mostly end in the order they were posted: the last one posted has usually
-    // ended and been let go of by everyone, UCX included (a ping-pong's receive always has),
+    // ended and been let go of by everyone, UCX included (a ping-pong's receive usually has),
     // so nothing could cancel it. Dropped here, it frees its state now, and the list stays
     // short without the pass below (measured with callgrind, instructions per 8 B round
     // trip: `ucx-echo` 4,707 -> 4,581, `transport-echo` 6,552 -> 6,492).
