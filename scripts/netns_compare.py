@@ -14,7 +14,15 @@ hosts carry the TCP lanes of the peers' worker addresses); transport tcp://.
   sudo python3 scripts/netns_compare.py [--rounds 5] [--sizes 8,64k,4m] [--modes polling,blocking,thread]
   sudo python3 scripts/netns_compare.py --ab OLD/transport-echo NEW/transport-echo   (A/B of two builds)
 
-Needs root and `ip netns`; removes the namespaces when done.
+TCP congestion control matters at 4 MiB. It is per namespace and starts as the host's default,
+which the table's title names. With BBR and no `fq` qdisc (this VM's default), the kernel paces
+a connection that has left BBR's start-up phase with a timer, and a connection that has not
+left it is hardly paced at all. Which of the two a process gets depends on its connection's
+history, so 4 MiB rows swing by 1.5-2x from process to process. `--cc cubic` sets both
+namespaces to cubic (the usual Linux default), adding it to the host's allowed list for the
+run if it is not there.
+
+Needs root and `ip netns`; removes the namespaces (and restores the allowed list) when done.
 """
 import argparse, os, statistics, subprocess, sys, time
 
@@ -34,7 +42,8 @@ def ip(*args):
 
 
 class Hosts:
-    def __init__(self):
+    def __init__(self, cc=None):
+        self.allowed = None
         tag = os.getpid() % 100000
         self.a, self.b = f"cmp-a{tag}", f"cmp-b{tag}"
         va, vb = f"vcmpa{tag}", f"vcmpb{tag}"
@@ -46,6 +55,30 @@ class Hosts:
             ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
             ip("-n", ns, "link", "set", dev, "up")
             ip("-n", ns, "link", "set", "lo", "up")
+        try:
+            if cc:
+                self.use_congestion_control(cc)
+            self.cc = self.sysctl(self.a, "net.ipv4.tcp_congestion_control")
+        except Exception:
+            self.remove()
+            raise
+
+    def sysctl(self, ns, key, value=None):
+        cmd = ["sysctl", "-n", key] if value is None else ["sysctl", "-qw", f"{key}={value}"]
+        if ns:
+            cmd = ["ip", "netns", "exec", ns, *cmd]
+        return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+    def use_congestion_control(self, cc):
+        """Sets `cc` in both namespaces; a namespace may only choose from the host's allowed
+        list, which gets `cc` until `remove`."""
+        key = "net.ipv4.tcp_allowed_congestion_control"
+        allowed = self.sysctl(None, key)
+        if cc not in allowed.split():
+            self.allowed = allowed
+            self.sysctl(None, key, f"{allowed} {cc}")
+        for ns in (self.a, self.b):
+            self.sysctl(ns, "net.ipv4.tcp_congestion_control", cc)
 
     def on(self, ns, cpu, cmd):
         return ["ip", "netns", "exec", ns, "taskset", "-c", cpu, *cmd]
@@ -53,6 +86,8 @@ class Hosts:
     def remove(self):
         for ns in (self.a, self.b):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        if self.allowed is not None:
+            self.sysctl(None, "net.ipv4.tcp_allowed_congestion_control", self.allowed)
 
 
 def iters_for(size):
@@ -145,6 +180,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sizes", default="8,64k,4m")
     ap.add_argument("--modes", default="polling,blocking,thread")
+    ap.add_argument("--cc", metavar="NAME",
+                    help="TCP congestion control in both namespaces (e.g. cubic); default: the host's")
     ap.add_argument("--ab", nargs=2, metavar=("OLD", "NEW"),
                     help="A/B of two transport-echo binaries: ucx_perftest -e, then OLD and NEW per mode")
     a = ap.parse_args()
@@ -168,7 +205,7 @@ def main():
 
 def report(a, sizes, impls):
     """Runs `impls` in interleaved rounds across the namespaces and prints the table."""
-    hosts = Hosts()
+    hosts = Hosts(getattr(a, "cc", None))
     res, errors = {}, {}
     try:
         for r in range(a.rounds):
@@ -182,8 +219,8 @@ def report(a, sizes, impls):
     finally:
         hosts.remove()
     base = {s: statistics.median(res[impls[0].name][s]) for s in sizes} if impls[0].name in res else {}
-    print(f"two namespaces over veth, UCX_TLS=self,tcp; {a.rounds} interleaved rounds; one-way medians (us) "
-          f"and ratio to ucx_perftest")
+    print(f"two namespaces over veth, UCX_TLS=self,tcp, TCP congestion control {hosts.cc}; {a.rounds} "
+          f"interleaved rounds; one-way medians (us) and ratio to ucx_perftest")
     print(f"{'':34}" + "".join(f"{size_name(s):>22}" for s in sizes))
     for i in impls:
         cells = ""

@@ -82,7 +82,18 @@ cargo build -q -j2 --release -p transport --bins
 timeout 600 python3 scripts/compare.py --rounds 1 --sizes 8 --ops stream,am --msgrate
 # Across two network namespaces (needs root and ip netns, as the netns test does).
 if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then
-    timeout 300 python3 scripts/netns_compare.py --rounds 1 --sizes 8 --modes polling
+    # With cubic where the kernel has it (--cc adds it to the host's allowed list for the run
+    # and restores the list after).
+    cc=()
+    if grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
+        cc=(--cc cubic)
+    fi
+    allowed_before=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)
+    timeout 300 python3 scripts/netns_compare.py --rounds 1 --sizes 8 --modes polling "${cc[@]}"
+    if [ "$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)" != "$allowed_before" ]; then
+        echo "netns_compare.py left the allowed congestion controls changed" >&2
+        exit 1
+    fi
 else
     echo "scripts/netns_compare.py skipped: needs root and ip netns"
 fi
