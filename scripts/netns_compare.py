@@ -24,7 +24,7 @@ run if it is not there.
 
 Needs root and `ip netns`; removes the namespaces (and restores the allowed list) when done.
 """
-import argparse, os, statistics, subprocess, sys, time
+import argparse, os, signal, statistics, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runner import (CLIENT_CPU, SERVER_CPU, json_rows, next_port, size_arg, size_name,  # noqa: E402
@@ -41,44 +41,56 @@ def ip(*args):
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
+PROC_NET = "/proc/sys/net/ipv4"
+
+
 class Hosts:
     def __init__(self, cc=None):
         self.allowed = None
         tag = os.getpid() % 100000
         self.a, self.b = f"cmp-a{tag}", f"cmp-b{tag}"
         va, vb = f"vcmpa{tag}", f"vcmpb{tag}"
-        ip("netns", "add", self.a)
-        ip("netns", "add", self.b)
-        ip("link", "add", va, "type", "veth", "peer", "name", vb)
-        for ns, dev, addr in ((self.a, va, SERVER_IP), (self.b, vb, CLIENT_IP)):
-            ip("link", "set", dev, "netns", ns)
-            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
         try:
+            ip("netns", "add", self.a)
+            ip("netns", "add", self.b)
+            ip("link", "add", va, "type", "veth", "peer", "name", vb)
+            for ns, dev, addr in ((self.a, va, SERVER_IP), (self.b, vb, CLIENT_IP)):
+                ip("link", "set", dev, "netns", ns)
+                ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                ip("-n", ns, "link", "set", dev, "up")
+                ip("-n", ns, "link", "set", "lo", "up")
             if cc:
                 self.use_congestion_control(cc)
-            self.cc = self.sysctl(self.a, "net.ipv4.tcp_congestion_control")
-        except Exception:
+            self.cc = self.setting(self.a, "tcp_congestion_control")
+        except BaseException:
             self.remove()
             raise
 
-    def sysctl(self, ns, key, value=None):
-        cmd = ["sysctl", "-n", key] if value is None else ["sysctl", "-qw", f"{key}={value}"]
-        if ns:
-            cmd = ["ip", "netns", "exec", ns, *cmd]
+    @staticmethod
+    def setting(ns, name, value=None):
+        """Reads (or writes) /proc/sys/net/ipv4/NAME as seen from namespace `ns` (the host's
+        with `ns` None)."""
+        path = f"{PROC_NET}/{name}"
+        if ns is None:
+            if value is None:
+                with open(path) as f:
+                    return f.read().strip()
+            with open(path, "w") as f:
+                f.write(value)
+            return value
+        cmd = ["ip", "netns", "exec", ns, "cat", path] if value is None else \
+            ["ip", "netns", "exec", ns, "sh", "-c", f'echo "$1" > {path}', "sh", value]
         return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
 
     def use_congestion_control(self, cc):
         """Sets `cc` in both namespaces; a namespace may only choose from the host's allowed
         list, which gets `cc` until `remove`."""
-        key = "net.ipv4.tcp_allowed_congestion_control"
-        allowed = self.sysctl(None, key)
+        allowed = self.setting(None, "tcp_allowed_congestion_control")
         if cc not in allowed.split():
             self.allowed = allowed
-            self.sysctl(None, key, f"{allowed} {cc}")
+            self.setting(None, "tcp_allowed_congestion_control", f"{allowed} {cc}")
         for ns in (self.a, self.b):
-            self.sysctl(ns, "net.ipv4.tcp_congestion_control", cc)
+            self.setting(ns, "tcp_congestion_control", cc)
 
     def on(self, ns, cpu, cmd):
         return ["ip", "netns", "exec", ns, "taskset", "-c", cpu, *cmd]
@@ -87,7 +99,12 @@ class Hosts:
         for ns in (self.a, self.b):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         if self.allowed is not None:
-            self.sysctl(None, "net.ipv4.tcp_allowed_congestion_control", self.allowed)
+            try:
+                self.setting(None, "tcp_allowed_congestion_control", self.allowed)
+                self.allowed = None
+            except OSError as e:
+                print(f"could not restore {PROC_NET}/tcp_allowed_congestion_control to "
+                      f"{self.allowed!r}: {e}", file=sys.stderr)
 
 
 def iters_for(size):
@@ -189,6 +206,14 @@ def main():
         sys.exit("needs root (ip netns)")
     if not os.path.exists(TECHO):
         sys.exit(f"{TECHO} is missing: cargo build --release -p transport --bins")
+    # `timeout` and CI stop the script with SIGTERM: exit through the `finally` that removes
+    # the namespaces and restores the allowed list.
+    signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))
+    if a.cc:
+        available = Hosts.setting(None, "tcp_available_congestion_control").split()
+        if a.cc not in available:
+            sys.exit(f"--cc {a.cc}: not in {PROC_NET}/tcp_available_congestion_control "
+                     f"({' '.join(available)})")
     sizes = [size_arg(s) for s in a.sizes.split(",")]
     if a.ab:
         impls = [Perftest()] + [Echo("ucx", m, binary=b, label=label) for m in a.modes.split(",")

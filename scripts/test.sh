@@ -89,11 +89,13 @@ if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then
         cc=(--cc cubic)
     fi
     allowed_before=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)
-    timeout 300 python3 scripts/netns_compare.py --rounds 1 --sizes 8 --modes polling "${cc[@]}"
+    rc=0
+    timeout 300 python3 scripts/netns_compare.py --rounds 1 --sizes 8 --modes polling "${cc[@]}" || rc=$?
     if [ "$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)" != "$allowed_before" ]; then
         echo "netns_compare.py left the allowed congestion controls changed" >&2
         exit 1
     fi
+    [ "$rc" = 0 ] || exit "$rc"
 else
     echo "scripts/netns_compare.py skipped: needs root and ip netns"
 fi

@@ -46,12 +46,14 @@ struct Args {
     window: usize,
     batch: bool,
     op: echo::Op,
+    /// Measure in the runtime's `block_on` future rather than a spawned task.
+    block_on: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]\n\
-         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N [--exact]] [--mode M] [--cpu N] [--bw] [--window N] [--batch] [--json] [--direct] [--test tag|stream|am|put|get]\n\
+         \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N [--exact]] [--mode M] [--cpu N] [--bw] [--window N] [--batch] [--json] [--direct] [--test tag|stream|am|put|get] [--block-on]\n\
          \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M] [--direct]"
     );
     std::process::exit(2)
@@ -77,6 +79,7 @@ fn parse() -> Args {
         window: 16,
         batch: false,
         op: echo::Op::Tag,
+        block_on: false,
     };
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
@@ -101,6 +104,7 @@ fn parse() -> Args {
             "--test" => a.op = echo::Op::parse(&val()).unwrap_or_else(|| usage()),
             "--window" => a.window = val().parse().unwrap_or_else(|_| usage()),
             "--batch" => a.batch = true,
+            "--block-on" => a.block_on = true,
             _ => usage(),
         }
     }
@@ -182,6 +186,12 @@ async fn client(a: &Args) -> Result<(), BoxError> {
 
 /// Runs the measurements as a task (see `server` for why not in block_on).
 async fn measure_in_task(ep: Endpoint, a: Args) -> Result<(), BoxError> {
+    // `--block-on`: as an application that awaits in `block_on` does (the runtime polls that
+    // future only when its queue is empty, so a progress task that keeps itself queued
+    // delays it).
+    if a.block_on {
+        return measure_on(ep, &a).await;
+    }
     tokio::spawn(async move { measure_on(ep, &a).await }).await?
 }
 

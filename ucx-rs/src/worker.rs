@@ -104,6 +104,10 @@ pub(crate) struct WorkerShared {
     /// Tasks waiting for an unexpected message to probe (receives of unknown size).
     probe_waiters: Mutex<Vec<Waker>>,
     probe_count: AtomicUsize,
+    /// How many times the worker was locked (wrapping; counted in blocking mode only, under
+    /// the lock): the blocking-mode progress task tells from it whether anything used the
+    /// worker while it gave way.
+    locks: AtomicUsize,
     /// Arrived active messages (filled by the AM handler under the worker lock).
     am: Mutex<AmQueue>,
     /// Receive-buffer allocators for active messages, by the sender's memory type.
@@ -187,8 +191,14 @@ impl WorkerShared {
                 tracing::warn!(error = %e, "cannot make the CUDA context current");
             }
         }
+        let guard = self.raw.lock().unwrap_or_else(|e| e.into_inner());
+        if self.mode == ProgressMode::Blocking {
+            // Under the lock: a load and a store, no read-modify-write needed.
+            let n = self.locks.load(Ordering::Relaxed);
+            self.locks.store(n.wrapping_add(1), Ordering::Relaxed);
+        }
         Locked {
-            guard: Some(self.raw.lock().unwrap_or_else(|e| e.into_inner())),
+            guard: Some(guard),
             shared: self,
             after_unlock: Vec::new(),
         }
@@ -439,6 +449,7 @@ impl Worker {
             has_failed: AtomicBool::new(false),
             probe_waiters: Mutex::new(Vec::new()),
             probe_count: AtomicUsize::new(0),
+            locks: AtomicUsize::new(0),
             am: Mutex::new(AmQueue::default()),
             am_allocators: Mutex::new(HashMap::new()),
             pongs: Mutex::new(crate::sync::Pongs::default()),
@@ -645,25 +656,42 @@ async fn blocking_progress(
     _orphaned: OrphanGuard,
 ) {
     let mut last_event = Instant::now();
+    // The worker's lock count when this task gave way after an event.
+    let mut gave_way_at: Option<usize> = None;
     loop {
         // After activity, keep polling for BLOCKING_SPIN before sleeping: a reply to what was
         // just sent often arrives within microseconds, and a sleep/wake cycle through the event
-        // fd costs several system calls. Each round spins as a polling-mode wait does: up to
-        // SPIN_CALLS progress calls, then the task reschedules itself (`yield_now` would also
-        // run the runtime's I/O driver before the next round: a system call per round, which
-        // halved how often the worker was progressed).
+        // fd costs several system calls. Each round progresses the worker until something
+        // happens or SPIN_ROUND has passed (`spin_round`).
         if last_event.elapsed() < BLOCKING_SPIN {
-            let progressed = match weak.upgrade() {
-                Some(shared) => {
-                    let mut locked = shared.lock();
-                    (0..SPIN_CALLS).any(|_| locked.progress() > 0)
-                }
-                None => return,
+            let Some(shared) = weak.upgrade() else { return };
+            // Nothing used the worker since this task gave way after an event: what the event
+            // woke has not run yet (a `block_on` future runs only once the runtime's queue is
+            // empty; a task of another thread may not have been scheduled), so one short pass
+            // and give way to the runtime, rather than spin a whole round before it.
+            let untouched = gave_way_at
+                .take()
+                .is_some_and(|n| n == shared.locks.load(Ordering::Relaxed));
+            let progressed = if untouched {
+                let mut locked = shared.lock();
+                (0..SPIN_CALLS).any(|_| locked.progress() > 0)
+            } else {
+                spin_round(&shared)
             };
             if progressed {
                 last_event = Instant::now();
+                gave_way_at = Some(shared.locks.load(Ordering::Relaxed));
+                drop(shared);
+                // Whatever the event woke runs next, then this task again, straight away:
+                // `yield_now` would have the runtime poll its I/O driver first (a system call
+                // per message on a ping-pong).
+                reschedule().await;
+            } else {
+                drop(shared);
+                // Nothing happened: let the runtime poll its I/O driver (and a `block_on`
+                // future) before the next round.
+                tokio::task::yield_now().await;
             }
-            reschedule().await;
             continue;
         }
         let may_sleep = match weak.upgrade() {
@@ -694,20 +722,39 @@ async fn blocking_progress(
 }
 
 /// How long the blocking-mode task keeps progressing the worker after its last event before
-/// it arms the fd and sleeps: about what its 64 rounds of one progress call and one I/O
-/// driver poll each used to take over TCP (a progress call on an idle TCP worker costs
-/// 0.25-0.33 us here), so the CPU spins no longer than before, but progresses about five
-/// times as often. Measured A/B across two namespaces (`netns_compare.py`, cubic, 9 rounds):
-/// 8 B 6.2 -> 5.7 us one-way, 64 KiB 42.0 -> 39.5 us (100 us of spin measured the same).
+/// it arms the fd and sleeps: about what its former 64 rounds of one progress call and one
+/// I/O driver poll each took over TCP (a progress call on an idle TCP worker costs
+/// 0.25-0.33 us here), so the CPU spins no longer than before.
 const BLOCKING_SPIN: Duration = Duration::from_micros(50);
 
-/// Progress calls per scheduler round while the blocking-mode task spins (as a polling-mode
-/// wait makes per poll).
+/// Progress calls the blocking-mode task makes under one take of the worker's lock while it
+/// spins (as a polling-mode wait makes per poll).
 const SPIN_CALLS: usize = 8;
 
-/// Returns to the runtime once, the task woken already: other tasks run first, but (unlike
-/// `tokio::task::yield_now`) the runtime does not poll its I/O driver for this (it still does
-/// every few dozen tasks, as it always does).
+/// How long one round of the blocking-mode task's spin progresses the worker before it
+/// yields to the runtime, unless something happens first. Long enough that a reply on one
+/// host (about 1 us) usually comes within the round rather than after a poll of the runtime's
+/// I/O driver (a system call); short beside what a task may take between awaits.
+const SPIN_ROUND: Duration = Duration::from_micros(2);
+
+/// One round of the blocking-mode spin: batches of SPIN_CALLS progress calls until one
+/// makes progress or SPIN_ROUND has passed. Whether anything progressed.
+fn spin_round(shared: &WorkerShared) -> bool {
+    let start = Instant::now();
+    loop {
+        let mut locked = shared.lock();
+        if (0..SPIN_CALLS).any(|_| locked.progress() > 0) {
+            return true;
+        }
+        drop(locked);
+        if start.elapsed() >= SPIN_ROUND {
+            return false;
+        }
+    }
+}
+
+/// Returns to the runtime once, the task woken already: the tasks queued before it run first,
+/// but (unlike `tokio::task::yield_now`) the runtime does not poll its I/O driver for this.
 async fn reschedule() {
     let mut rescheduled = false;
     std::future::poll_fn(|cx| {
