@@ -658,6 +658,11 @@ async fn blocking_progress(
     let mut last_event = Instant::now();
     // The worker's lock count when this task gave way after an event.
     let mut gave_way_at: Option<usize> = None;
+    // A multi-threaded runtime answers a task that wakes itself by waking an idle worker
+    // thread to share the work (a system call, and the task may move between threads): there
+    // the task gives way with `yield_now` only, as it always did.
+    let reschedules = tokio::runtime::Handle::current().runtime_flavor()
+        == tokio::runtime::RuntimeFlavor::CurrentThread;
     loop {
         // After activity, keep polling for BLOCKING_SPIN before sleeping: a reply to what was
         // just sent often arrives within microseconds, and a sleep/wake cycle through the event
@@ -685,7 +690,11 @@ async fn blocking_progress(
                 // Whatever the event woke runs next, then this task again, straight away:
                 // `yield_now` would have the runtime poll its I/O driver first (a system call
                 // per message on a ping-pong).
-                reschedule().await;
+                if reschedules {
+                    reschedule().await;
+                } else {
+                    tokio::task::yield_now().await;
+                }
             } else {
                 drop(shared);
                 // Nothing happened: let the runtime poll its I/O driver (and a `block_on`
