@@ -54,7 +54,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: ucx-echo server [--bind ADDR] [--port P] [--mode polling|blocking|thread] [--cpu N] [--once]\n\
          \x20      ucx-echo client --connect HOST:PORT [--sizes 8,1048576] [--iters N [--exact]] [--mode M] [--cpu N] [--bw] [--window N] [--batch] [--json] [--direct] [--test tag|stream|am|put|get] [--block-on]\n\
-         \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M] [--direct]"
+         \x20      ucx-echo demo [--sizes ...] [--iters N] [--mode M] [--direct] [--block-on]"
     );
     std::process::exit(2)
 }
@@ -184,11 +184,12 @@ async fn client(a: &Args) -> Result<(), BoxError> {
     measure_in_task(ep, a.clone()).await
 }
 
-/// Runs the measurements as a task (see `server` for why not in block_on).
+/// Runs the measurements as a task (see `server` for why not in block_on), or with
+/// `--block-on` in the caller.
 async fn measure_in_task(ep: Endpoint, a: Args) -> Result<(), BoxError> {
     // `--block-on`: as an application that awaits in `block_on` does (the runtime polls that
-    // future only when its queue is empty, so a progress task that keeps itself queued
-    // delays it).
+    // future only when its queue is empty or every few dozen tasks, so a progress task that
+    // keeps itself queued delays it).
     if a.block_on {
         return measure_on(ep, &a).await;
     }

@@ -478,10 +478,17 @@ impl Worker {
                 };
                 let weak = Arc::downgrade(&shared);
                 let notify = Arc::clone(&shared.notify);
-                runtime.expect("checked above").spawn(blocking_progress(
+                let runtime = runtime.expect("checked above");
+                // A multi-threaded runtime answers a task that wakes itself by waking an idle
+                // worker thread to share the work (a system call, and the task may move
+                // between threads): there the progress task only ever yields.
+                let reschedules =
+                    runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread;
+                runtime.spawn(blocking_progress(
                     weak.clone(),
                     afd,
                     notify,
+                    reschedules,
                     OrphanGuard(weak),
                 ));
             }
@@ -653,16 +660,12 @@ async fn blocking_progress(
     weak: Weak<WorkerShared>,
     fd: tokio::io::unix::AsyncFd<OwnedFd>,
     notify: Arc<tokio::sync::Notify>,
+    reschedules: bool,
     _orphaned: OrphanGuard,
 ) {
     let mut last_event = Instant::now();
-    // The worker's lock count when this task gave way after an event.
+    // The worker's lock count when this task rescheduled itself after an event.
     let mut gave_way_at: Option<usize> = None;
-    // A multi-threaded runtime answers a task that wakes itself by waking an idle worker
-    // thread to share the work (a system call, and the task may move between threads): there
-    // the task gives way with `yield_now` only, as it always did.
-    let reschedules = tokio::runtime::Handle::current().runtime_flavor()
-        == tokio::runtime::RuntimeFlavor::CurrentThread;
     loop {
         // After activity, keep polling for BLOCKING_SPIN before sleeping: a reply to what was
         // just sent often arrives within microseconds, and a sleep/wake cycle through the event
@@ -670,10 +673,11 @@ async fn blocking_progress(
         // happens or SPIN_ROUND has passed (`spin_round`).
         if last_event.elapsed() < BLOCKING_SPIN {
             let Some(shared) = weak.upgrade() else { return };
-            // Nothing used the worker since this task gave way after an event: what the event
-            // woke has not run yet (a `block_on` future runs only once the runtime's queue is
-            // empty; a task of another thread may not have been scheduled), so one short pass
-            // and give way to the runtime, rather than spin a whole round before it.
+            // Nothing used the worker since this task rescheduled itself after an event: what
+            // the event woke has not run yet (tokio polls a `block_on` future only once its
+            // queue is empty or every `event_interval` tasks; a task of another thread may not
+            // have been scheduled). One short pass, then give way to the runtime with
+            // `yield_now` whatever it found, rather than spin a whole round first.
             let untouched = gave_way_at
                 .take()
                 .is_some_and(|n| n == shared.locks.load(Ordering::Relaxed));
@@ -685,20 +689,18 @@ async fn blocking_progress(
             };
             if progressed {
                 last_event = Instant::now();
+            }
+            if progressed && reschedules && !untouched {
                 gave_way_at = Some(shared.locks.load(Ordering::Relaxed));
                 drop(shared);
-                // Whatever the event woke runs next, then this task again, straight away:
+                // A task the event woke runs next, then this task again, straight away:
                 // `yield_now` would have the runtime poll its I/O driver first (a system call
                 // per message on a ping-pong).
-                if reschedules {
-                    reschedule().await;
-                } else {
-                    tokio::task::yield_now().await;
-                }
+                reschedule().await;
             } else {
                 drop(shared);
-                // Nothing happened: let the runtime poll its I/O driver (and a `block_on`
-                // future) before the next round.
+                // Nothing happened (or see `untouched`): the runtime polls its I/O driver,
+                // and a `block_on` future, before the next round.
                 tokio::task::yield_now().await;
             }
             continue;
@@ -712,6 +714,7 @@ async fn blocking_progress(
             tokio::task::yield_now().await;
             continue;
         }
+        gave_way_at = None;
         tokio::select! {
             ready = fd.readable() => match ready {
                 Ok(mut guard) => guard.clear_ready(),
@@ -747,7 +750,7 @@ const SPIN_CALLS: usize = 8;
 const SPIN_ROUND: Duration = Duration::from_micros(2);
 
 /// One round of the blocking-mode spin: batches of SPIN_CALLS progress calls until one
-/// makes progress or SPIN_ROUND has passed. Whether anything progressed.
+/// makes progress or SPIN_ROUND has passed (at least one batch). Whether anything progressed.
 fn spin_round(shared: &WorkerShared) -> bool {
     let start = Instant::now();
     loop {
@@ -762,8 +765,10 @@ fn spin_round(shared: &WorkerShared) -> bool {
     }
 }
 
-/// Returns to the runtime once, the task woken already: the tasks queued before it run first,
-/// but (unlike `tokio::task::yield_now`) the runtime does not poll its I/O driver for this.
+/// Returns to the runtime once, the task woken already. On a current-thread runtime, the tasks
+/// queued before it run first, but (unlike `tokio::task::yield_now`) the runtime does not poll
+/// its I/O driver for this, nor its `block_on` future (it does either only once its queue is
+/// empty or every `event_interval` tasks).
 async fn reschedule() {
     let mut rescheduled = false;
     std::future::poll_fn(|cx| {
