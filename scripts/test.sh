@@ -11,6 +11,10 @@ source scripts/setup_test_tools.sh
 # the transport is 13 MB instead of 75). Local `cargo test` keeps full debug info.
 export CARGO_INCREMENTAL=0
 export CARGO_PROFILE_DEV_STRIP=debuginfo
+# Free disk here, in MB (printed at each step that needs much, so a run that runs out says
+# where the disk went).
+free_mb() { df -Pm . | awk 'NR == 2 {print $4}'; }
+echo "disk: $(free_mb) MB free at the start"
 cargo fmt --all -- --check
 cargo clippy -j2 --workspace --all-targets -- -D warnings
 # With CUDA device buffers too (cudarc loads the driver at run time; device tests skip without
@@ -32,7 +36,14 @@ cargo test -j2 --workspace --all-features --doc
 cargo test -j2 -p transport --no-default-features
 # Every decoder of bytes from the wire, fuzzed for about a minute each (kept crash inputs
 # replayed first; scripts/fuzz.sh with no argument is the long run).
+echo "disk: $(free_mb) MB free before the fuzzers' build (about 1 GB, fuzz/target)"
 bash scripts/fuzz.sh --seconds "${FUZZ_SECONDS:-50}"
+# The fuzzers' build is not used again below: where disk is short, it goes (a CI run ran out
+# of disk while building it).
+if [ "$(free_mb)" -lt 16000 ]; then
+  echo "disk: $(free_mb) MB free: removing the fuzzers' build (fuzz/target)"
+  rm -rf fuzz/target
+fi
 # No definite leak in a short soak of every backend under valgrind.
 LEAK_MESSAGES=5000 bash scripts/faults.sh --leak-only
 # The scheduler's examples, over both network protocols.
@@ -48,9 +59,9 @@ echo "example gpu_echo (device buffers; says why it skips without a GPU):"
 timeout 300 cargo run -q -j2 --features cuda --example gpu_echo
 # Everything below runs release builds. Where disk is short, the debug tree goes first (a CI
 # machine ran out of disk with both trees, the Python environments and the fuzzers' builds).
-free_mb=$(df -Pm target | awk 'NR == 2 {print $4}')
-if [ "$free_mb" -lt 16000 ]; then
-  echo "disk: ${free_mb} MB free: removing the debug builds (target/debug) before the release steps"
+free=$(free_mb)
+if [ "$free" -lt 16000 ]; then
+  echo "disk: ${free} MB free: removing the debug builds (target/debug) before the release steps"
   cargo clean -q --profile dev
 fi
 echo "example array_tour (dask-collections, small sizes):"

@@ -13,12 +13,13 @@
 //!   parks the buffer inside the `OpCore`, which UCX's reference keeps alive until the callback.
 
 use std::any::Any;
+use std::cell::RefCell;
 use std::ffi::c_void;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskCx, Poll};
+use std::task::{Context as TaskCx, Poll, Waker};
 
 use futures::task::AtomicWaker;
 use ucx_sys as sys;
@@ -33,6 +34,45 @@ pub(crate) struct Completion {
     pub length: usize,
     /// The sender's raw tag (tag receives only).
     pub sender_tag: u64,
+}
+
+thread_local! {
+    /// On a thread-mode worker's progress thread: the wakers of operations that finished
+    /// while it held the worker's lock, woken once it lets go ([`wake_deferred`]). Woken
+    /// under the lock, a task on another thread runs at once (on a shared CPU, the kernel
+    /// preempts the progress thread for it), reaches for the lock, and sleeps on it until the
+    /// progress thread lets go: two more switches and two system calls per message.
+    static DEFERRED_WAKES: RefCell<Option<Vec<Waker>>> = const { RefCell::new(None) };
+}
+
+/// From now on, operations that finish on this thread wake their tasks only at
+/// [`wake_deferred`] (the progress thread of a thread-mode worker).
+pub(crate) fn defer_wakes_on_this_thread() {
+    DEFERRED_WAKES.with(|d| *d.borrow_mut() = Some(Vec::new()));
+}
+
+/// Wakes the tasks of the operations that finished on this thread since the last call (see
+/// [`DEFERRED_WAKES`]); nothing on threads that do not defer.
+pub(crate) fn wake_deferred() {
+    let wakers = DEFERRED_WAKES.with(|d| match d.borrow_mut().as_mut() {
+        Some(v) if !v.is_empty() => std::mem::take(v),
+        _ => Vec::new(),
+    });
+    if wakers.is_empty() {
+        return;
+    }
+    let mut wakers = wakers;
+    for w in wakers.drain(..) {
+        w.wake();
+    }
+    // The vector goes back for the next call (no allocation per message).
+    DEFERRED_WAKES.with(|d| {
+        if let Some(v) = d.borrow_mut().as_mut() {
+            if v.is_empty() {
+                *v = wakers;
+            }
+        }
+    });
 }
 
 /// State of one operation, shared between its future and UCX's callback.
@@ -68,7 +108,22 @@ impl OpCore {
         self.length.store(length, Ordering::Relaxed);
         self.sender_tag.store(sender_tag, Ordering::Relaxed);
         self.done.store(true, Ordering::Release);
-        self.waker.wake();
+        self.wake();
+    }
+
+    /// Wakes the operation's task, or (on a thread that defers wakes) has it woken once the
+    /// worker's lock is released.
+    fn wake(&self) {
+        let deferred = DEFERRED_WAKES.with(|d| match d.borrow_mut().as_mut() {
+            Some(v) => {
+                v.extend(self.waker.take());
+                true
+            }
+            None => false,
+        });
+        if !deferred {
+            self.waker.wake();
+        }
     }
 
     /// One part of a batch finished: the batch keeps its first failure, and is done when its
@@ -88,7 +143,7 @@ impl OpCore {
         self.remaining.store(left, Ordering::Relaxed);
         if left == 0 {
             self.done.store(true, Ordering::Release);
-            self.waker.wake();
+            self.wake();
         }
         left == 0
     }
