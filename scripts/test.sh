@@ -59,9 +59,8 @@ echo "example gpu_echo (device buffers; says why it skips without a GPU):"
 timeout 300 cargo run -q -j2 --features cuda --example gpu_echo
 # Everything below runs release builds. Where disk is short, the debug tree goes first (a CI
 # machine ran out of disk with both trees, the Python environments and the fuzzers' builds).
-free=$(free_mb)
-if [ "$free" -lt 16000 ]; then
-  echo "disk: ${free} MB free: removing the debug builds (target/debug) before the release steps"
+if [ "$(free_mb)" -lt 16000 ]; then
+  echo "disk: $(free_mb) MB free: removing the debug builds (target/debug) before the release steps"
   cargo clean -q --profile dev
 fi
 echo "example array_tour (dask-collections, small sizes):"

@@ -34,7 +34,9 @@ unsafe extern "C" fn conn_cb(req: sys::ucp_conn_request_h, arg: *mut c_void) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push_back(req as usize);
-    incoming.waker.wake();
+    if let Some(waker) = incoming.waker.take() {
+        crate::request::wake_or_defer(waker);
+    }
 }
 
 type Handshaking = tokio::task::JoinHandle<Result<Endpoint>>;

@@ -37,39 +37,49 @@ pub(crate) struct Completion {
 }
 
 thread_local! {
-    /// On a thread-mode worker's progress thread: the wakers of operations that finished
-    /// while it held the worker's lock, woken once it lets go ([`wake_deferred`]). Woken
-    /// under the lock, a task on another thread runs at once (on a shared CPU, the kernel
-    /// preempts the progress thread for it), reaches for the lock, and sleeps on it until the
-    /// progress thread lets go: two more switches and two system calls per message.
+    /// On a thread-mode worker's progress thread: tasks to wake once it has let go of the
+    /// worker's lock ([`wake_deferred`], from `Locked`'s drop). Woken under the lock, a task
+    /// on another thread runs at once (on a shared CPU, the kernel preempts the progress
+    /// thread for it), reaches for the lock, and sleeps on it until the progress thread lets
+    /// go: two more switches and two system calls per message.
     static DEFERRED_WAKES: RefCell<Option<Vec<Waker>>> = const { RefCell::new(None) };
 }
 
-/// From now on, operations that finish on this thread wake their tasks only at
+/// From now on, what UCX's callbacks wake on this thread ([`wake_or_defer`]) is woken only at
 /// [`wake_deferred`] (the progress thread of a thread-mode worker).
 pub(crate) fn defer_wakes_on_this_thread() {
     DEFERRED_WAKES.with(|d| *d.borrow_mut() = Some(Vec::new()));
 }
 
-/// Wakes the tasks of the operations that finished on this thread since the last call (see
-/// [`DEFERRED_WAKES`]); nothing on threads that do not defer.
-pub(crate) fn wake_deferred() {
-    let wakers = DEFERRED_WAKES.with(|d| match d.borrow_mut().as_mut() {
-        Some(v) if !v.is_empty() => std::mem::take(v),
-        _ => Vec::new(),
+/// Wakes `waker` now or, on a thread that defers wakes, at its next [`wake_deferred`]. For
+/// every wake from under the worker's lock (UCX's callbacks, the progress that follows them).
+pub(crate) fn wake_or_defer(waker: Waker) {
+    let now = DEFERRED_WAKES.with(|d| match d.borrow_mut().as_mut() {
+        Some(deferred) => {
+            deferred.push(waker);
+            None
+        }
+        None => Some(waker),
     });
-    if wakers.is_empty() {
-        return;
+    if let Some(waker) = now {
+        waker.wake();
     }
-    let mut wakers = wakers;
-    for w in wakers.drain(..) {
-        w.wake();
-    }
-    // The vector goes back for the next call (no allocation per message).
+}
+
+/// Wakes what [`wake_or_defer`] deferred on this thread; nothing on threads that do not defer.
+pub(crate) fn wake_deferred() {
     DEFERRED_WAKES.with(|d| {
-        if let Some(v) = d.borrow_mut().as_mut() {
-            if v.is_empty() {
-                *v = wakers;
+        let mut wakers = match d.borrow_mut().as_mut() {
+            Some(deferred) if !deferred.is_empty() => std::mem::take(deferred),
+            _ => return,
+        };
+        for waker in wakers.drain(..) {
+            waker.wake();
+        }
+        // The vector goes back for the next call (no allocation per message).
+        if let Some(deferred) = d.borrow_mut().as_mut() {
+            if deferred.is_empty() {
+                *deferred = wakers;
             }
         }
     });
@@ -111,18 +121,10 @@ impl OpCore {
         self.wake();
     }
 
-    /// Wakes the operation's task, or (on a thread that defers wakes) has it woken once the
-    /// worker's lock is released.
+    /// Wakes the operation's task, if it waits ([`wake_or_defer`]).
     fn wake(&self) {
-        let deferred = DEFERRED_WAKES.with(|d| match d.borrow_mut().as_mut() {
-            Some(v) => {
-                v.extend(self.waker.take());
-                true
-            }
-            None => false,
-        });
-        if !deferred {
-            self.waker.wake();
+        if let Some(waker) = self.waker.take() {
+            wake_or_defer(waker);
         }
     }
 
