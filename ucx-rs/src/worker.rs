@@ -806,9 +806,9 @@ const THREAD_SPIN: u32 = 2_000;
 /// activity (THREAD_SPIN calls of at least 0.25 us each over TCP: half a millisecond or
 /// more), so the CPU is hardly busier than without. Long enough for a 64 KiB round trip
 /// across hosts: with 50 us, a client waiting for 64 KiB echoes (a 75 us round trip across
-/// two namespaces) stopped assisting, parked, and was woken by the progress thread: 2.8
+/// two namespaces) stopped assisting, parked, and was woken by the progress thread: 2.2-2.8
 /// context switches per round trip and a 70-82 us one-way median in half the processes,
-/// against 0.1 and 38-46 us in all with 200 (`perf stat -e context-switches` of the client).
+/// against 0.05-0.1 and 38-46 us in all with 200 (`perf stat -e context-switches` of the client).
 pub(crate) const ASSIST: Duration = Duration::from_micros(200);
 
 /// Whether this process may run on one CPU only.
