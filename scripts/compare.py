@@ -3,7 +3,10 @@
 
 Ping-pong over loopback, server and client pinned to two CPUs, one-way median latency (half a
 round trip), rounds interleaved A B C A B C so that drift on a shared machine hits all of
-them. Each result is printed with its ratio to ucx_perftest measured in the same run:
+them. Each result is printed with its ratio to ucx_perftest measured in the same run, and
+(latency tables) a paired ratio "p": the reference also runs after every row, and each run is
+set against the mean of the reference runs either side of it, since this VM moves between
+a fast and a slow state for seconds at a time (`--no-bracket`: the reference once per round):
 
   ucx_perftest -t tag_lat -e    the reference (system UCX) with peer error handling, as every
                                 ucx-rs endpoint has it, and ucx-rs's default options
@@ -301,44 +304,75 @@ def fmt(size, us):
     return f"{size / (us * 1e-6) / 1e9:7.2f} GB/s"
 
 
-def interleave(impls, sizes, rounds, measure, label):
+def interleave(impls, sizes, rounds, measure, label, bracket=False):
     """Runs measure(impl, size) for every impl and size, `rounds` times interleaved; returns
-    ({name: {size: [values]}}, {name: error})."""
+    ({name: {size: [values]}}, {name: error}, {name: {size: [(value, ref before, ref after)]}}).
+    With `bracket`, the first impl (the reference) also runs after every other one, so each
+    of their runs has a reference run on either side of it (the third dict; empty otherwise)."""
     res = {i.name: {s: [] for s in sizes} for i in impls}
-    errors = {}
+    errors, paired = {}, {i.name: {s: [] for s in sizes} for i in impls}
+
+    def run(i, s):
+        if i.name in errors:
+            return None
+        try:
+            v = measure(i, s)
+        except Exception as e:  # one peer failing must not hide the others
+            errors[i.name] = (str(e).strip().splitlines() or ["?"])[-1][:300]
+            return None
+        res[i.name][s].append(v)
+        return v
+
     for r in range(rounds):
         for s in sizes:
             # Every other round in reverse (the reference first), so no row always runs
             # right after the same neighbour.
             order = impls if r % 2 == 0 else impls[:1] + impls[:0:-1]
-            for i in order:
-                if i.name in errors:
+            before = run(order[0], s)
+            for i in order[1:]:
+                v = run(i, s)
+                if not bracket:
                     continue
-                try:
-                    res[i.name][s].append(measure(i, s))
-                except Exception as e:  # one peer failing must not hide the others
-                    errors[i.name] = (str(e).strip().splitlines() or ["?"])[-1][:300]
+                after = run(order[0], s)
+                if None not in (v, before, after):
+                    paired[i.name][s].append((v, before, after))
+                before = after
         print(f"{label}: round {r + 1}/{rounds} done", flush=True)
-    return res, errors
+    return res, errors, paired
 
 
-def table(impls, sizes, res, errors, base, cell, title=None):
+def table(impls, sizes, res, errors, base, cell, title=None, paired=None):
     """One row per implementation, one column per size: cell(size, values, base values) gives
-    the text and the ratio to the base row's."""
+    the text and the ratio to the base row's. With `paired` (from `interleave`), each cell
+    also gets the median of its runs' ratios to the reference runs either side ("p")."""
     if title:
         print(f"\n{title}")
-    print(f"{'' if title else chr(10)}{'':34}" + "".join(f"{size_name(s):>26}" for s in sizes))
+    width = 33 if paired else 26
+    print(f"{'' if title else chr(10)}{'':34}" + "".join(f"{size_name(s):>{width}}" for s in sizes))
     for i in impls:
         line = f"{i.name:34}"
         for s in sizes:
             if not res[i.name][s] or not res[base][s]:
-                line += f"{'-':>26}"
+                line += f"{'-':>{width}}"
                 continue
             text, ratio = cell(s, res[i.name][s], res[base][s])
-            line += f"{text:>16} {ratio:6.2f}x  "
+            line += f"{text:>16} {ratio:6.2f}x"
+            if paired:
+                runs = paired.get(i.name, {}).get(s)
+                line += f" {paired_ratio(s, runs):5.2f}p  " if runs else f" {'-':>6}  "
+            else:
+                line += "  "
         print(line)
         if i.name in errors:
             print(f"{'':34}failed: {errors[i.name]}")
+
+
+def paired_ratio(size, runs):
+    """The median over runs of (value, reference before, reference after) of the run's ratio
+    to the mean of the two reference runs: latency below 64 KiB (lower is better), bandwidth
+    from there (higher is better)."""
+    ratios = [(v / ((b + a) / 2)) if size < SMALL else ((b + a) / 2) / v for v, b, a in runs]
+    return statistics.median(ratios)
 
 
 def latency_cell(size, values, base):
@@ -369,6 +403,8 @@ def main():
     ap.add_argument("--ucxx-python", default=os.path.join(ROOT, "target", "ucxx-venv", "bin", "python"))
     ap.add_argument("--build-async-ucx", action="store_true")
     ap.add_argument("--json", help="append the raw results as JSON lines to this file")
+    ap.add_argument("--no-bracket", dest="bracket", action="store_false",
+                    help="latency: run the reference once per round and size, not after every row")
     a = ap.parse_args()
     if a.ab and a.ab_transport:
         sys.exit("--ab and --ab-transport: one A/B at a time")
@@ -438,18 +474,22 @@ def main():
         if tls != "default":
             env["UCX_TLS"] = tls
         print(f"\n== UCX_TLS={tls}")
-        res, errors = interleave(impls, sizes, a.rounds, lambda i, s: i.latency(s, env), "latency")
+        res, errors, paired = interleave(impls, sizes, a.rounds, lambda i, s: i.latency(s, env), "latency",
+                                         bracket=a.bracket)
         # Each operation's rows against its own ucx_perftest test.
         groups = [[i for i in impls if getattr(i, "op", "tag") == "tag" and
                    not (isinstance(i, Perftest) and i.test != "tag_lat")]]
         for o in ops:
             groups.append([i for i in impls if getattr(i, "op", None) == o or
                            (isinstance(i, Perftest) and i.test == PERFTEST_OPS[o])])
-        for g in groups:
-            table(g, sizes, res, errors, g[0].name, latency_cell)
+        for n, g in enumerate(groups):
+            # Paired ratios only against the reference the runs were bracketed by.
+            table(g, sizes, res, errors, g[0].name, latency_cell,
+                  paired=paired if a.bracket and n == 0 else None)
         print("ratios: latency over the first row's below 64 KiB (lower is better), bandwidth over it from "
-              "64 KiB (higher is better)")
-        entry = {"latency_us": res, "errors": errors}
+              "64 KiB (higher is better)" + ("; \"p\": the median of each run's ratio to the reference runs "
+                                           "either side of it" if a.bracket else ""))
+        entry = {"latency_us": res, "errors": errors, "paired": paired}
         if stream_sizes:
             # The reference with ucx-rs's configuration (same lanes, same rendezvous), then UCX's
             # own defaults (on one host CMA, slower here from 1 MiB: docs/performance.md).
@@ -465,7 +505,7 @@ def main():
                 streamers += [Transport("ucx", m, direct=d, batch=b) for m in modes for d in (False, True)
                               for b in (False, True)]
                 streamers += [Transport("tcp", batch=b) for b in (False, True)]
-            sres, serrors = interleave(
+            sres, serrors, _ = interleave(
                 streamers, stream_sizes, a.rounds,
                 lambda i, s: i.stream(s, 1_000_000 if isinstance(i, (Perftest, UcxRs)) and s < SMALL else
                                       250_000 if s < SMALL else max(20, (2 << 30) // s), env), "stream")

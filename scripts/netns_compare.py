@@ -5,6 +5,12 @@ namespaces joined by a veth pair (as transport/tests/netns.rs builds them), UCX 
 interleaved A B C A B C; one-way medians (half a round trip), the median over rounds, each
 with its ratio to ucx_perftest -t tag_lat from the same run.
 
+This VM moves between a fast and a slow state for seconds at a time (8 B: ucx_perftest 4.8 or
+6.8 us, every other row shifted alike), so two rows' medians can come from different states.
+The reference therefore also runs before every row and after the last (`--no-bracket`: once
+per round), and each row gets a second ratio ("p"): the median over rounds of its run against
+the mean of the reference runs either side of it.
+
 Rows: ucx-rs alone (`ucx-echo`, client-server endpoint) per mode, when built; ucx_perftest as ucx-rs's endpoints run (the reference: -e, ucx::DEFAULT_OPTIONS), without
 -e, and with UCX's own options; transport ucx:// in each progress mode (--modes), on its client-server
 endpoint and with Options::ucx_direct ("direct": endpoints by worker address, which across
@@ -201,6 +207,8 @@ def main():
                     help="TCP congestion control in both namespaces (e.g. cubic); default: the host's")
     ap.add_argument("--ab", nargs=2, metavar=("OLD", "NEW"),
                     help="A/B of two transport-echo binaries: ucx_perftest -e, then OLD and NEW per mode")
+    ap.add_argument("--no-bracket", dest="bracket", action="store_false",
+                    help="run the reference once per round and size, not before every row")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (ip netns)")
@@ -229,38 +237,65 @@ def main():
 
 
 def report(a, sizes, impls):
-    """Runs `impls` in interleaved rounds across the namespaces and prints the table."""
+    """Runs `impls` in interleaved rounds across the namespaces and prints the table. With
+    `a.bracket`, the reference (`impls[0]`) runs before every other row and after the last, and
+    each row's run also gets a paired ratio: to the mean of the reference runs just before and
+    just after it."""
     hosts = Hosts(getattr(a, "cc", None))
-    res, errors = {}, {}
+    res, paired, errors = {}, {}, {}
+    ref = impls[0]
+
+    def run(i, size):
+        try:
+            v = i.latency(hosts, size)
+        except Exception as e:  # a row that fails is reported, the others go on
+            errors[i.name] = str(e)
+            return None
+        res.setdefault(i.name, {}).setdefault(size, []).append(v)
+        return v
+
     try:
         for r in range(a.rounds):
             for size in sizes:
-                for i in impls:
-                    try:
-                        res.setdefault(i.name, {}).setdefault(size, []).append(i.latency(hosts, size))
-                    except Exception as e:  # a row that fails is reported, the others go on
-                        errors[i.name] = str(e)
+                before = run(ref, size)
+                for i in impls[1:]:
+                    v = run(i, size)
+                    if not a.bracket:
+                        continue
+                    after = run(ref, size)
+                    if None not in (v, before, after):
+                        paired.setdefault(i.name, {}).setdefault(size, []).append(
+                            v / ((before + after) / 2))
+                    before = after
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
     finally:
         hosts.remove()
-    base = {s: statistics.median(res[impls[0].name][s]) for s in sizes} if impls[0].name in res else {}
+    base = {s: statistics.median(res[ref.name][s]) for s in sizes if s in res.get(ref.name, {})}
     print(f"two namespaces over veth, UCX_TLS=self,tcp, TCP congestion control {hosts.cc}; {a.rounds} "
-          f"interleaved rounds; one-way medians (us) and ratio to ucx_perftest")
-    print(f"{'':34}" + "".join(f"{size_name(s):>22}" for s in sizes))
+          f"interleaved rounds; one-way medians (us), their ratio to the reference's median"
+          + ("; and the median of each run's ratio to the reference runs either side of it"
+             if a.bracket else ""))
+    width = 24 if a.bracket else 18
+    print(f"{'':34}" + "".join(f"{size_name(s):>{width}}" for s in sizes))
     for i in impls:
         cells = ""
         for s in sizes:
             v = res.get(i.name, {}).get(s)
             if not v:
-                cells += f"{'failed':>22}"
+                cells += f"{'failed':>{width}}"
                 continue
             m = statistics.median(v)
             ratio = f"{m / base[s]:.2f}x" if s in base else "-"
-            cells += f"{m:>13.1f} {ratio:>8}"
+            cells += f"{m:>9.1f} {ratio:>7}"
+            if a.bracket:
+                pr = paired.get(i.name, {}).get(s)
+                cells += f" {statistics.median(pr):>5.2f}p" if pr else f" {'-':>6}"
         print(f"{i.name:34}{cells}")
-    print("every round (µs), in order:")
+    print("every run (µs), in order" + (" (the reference's: before each row and after the last)"
+                                        if a.bracket else "") + ":")
     for i in impls:
-        rounds = "  ".join(f"{size_name(s)}: " + " ".join(f"{v:.0f}" for v in res.get(i.name, {}).get(s, []))
+        rounds = "  ".join(f"{size_name(s)}: " + " ".join(f"{v:.1f}" if v < 100 else f"{v:.0f}"
+                                                          for v in res.get(i.name, {}).get(s, []))
                            for s in sizes)
         print(f"  {i.name:32}{rounds}")
     for name, e in errors.items():
