@@ -4,7 +4,7 @@
 Ping-pong over loopback, server and client pinned to two CPUs, one-way median latency (half a
 round trip), rounds interleaved A B C A B C so that drift on a shared machine hits all of
 them. Each result is printed with its ratio to ucx_perftest measured in the same run, and
-(latency tables) a paired ratio "p": the reference also runs after every row, and each run is
+a paired ratio "p": the reference also runs after every row, and each run is
 set against the mean of the reference runs either side of it, since this VM moves between
 a fast and a slow state for seconds at a time (`--no-bracket`: the reference once per round):
 
@@ -341,10 +341,12 @@ def interleave(impls, sizes, rounds, measure, label, bracket=False):
     return res, errors, paired
 
 
-def table(impls, sizes, res, errors, base, cell, title=None, paired=None):
+def table(impls, sizes, res, errors, base, cell, title=None, paired=None, pair_cell=None):
     """One row per implementation, one column per size: cell(size, values, base values) gives
     the text and the ratio to the base row's. With `paired` (from `interleave`), each cell
-    also gets the median of its runs' ratios to the reference runs either side ("p")."""
+    also gets the median of its runs' ratios to the reference runs either side ("p"), as
+    `pair_cell` (default `paired_ratio`) computes it."""
+    pair_cell = pair_cell or paired_ratio
     if title:
         print(f"\n{title}")
     width = 33 if paired else 26
@@ -359,7 +361,7 @@ def table(impls, sizes, res, errors, base, cell, title=None, paired=None):
             line += f"{text:>16} {ratio:6.2f}x"
             if paired:
                 runs = paired.get(i.name, {}).get(s)
-                line += f" {paired_ratio(s, runs):5.2f}p  " if runs else f" {'-':>6}  "
+                line += f" {pair_cell(s, runs):5.2f}p  " if runs else f" {'-':>6}  "
             else:
                 line += "  "
         print(line)
@@ -373,6 +375,13 @@ def paired_ratio(size, runs):
     from there (higher is better)."""
     ratios = [(v / ((b + a) / 2)) if size < SMALL else ((b + a) / 2) / v for v, b, a in runs]
     return statistics.median(ratios)
+
+
+def paired_stream_ratio(size, runs):
+    """As `paired_ratio` for streams: messages per second below 64 KiB, bandwidth from there
+    (higher is better)."""
+    k = 1 if size < SMALL else 0
+    return statistics.median(v[k] / ((b[k] + a[k]) / 2) for v, b, a in runs)
 
 
 def latency_cell(size, values, base):
@@ -404,7 +413,7 @@ def main():
     ap.add_argument("--build-async-ucx", action="store_true")
     ap.add_argument("--json", help="append the raw results as JSON lines to this file")
     ap.add_argument("--no-bracket", dest="bracket", action="store_false",
-                    help="latency: run the reference once per round and size, not after every row")
+                    help="run the reference once per round and size, not after every row")
     a = ap.parse_args()
     if a.ab and a.ab_transport:
         sys.exit("--ab and --ab-transport: one A/B at a time")
@@ -505,13 +514,16 @@ def main():
                 streamers += [Transport("ucx", m, direct=d, batch=b) for m in modes for d in (False, True)
                               for b in (False, True)]
                 streamers += [Transport("tcp", batch=b) for b in (False, True)]
-            sres, serrors, _ = interleave(
+            sres, serrors, spaired = interleave(
                 streamers, stream_sizes, a.rounds,
                 lambda i, s: i.stream(s, 1_000_000 if isinstance(i, (Perftest, UcxRs)) and s < SMALL else
-                                      250_000 if s < SMALL else max(20, (2 << 30) // s), env), "stream")
+                                      250_000 if s < SMALL else max(20, (2 << 30) // s), env), "stream",
+                bracket=a.bracket)
             table(streamers, stream_sizes, sres, serrors, ref.name, stream_cell,
-                  f"Streamed, 64 in flight (message rate below {size_name(SMALL)}, bandwidth from there)")
+                  f"Streamed, 64 in flight (message rate below {size_name(SMALL)}, bandwidth from there)",
+                  paired=spaired if a.bracket else None, pair_cell=paired_stream_ratio)
             entry["stream"] = sres
+            entry["stream_paired"] = spaired
             errors.update(serrors)
         report["tls"][tls] = entry
         core = {i.name for i in impls if not isinstance(i, (Ucxx, AsyncUcx))}
