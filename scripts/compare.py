@@ -64,8 +64,8 @@ Optional peers:
 import argparse, glob, json, os, shutil, statistics, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runner import (CLIENT_CPU, SERVER_CPU, json_rows, next_port, pair, perftest, pin, size_arg,  # noqa: E402
-                    size_name, start_server, stop)
+from runner import (CLIENT_CPU, SERVER_CPU, bracketed_rounds, json_rows, next_port, pair, perftest, pin,  # noqa: E402
+                    size_arg, size_name, start_server, stop)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ECHO = os.path.join(ROOT, "target", "release", "ucx-echo")
@@ -310,7 +310,7 @@ def interleave(impls, sizes, rounds, measure, label, bracket=False):
     With `bracket`, the first impl (the reference) also runs after every other one, so each
     of their runs has a reference run on either side of it (the third dict; empty otherwise)."""
     res = {i.name: {s: [] for s in sizes} for i in impls}
-    errors, paired = {}, {i.name: {s: [] for s in sizes} for i in impls}
+    errors = {}
 
     def run(i, s):
         if i.name in errors:
@@ -323,21 +323,12 @@ def interleave(impls, sizes, rounds, measure, label, bracket=False):
         res[i.name][s].append(v)
         return v
 
-    for r in range(rounds):
+    paired = bracketed_rounds(impls, sizes, rounds, run, bracket=bracket, alternate=True,
+                              on_round=lambda r: print(f"{label}: round {r + 1}/{rounds} done", flush=True))
+    for i in impls:
+        paired.setdefault(i.name, {})
         for s in sizes:
-            # Every other round in reverse (the reference first), so no row always runs
-            # right after the same neighbour.
-            order = impls if r % 2 == 0 else impls[:1] + impls[:0:-1]
-            before = run(order[0], s)
-            for i in order[1:]:
-                v = run(i, s)
-                if not bracket:
-                    continue
-                after = run(order[0], s)
-                if None not in (v, before, after):
-                    paired[i.name][s].append((v, before, after))
-                before = after
-        print(f"{label}: round {r + 1}/{rounds} done", flush=True)
+            paired[i.name].setdefault(s, [])
     return res, errors, paired
 
 

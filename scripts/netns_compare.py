@@ -19,6 +19,8 @@ hosts carry the TCP lanes of the peers' worker addresses); transport tcp://.
   cargo build --release -p transport --bins   (and -p ucx-stack --bin ucx-echo for ucx-rs rows)
   sudo python3 scripts/netns_compare.py [--rounds 5] [--sizes 8,64k,4m] [--modes polling,blocking,thread]
   sudo python3 scripts/netns_compare.py --ab OLD/transport-echo NEW/transport-echo   (A/B of two builds)
+  sudo python3 scripts/netns_compare.py --against-tcp   (ucx:// per mode, with our tcp:// as the
+                                                         reference that brackets every row)
 
 TCP congestion control matters at 4 MiB. It is per namespace and starts as the host's default,
 which the table's title names. With BBR and no `fq` qdisc (this VM's default), the kernel paces
@@ -33,8 +35,8 @@ Needs root and `ip netns`; removes the namespaces (and restores the allowed list
 import argparse, os, signal, statistics, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runner import (CLIENT_CPU, SERVER_CPU, json_rows, next_port, size_arg, size_name,  # noqa: E402
-                    start_server, stop)
+from runner import (CLIENT_CPU, SERVER_CPU, bracketed_rounds, json_rows, next_port, size_arg,  # noqa: E402
+                    size_name, start_server, stop)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TECHO = os.path.join(ROOT, "target", "release", "transport-echo")
@@ -207,6 +209,8 @@ def main():
                     help="TCP congestion control in both namespaces (e.g. cubic); default: the host's")
     ap.add_argument("--ab", nargs=2, metavar=("OLD", "NEW"),
                     help="A/B of two transport-echo binaries: ucx_perftest -e, then OLD and NEW per mode")
+    ap.add_argument("--against-tcp", action="store_true",
+                    help="our tcp:// as the reference, bracketing every ucx:// row (is ucx:// slower than it?)")
     ap.add_argument("--no-bracket", dest="bracket", action="store_false",
                     help="run the reference once per round and size, not before every row")
     a = ap.parse_args()
@@ -227,6 +231,9 @@ def main():
         impls = [Perftest()] + [Echo("ucx", m, binary=b, label=label) for m in a.modes.split(",")
                                 for b, label in zip(a.ab, ("(old)", "(new)"))]
         return report(a, sizes, impls)
+    if a.against_tcp:
+        impls = [Echo("tcp")] + [Echo("ucx", m, direct=d) for m in a.modes.split(",") for d in (False, True)]
+        return report(a, sizes, impls)
     impls = [Perftest(), Perftest(plain=True), Perftest(ucx_defaults=True)]
     if os.path.exists(UECHO):
         impls += [UcxEcho(m) for m in a.modes.split(",")]
@@ -242,7 +249,7 @@ def report(a, sizes, impls):
     each row's run also gets a paired ratio: to the mean of the reference runs just before and
     just after it."""
     hosts = Hosts(getattr(a, "cc", None))
-    res, paired, errors = {}, {}, {}
+    res, errors = {}, {}
     ref = impls[0]
 
     def run(i, size):
@@ -255,24 +262,15 @@ def report(a, sizes, impls):
         return v
 
     try:
-        for r in range(a.rounds):
-            for size in sizes:
-                before = run(ref, size)
-                for i in impls[1:]:
-                    v = run(i, size)
-                    if not a.bracket:
-                        continue
-                    after = run(ref, size)
-                    if None not in (v, before, after):
-                        paired.setdefault(i.name, {}).setdefault(size, []).append(
-                            v / ((before + after) / 2))
-                    before = after
-            print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+        runs = bracketed_rounds(impls, sizes, a.rounds, run, bracket=a.bracket, on_round=lambda r: print(
+            f"round {r + 1}/{a.rounds} done", file=sys.stderr))
+        paired = {name: {s: [v / ((b + after) / 2) for v, b, after in rs] for s, rs in by_size.items()}
+                  for name, by_size in runs.items()}
     finally:
         hosts.remove()
     base = {s: statistics.median(res[ref.name][s]) for s in sizes if s in res.get(ref.name, {})}
     print(f"two namespaces over veth, UCX_TLS=self,tcp, TCP congestion control {hosts.cc}; {a.rounds} "
-          f"interleaved rounds; one-way medians (us), their ratio to the reference's median"
+          f"interleaved rounds; one-way medians (us), their ratio to the reference's ({ref.name}) median"
           + ("; and the median of each run's ratio to the reference runs either side of it"
              if a.bracket else ""))
     width = 24 if a.bracket else 18

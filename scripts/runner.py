@@ -1,5 +1,6 @@
 """What the comparison scripts share: start a server process and read the address it prints,
-run a client against it, and run ucx_perftest.
+run a client against it, run ucx_perftest, and run rows in interleaved rounds bracketed by
+a reference (`bracketed_rounds`).
 
 Every server tool of the stack (ucx-echo, ucx-gpu-echo, transport-echo, ucxx-peer, and
 the async-ucx harness) prints one line, `LISTENING <address>`, once it accepts connections.
@@ -98,3 +99,31 @@ def perftest(test, size, iters, env=None, extra=(), binary="ucx_perftest", cpus=
     # Final: iters typical_lat avg_lat overall_lat avg_bw overall_bw avg_msgrate overall_msgrate
     f = [float(x) for x in final[0].split()[1:]]
     return {"lat_us": f[1], "avg_us": f[2], "bw_MiBps": f[4], "msgrate": f[6]}
+
+
+def bracketed_rounds(impls, sizes, rounds, run, bracket=True, alternate=False, on_round=None):
+    """Runs run(impl, size) for every impl and size, `rounds` times interleaved (A B C A B C);
+    `run` returns a value, or None when the run failed. With `bracket`, the first impl (the
+    reference) also runs after every other one, so each of their runs has a reference run on
+    either side of it: this VM moves between a fast and a slow state for seconds at a time,
+    and a state that lasts longer than one row's run cancels out of the run's ratio to them.
+    With `alternate`, every other round runs the rows in reverse (the reference first), so no
+    row always runs right after the same neighbour. `on_round(r)` is called after each round.
+    Returns {name: {size: [(value, reference before, reference after)]}} (empty without
+    `bracket`)."""
+    paired = {}
+    for r in range(rounds):
+        order = impls[:1] + impls[:0:-1] if alternate and r % 2 else impls
+        for s in sizes:
+            before = run(order[0], s)
+            for i in order[1:]:
+                v = run(i, s)
+                if not bracket:
+                    continue
+                after = run(order[0], s)
+                if None not in (v, before, after):
+                    paired.setdefault(i.name, {}).setdefault(s, []).append((v, before, after))
+                before = after
+        if on_round:
+            on_round(r)
+    return paired
