@@ -38,8 +38,9 @@ MEMORY=${UCXX_INTEROP_MEMORY:-host}
 FEATURES=()
 [ "$MEMORY" = cuda ] && FEATURES=(--features cuda)
 echo "interop: $MEMORY memory on both sides"
-UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=target/ucx-ucxx cargo build -q -j2 "${FEATURES[@]}" -p ucxx-peer
-PEER=target/ucx-ucxx/debug/ucxx-peer
+# Release, as scripts/compare.py --interop builds it (CI runs both: one build serves the two).
+UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=target/ucx-ucxx cargo build -q -j2 --release "${FEATURES[@]}" -p ucxx-peer
+PEER=target/ucx-ucxx/release/ucxx-peer
 export LD_LIBRARY_PATH=$LIBUCX/lib:$SITE/libucx_cu12.libs
 export UCX_MODULE_DIR=$LIBUCX/lib/ucx UCX_WARN_UNUSED_ENV_VARS=n
 SCRIPT=tests/interop/ucxx_peer.py
