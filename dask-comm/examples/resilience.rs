@@ -70,9 +70,10 @@ fn run(
         );
     }
     if wants("spill") {
-        let r = drills::spill(2, 96 << 20, 3, 1 << 20, 3)?;
+        let r = drills::spill(2, 96 << 20, 3, 1 << 20, 3, Duration::from_millis(5))?;
         println!(
-            "spill: {:.0} MiB of data on 2 workers limited to {:.0} MiB each: peak worker RSS \
+            "spill: {:.0} MiB of data on 2 workers limited to {:.0} MiB each, each chunk \
+             summed by a task of 5 ms: peak worker RSS \
              {:.1} MiB ({:.0}% of the limit), up to {} spill files, {} left after release, {} \
              restarts, {:.2} s; {} spill files corrupted, {} keys recomputed, answer right",
             mib(r.data),

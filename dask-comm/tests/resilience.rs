@@ -55,7 +55,7 @@ fn elastic() {
 
 fn spill() {
     let limit = 96u64 << 20;
-    let r = drills::spill(2, limit, 3, 1 << 20, 3).unwrap();
+    let r = drills::spill(2, limit, 3, 1 << 20, 3, Duration::from_millis(5)).unwrap();
     println!("  {r:?}");
     assert!(r.data >= 3 * 2 * limit);
     assert!(r.peak_files > 0, "values were spilled");

@@ -73,6 +73,23 @@ pub fn register() {
         }
         Ok(Value::new(total))
     });
+    // A sum that first sleeps `args[0]` microseconds: tasks pile up on a worker faster than
+    // its threads run them.
+    registry().register_values("drill-slow-bytesum", |args: &[Value]| {
+        let micros = args
+            .first()
+            .and_then(|a| a.downcast_ref::<i64>())
+            .ok_or("drill-slow-bytesum: takes microseconds first")?;
+        std::thread::sleep(Duration::from_micros((*micros).max(0) as u64));
+        let mut total = 0i64;
+        for a in &args[1..] {
+            let b = a
+                .downcast_ref::<Bytes>()
+                .ok_or("drill-slow-bytesum: takes Bytes after the microseconds")?;
+            total += b.iter().map(|&x| x as i64).sum::<i64>();
+        }
+        Ok(Value::new(total))
+    });
     registry().register("drill-hog", |mb: i64| {
         let v = vec![1u8; (mb.max(0) as usize) << 20];
         std::thread::sleep(Duration::from_millis(1500));
@@ -566,12 +583,17 @@ pub struct SpillReport {
 /// of data (chunks of `chunk` bytes, kept by futures); `corrupt` spill files are then
 /// overwritten with garbage, a sum over every byte is computed and checked (the corrupted
 /// keys are recomputed), the futures released, and the spill files counted.
+///
+/// Each chunk's sum first sleeps `sum_delay`, so the scheduler's sum tasks wait on the
+/// workers in hundreds while one thread each runs them: a worker must not read all their
+/// spilled inputs back at once (it would go past its limit).
 pub fn spill(
     workers: usize,
     limit: u64,
     factor: u64,
     chunk: usize,
     corrupt: usize,
+    sum_delay: Duration,
 ) -> Result<SpillReport> {
     let cluster = LocalCluster::with(ClusterOptions {
         workers,
@@ -613,7 +635,13 @@ pub fn spill(
         .enumerate()
         .map(|(i, &b)| {
             let k = Key::from(("spill-sum", i as u32));
-            g.insert(k, Task::new("drill-bytesum", [Arg::key(b)]));
+            g.insert(
+                k,
+                Task::new(
+                    "drill-slow-bytesum",
+                    [Arg::lit(sum_delay.as_micros() as i64), Arg::key(b)],
+                ),
+            );
             k
         })
         .collect();

@@ -10,6 +10,14 @@
 //! With a memory limit, the store spills to the local directory and the worker pauses and
 //! exits at its thresholds (see [`memory`]). The scheduler may take back tasks that have not
 //! started (work stealing) and ask for copies of values (a retiring worker's).
+//!
+//! A task whose inputs are all here waits in a queue of its own, by priority, until the
+//! threads can take it. A task handed to the threads holds its inputs' values, read back from
+//! disk if they were spilled: the scheduler may send hundreds of tasks at once, and reading
+//! all their inputs back would take the worker past its limit. So a task whose inputs must be
+//! read back goes to the threads only while the tasks there hold less than
+//! 1/[`READ_BACK_SHARE`] of the memory limit in values read back (or fewer tasks are there
+//! than threads); a task whose inputs are all in memory goes at once.
 
 mod exec;
 pub(crate) mod fetch;
@@ -18,8 +26,9 @@ mod serve;
 pub mod shuffle;
 pub(crate) mod store;
 
+use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
-use std::collections::VecDeque;
+use std::collections::{BinaryHeap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,6 +45,10 @@ use crate::security::Secret;
 use exec::{Done, Executor};
 use fetch::{Fetched, Fetcher};
 use memory::{Limits, MemoryThresholds, Verdict};
+
+/// Tasks handed to the threads (queued there or running) hold at most this fraction of the
+/// memory limit in values read back from disk, beyond one task per thread.
+pub const READ_BACK_SHARE: u64 = 10;
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -232,7 +245,22 @@ struct Worker {
     fetcher: Fetcher,
     fetched_rx: mpsc::UnboundedReceiver<Fetched>,
     out: Vec<FromWorker>,
+    /// Tasks handed to the threads (queued there or running).
     executing: u32,
+    /// Threads that run tasks.
+    nthreads: u32,
+    /// Bytes of values read back from disk for the tasks handed to the threads, by
+    /// assignment, and in all.
+    read_back: FxHashMap<u64, u64>,
+    read_back_bytes: u64,
+    /// At most this many bytes are, beyond one task per thread (see [`READ_BACK_SHARE`]).
+    read_back_budget: u64,
+    /// Tasks whose inputs are all here, lowest priority first, then oldest: they go to the
+    /// threads as room opens. An entry whose task left, or was handed over meanwhile, is
+    /// skipped.
+    ready: BinaryHeap<Reverse<(Priority, u64, Key)>>,
+    /// Numbers the entries of `ready` in arrival order.
+    ready_seq: u64,
     limits: Limits,
     process_memory: bool,
     paused: bool,
@@ -285,6 +313,15 @@ impl Worker {
             fetched_rx,
             out: Vec::new(),
             executing: 0,
+            nthreads: (opts.nthreads as u32).max(1),
+            read_back: FxHashMap::default(),
+            read_back_bytes: 0,
+            read_back_budget: match opts.memory_limit {
+                0 => u64::MAX,
+                limit => limit / READ_BACK_SHARE,
+            },
+            ready: BinaryHeap::new(),
+            ready_seq: 0,
             limits: Limits {
                 limit: opts.memory_limit,
                 at: opts.thresholds,
@@ -357,6 +394,7 @@ impl Worker {
             while let Ok(fetched) = self.fetched_rx.try_recv() {
                 self.on_fetched(fetched);
             }
+            self.hand_over();
             self.fetcher.start();
             if !self.acquired.is_empty() || !self.acquire_failed.is_empty() {
                 self.out.push(FromWorker::Acquired {
@@ -481,23 +519,72 @@ impl Worker {
             },
         );
         if missing == 0 {
-            self.start(key);
+            self.queue_ready(key);
         }
     }
 
-    /// Queues a task whose inputs are all here (read back from disk if they were spilled).
-    /// An input that is not here after all (its spill file was bad, here or when a peer read
-    /// it) sends the task back to the scheduler as missing that input, which also stops
-    /// counting this worker among the input's holders.
-    fn start(&mut self, key: Key) {
+    /// A task's inputs are all here: it waits for room on the threads (see
+    /// [`Worker::hand_over`]).
+    fn queue_ready(&mut self, key: Key) {
+        let Some(p) = self.pending.get(&key) else {
+            return;
+        };
+        self.ready_seq += 1;
+        self.ready.push(Reverse((p.priority, self.ready_seq, key)));
+    }
+
+    /// Hands ready tasks to the threads, most urgent first: any task while fewer tasks than
+    /// threads are there, a task whose inputs are all in memory at once, and one whose inputs
+    /// must be read back from disk while that keeps the tasks there within the read-back
+    /// budget. The first task that must wait holds back those behind it (they go in order).
+    fn hand_over(&mut self) {
+        while let Some(&Reverse((_, _, key))) = self.ready.peek() {
+            let cost = match self.pending.get(&key) {
+                // Still here, still ready, not handed over already (a task sent again, or
+                // freed and sent again, may have two entries).
+                Some(p) if p.job.is_none() && p.missing == 0 => {
+                    let store = lock(&self.store);
+                    p.deps.iter().map(|d| store.on_disk_bytes(d)).sum::<u64>()
+                }
+                _ => {
+                    self.ready.pop();
+                    continue;
+                }
+            };
+            let room = self.executing < self.nthreads
+                || cost == 0
+                || self.read_back_bytes.saturating_add(cost) <= self.read_back_budget;
+            if !room {
+                return;
+            }
+            self.ready.pop();
+            self.submit(key);
+        }
+    }
+
+    /// A job handed to the threads ended (it finished, or left the queue): the values read
+    /// back for it no longer count against the budget.
+    fn job_ended(&mut self, job: u64) {
+        if let Some(bytes) = self.read_back.remove(&job) {
+            self.read_back_bytes = self.read_back_bytes.saturating_sub(bytes);
+        }
+    }
+
+    /// Hands a task whose inputs are all here to the threads, with its inputs' values (read
+    /// back from disk if they were spilled). An input that is not here after all (its spill
+    /// file was bad, here or when a peer read it) sends the task back to the scheduler as
+    /// missing that input, which also stops counting this worker among the input's holders.
+    fn submit(&mut self, key: Key) {
         let Some(p) = self.pending.get_mut(&key) else {
             return;
         };
         let mut inputs = FxHashMap::default();
         let mut bad = None;
+        let mut read_back = 0;
         {
             let mut store = lock(&self.store);
             for d in &p.deps {
+                read_back += store.on_disk_bytes(d);
                 match store.get(d) {
                     Ok(Some(v)) => {
                         inputs.insert(*d, v);
@@ -530,6 +617,10 @@ impl Worker {
         }
         p.job = Some(p.attempt);
         let (spec, priority, attempt) = (std::mem::take(&mut p.spec), p.priority, p.attempt);
+        if read_back > 0 {
+            self.read_back.insert(attempt, read_back);
+            self.read_back_bytes += read_back;
+        }
         let deps = (!self.borrowed.is_empty()).then(|| p.deps.clone());
         self.executing += 1;
         self.executor.submit(key, attempt, spec, inputs, priority);
@@ -576,6 +667,7 @@ impl Worker {
                 return false; // a thread has it
             }
             self.executing -= 1;
+            self.job_ended(job);
         }
         self.drop_pending(key);
         true
@@ -627,7 +719,12 @@ impl Worker {
             stored: store.memory_bytes(),
             spilled: store.disk_bytes(),
             rss: memory::rss(),
-            executing: self.executing,
+            // Handed to the threads, or ready and waiting for room there.
+            executing: self
+                .pending
+                .values()
+                .filter(|p| p.job.is_some() || p.missing == 0)
+                .count() as u32,
             paused: self.paused,
             cpu_milli,
             fetches,
@@ -714,6 +811,7 @@ impl Worker {
                 if let Some(job) = p.job {
                     if self.executor.cancel(job) {
                         self.executing -= 1;
+                        self.job_ended(job);
                     } else {
                         self.freed_running.insert(job);
                     }
@@ -724,6 +822,7 @@ impl Worker {
 
     fn on_done(&mut self, d: Done) {
         self.executing = self.executing.saturating_sub(1);
+        self.job_ended(d.attempt);
         if self.freed_running.remove(&d.attempt) {
             return;
         }
@@ -797,7 +896,7 @@ impl Worker {
                     p.missing == 0
                 });
                 if ready {
-                    self.start(t);
+                    self.queue_ready(t);
                 }
             }
         }

@@ -117,6 +117,12 @@ impl Store {
         self.on_disk
     }
 
+    /// Bytes of `k`'s value when it is on disk (what reading it back costs in memory); 0
+    /// when it is in memory or not here.
+    pub fn on_disk_bytes(&self, k: &Key) -> u64 {
+        self.disk.get(k).map_or(0, |d| d.nbytes)
+    }
+
     /// Keys on disk.
     #[cfg(test)]
     pub fn spilled_keys(&self) -> usize {
