@@ -523,38 +523,54 @@ impl Worker {
         }
     }
 
-    /// A task's inputs are all here: it waits for room on the threads (see
-    /// [`Worker::hand_over`]).
+    /// A task's inputs are all here: it goes to the threads now if nothing waits before it
+    /// and there is room, or else waits for room there (see [`Worker::hand_over`]).
     fn queue_ready(&mut self, key: Key) {
         let Some(p) = self.pending.get(&key) else {
             return;
         };
+        let priority = p.priority;
+        if self.ready.is_empty() && self.has_room(self.read_back_cost(&p.deps)) {
+            self.submit(key);
+            return;
+        }
         self.ready_seq += 1;
-        self.ready.push(Reverse((p.priority, self.ready_seq, key)));
+        self.ready.push(Reverse((priority, self.ready_seq, key)));
+    }
+
+    /// Bytes of these inputs on disk: what reading them back would add to memory.
+    fn read_back_cost(&self, deps: &[Key]) -> u64 {
+        let store = lock(&self.store);
+        deps.iter().map(|d| store.on_disk_bytes(d)).sum()
+    }
+
+    /// Whether a task whose inputs cost `read_back` bytes to read back may go to the threads
+    /// now (see [`Worker::hand_over`]).
+    fn has_room(&self, read_back: u64) -> bool {
+        read_back == 0
+            || (!self.paused
+                && (self.executing < self.nthreads
+                    || self.read_back_bytes.saturating_add(read_back) <= self.read_back_budget))
     }
 
     /// Hands ready tasks to the threads, most urgent first: any task while fewer tasks than
     /// threads are there, a task whose inputs are all in memory at once, and one whose inputs
     /// must be read back from disk while that keeps the tasks there within the read-back
-    /// budget. The first task that must wait holds back those behind it (they go in order).
+    /// budget. While the worker is paused (no task starts), only tasks whose inputs are in
+    /// memory go: reading values back then would only raise its memory. The first task that
+    /// must wait holds back those behind it (they go in order).
     fn hand_over(&mut self) {
         while let Some(&Reverse((_, _, key))) = self.ready.peek() {
             let cost = match self.pending.get(&key) {
                 // Still here, still ready, not handed over already (a task sent again, or
                 // freed and sent again, may have two entries).
-                Some(p) if p.job.is_none() && p.missing == 0 => {
-                    let store = lock(&self.store);
-                    p.deps.iter().map(|d| store.on_disk_bytes(d)).sum::<u64>()
-                }
+                Some(p) if p.job.is_none() && p.missing == 0 => self.read_back_cost(&p.deps),
                 _ => {
                     self.ready.pop();
                     continue;
                 }
             };
-            let room = self.executing < self.nthreads
-                || cost == 0
-                || self.read_back_bytes.saturating_add(cost) <= self.read_back_budget;
-            if !room {
+            if !self.has_room(cost) {
                 return;
             }
             self.ready.pop();
@@ -720,11 +736,12 @@ impl Worker {
             spilled: store.disk_bytes(),
             rss: memory::rss(),
             // Handed to the threads, or ready and waiting for room there.
-            executing: self
-                .pending
-                .values()
-                .filter(|p| p.job.is_some() || p.missing == 0)
-                .count() as u32,
+            executing: self.executing
+                + self
+                    .pending
+                    .values()
+                    .filter(|p| p.job.is_none() && p.missing == 0)
+                    .count() as u32,
             paused: self.paused,
             cpu_milli,
             fetches,
