@@ -24,26 +24,56 @@ export CARGO_BUILD_JOBS=2
 cargo fuzz build -s none -O
 bin=fuzz/target/x86_64-unknown-linux-gnu/release
 targets=$(cargo fuzz list)
-printf '%-20s %12s %8s %10s\n' target executions seconds coverage
-for t in $targets; do
+# One target: its kept regression inputs, then the run; prints its row, or fails with the
+# crash's log. (Called as `run_one T || ...`, where set -e does not apply: every step checks.)
+run_one() {
+  local t=$1 stop start log runs cov
   if [ -d "fuzz/regressions/$t" ] && [ -n "$(ls -A "fuzz/regressions/$t")" ]; then
     "$bin/$t" -runs=1 "fuzz/regressions/$t"/* >/dev/null 2>&1 ||
-      { echo "$t: a kept regression input fails again" >&2; exit 1; }
+      { echo "$t: a kept regression input fails again"; return 1; }
   fi
-  [ "$mode" = replay ] && continue
-  mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t"
+  [ "$mode" = replay ] && return 0
+  mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t" || return 1
   if [ "$mode" = seconds ]; then stop="-max_total_time=$limit"; else stop="-runs=$limit"; fi
   start=$(date +%s)
-  log=$(mktemp)
+  log=$(mktemp) || return 1
   if ! "$bin/$t" "$stop" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
       -artifact_prefix="fuzz/artifacts/$t/" "fuzz/corpus/$t" >"$log" 2>&1; then
-    tail -30 "$log" >&2
-    echo "$t: crash; its input is in fuzz/artifacts/$t/ (fix it, then keep it in fuzz/regressions/$t/)" >&2
-    exit 1
+    tail -30 "$log"
+    echo "$t: crash; its input is in fuzz/artifacts/$t/ (fix it, then keep it in fuzz/regressions/$t/)"
+    rm -f "$log"
+    return 1
   fi
   runs=$(grep -oP 'stat::number_of_executed_units:\s*\K[0-9]+' "$log" || echo '?')
   cov=$(grep -oP 'cov: \K[0-9]+' "$log" | tail -1 || echo '?')
   printf '%-20s %12s %8s %10s\n' "$t" "$runs" "$(($(date +%s) - start))" "$cov"
   rm -f "$log"
+}
+# libFuzzer runs one thread per process: the targets run side by side, one per core (CI's
+# two cores halve the wall time of `--seconds`; each target still gets its full time). Each
+# target's output is kept apart and printed in order once all have ended.
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+slots=$(nproc 2>/dev/null || echo 1)
+running=0
+for t in $targets; do
+  if [ "$running" -ge "$slots" ]; then
+    wait -n
+    running=$((running - 1))
+  fi
+  (run_one "$t" >"$out/$t.log" 2>&1 || touch "$out/$t.failed") &
+  running=$((running + 1))
 done
+wait
+printf '%-20s %12s %8s %10s\n' target executions seconds coverage
+failed=0
+for t in $targets; do
+  if [ -e "$out/$t.failed" ]; then
+    cat "$out/$t.log" >&2
+    failed=1
+  else
+    cat "$out/$t.log"
+  fi
+done
+[ "$failed" = 0 ] || exit 1
 echo "fuzz: no crash"

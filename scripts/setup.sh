@@ -14,6 +14,12 @@ install_missing() {
   echo "setup: installing ${need[*]}"
   local sudo=""
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  # A dpkg run that was interrupted (a killed install) makes every apt-get install fail until
+  # it is finished; finish it first.
+  if [ -n "$(ls -A /var/lib/dpkg/updates 2>/dev/null)" ] || [ -n "$(dpkg --audit 2>/dev/null)" ]; then
+    echo "setup: dpkg was interrupted: running dpkg --configure -a"
+    DEBIAN_FRONTEND=noninteractive $sudo dpkg --configure -a >/dev/null
+  fi
   $sudo apt-get update -qq &&
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${opts[@]}" "${need[@]}" >/dev/null
 }

@@ -64,14 +64,7 @@ pub fn register() {
         Bytes::from(vec![(i % 251) as u8; size.max(0) as usize])
     });
     registry().register_values("drill-bytesum", |args: &[Value]| {
-        let mut total = 0i64;
-        for a in args {
-            let b = a
-                .downcast_ref::<Bytes>()
-                .ok_or("drill-bytesum: takes Bytes")?;
-            total += b.iter().map(|&x| x as i64).sum::<i64>();
-        }
-        Ok(Value::new(total))
+        byte_sum("drill-bytesum", args).map(Value::new)
     });
     // A sum that first sleeps `args[0]` microseconds: tasks pile up on a worker faster than
     // its threads run them.
@@ -81,14 +74,7 @@ pub fn register() {
             .and_then(|a| a.downcast_ref::<i64>())
             .ok_or("drill-slow-bytesum: takes microseconds first")?;
         std::thread::sleep(Duration::from_micros((*micros).max(0) as u64));
-        let mut total = 0i64;
-        for a in &args[1..] {
-            let b = a
-                .downcast_ref::<Bytes>()
-                .ok_or("drill-slow-bytesum: takes Bytes after the microseconds")?;
-            total += b.iter().map(|&x| x as i64).sum::<i64>();
-        }
-        Ok(Value::new(total))
+        byte_sum("drill-slow-bytesum", &args[1..]).map(Value::new)
     });
     registry().register("drill-hog", |mb: i64| {
         let v = vec![1u8; (mb.max(0) as usize) << 20];
@@ -96,6 +82,19 @@ pub fn register() {
         v.iter().map(|&x| x as i64).sum::<i64>()
     });
     shuffle::register();
+}
+
+/// The sum of every byte of `args`, each a `Bytes` (the drill function `name` says which
+/// argument was not).
+fn byte_sum(name: &str, args: &[Value]) -> std::result::Result<i64, String> {
+    let mut total = 0i64;
+    for (i, a) in args.iter().enumerate() {
+        let b = a
+            .downcast_ref::<Bytes>()
+            .ok_or_else(|| format!("{name}: argument {i} is not Bytes"))?;
+        total += b.iter().map(|&x| x as i64).sum::<i64>();
+    }
+    Ok(total)
 }
 
 /// A tree sum (fan-in `fan`) over `keys`, named `name`; returns the root.
