@@ -2,6 +2,7 @@
 # The long fault runs of transport (CI runs short versions of each through `cargo test`):
 # - peer death: a peer process SIGKILLed at a random moment of a random-size echo, 250 trials
 #   for each of tcp://, ucx:// polling, blocking and thread (1,000 in all), detection times;
+#   then as many at 8-64 KiB only (over ucx://, eager messages of several fragments);
 # - a connection storm: 1,000 clients at once on one listener, per backend;
 # - hostile peers: 200 connections announcing 3 GiB each while a good client is served;
 # - a soak of 10M mixed-size messages per backend, and a leak check under valgrind.
@@ -23,6 +24,7 @@ if [ "${1:-}" = --leak-only ]; then
   exit 0
 fi
 PEER_DEATH_TRIALS=${PEER_DEATH_TRIALS:-250} cargo test -q -j2 -p transport --test peer_death
+PEER_DEATH_SIZES=13..16 PEER_DEATH_TRIALS=${PEER_DEATH_TRIALS:-250} cargo test -q -j2 -p transport --test peer_death
 cargo test -q -j2 -p transport --test storm -- --nocapture 2>&1 | grep -E "clients|test result"
 cargo test -q -j2 -p transport --test hostile -- --nocapture 2>&1 | grep -E "peers|test result"
 # The 10M-message soak (RSS sampled every 1M, flat within 10%), then a short one under valgrind

@@ -38,6 +38,10 @@ pub(crate) struct CloseState {
     /// The task of the receive in progress (one at a time), woken by a close. Cheaper to poll
     /// than a `Notify`, whose waiter list is locked on every poll of a pending receive.
     receiver: AtomicWaker,
+    /// Set by [`give_up_receive`](Self::give_up_receive): a receive in progress that is still
+    /// pending when polled ends with `given_up`'s reason.
+    stalled: AtomicBool,
+    given_up: Mutex<Option<CloseReason>>,
 }
 
 impl CloseState {
@@ -52,14 +56,27 @@ impl CloseState {
         held
     }
 
-    pub(crate) fn get(&self) -> Option<CloseReason> {
-        if !self.set.load(Ordering::Acquire) {
-            return None;
-        }
-        self.reason
+    /// Ends the receive in progress with `reason` once a poll finds it still pending (what
+    /// it completed is delivered first). For a receive the backend cannot end: on `ucx://`,
+    /// one that UCX matched to a message from a peer that died before sending all of it
+    /// (docs/transport.md, "Eager up to 64 KiB"). What it holds stays with it, unread.
+    #[cfg(feature = "ucx")]
+    pub(crate) fn give_up_receive(&self, reason: CloseReason) {
+        self.given_up
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .get_or_insert(reason);
+        self.stalled.store(true, Ordering::Release);
+        self.receiver.wake();
+    }
+
+    /// The reason a pending receive was given up with, if it was.
+    fn given_up(&self) -> Option<CloseReason> {
+        read_flagged(&self.stalled, &self.given_up)
+    }
+
+    pub(crate) fn get(&self) -> Option<CloseReason> {
+        read_flagged(&self.set, &self.reason)
     }
 
     async fn wait(&self) -> CloseReason {
@@ -83,6 +100,14 @@ impl CloseState {
             e => e,
         }
     }
+}
+
+/// The reason in `reason` once `flag` says it is set: one atomic load while it is not.
+fn read_flagged(flag: &AtomicBool, reason: &Mutex<Option<CloseReason>>) -> Option<CloseReason> {
+    if !flag.load(Ordering::Acquire) {
+        return None;
+    }
+    reason.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// What a backend's receive delivers: the next message, and others that were already there
@@ -323,7 +348,10 @@ impl Connection {
                 Some(CloseReason::Local) => {
                     Poll::Ready(Err(TransportError::Closed(CloseReason::Local)))
                 }
-                _ => Poll::Pending,
+                _ => match self.state.given_up() {
+                    Some(r) => Poll::Ready(Err(TransportError::Closed(r))),
+                    None => Poll::Pending,
+                },
             }
         })
         .await;

@@ -7,8 +7,9 @@
 //! detection times (from the kill to the last pending operation's end).
 //!
 //! `cargo test -p transport --test peer_death` runs 25 trials per configuration;
-//! `PEER_DEATH_TRIALS=1000` (or `bash scripts/faults.sh`) runs more. No test harness: the
-//! binary re-executes itself per configuration.
+//! `PEER_DEATH_TRIALS=1000` (or `bash scripts/faults.sh`) runs more; `PEER_DEATH_SIZES=13..16`
+//! only sizes of 2^13 to 2^16 bytes (over `ucx://`, eager messages of several fragments). No
+//! test harness: the binary re-executes itself per configuration.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -75,7 +76,7 @@ async fn trial(scheme: &str, rng: &mut impl Rng) -> Result<(bool, Duration), Fai
             conn.is_ucx_direct()
         )));
     }
-    let size = 1usize << rng.gen_range(0..=24);
+    let size = 1usize << rng.gen_range(size_bits());
     // Somewhere within about twice the echo's time on loopback (1 GB/s, 50 µs at least).
     let delay = Duration::from_nanos(rng.gen_range(0..50_000 + 2 * size as u64));
     let payload = vec![0xa5u8; size];
@@ -116,6 +117,21 @@ async fn trial(scheme: &str, rng: &mut impl Rng) -> Result<(bool, Duration), Fai
         return Err(format!("{size} B: death noticed after {took:?}").into());
     }
     Ok((true, took))
+}
+
+/// The exponents of the echo's sizes: `PEER_DEATH_SIZES=LO..HI` (both included, at most 24),
+/// 0..=24 by default.
+fn size_bits() -> std::ops::RangeInclusive<u32> {
+    let Ok(v) = std::env::var("PEER_DEATH_SIZES") else {
+        return 0..=24;
+    };
+    let parsed = v
+        .split_once("..")
+        .and_then(|(lo, hi)| Some((lo.trim().parse().ok()?, hi.trim().parse().ok()?)));
+    match parsed {
+        Some((lo, hi)) if lo <= hi && hi <= 24 => lo..=hi,
+        _ => panic!("PEER_DEATH_SIZES={v:?}: give LO..HI, exponents of two from 0 to 24"),
+    }
 }
 
 fn run_config(config: &str, trials: usize) {

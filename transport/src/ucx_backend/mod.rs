@@ -20,7 +20,8 @@
 //! bytes on [`CREDIT_TAG`], whenever it has taken [`UCX_GRANT_EVERY`](crate::UCX_GRANT_EVERY).
 //! Both sides compute the charge, so neither needs the other's window; a window of at least twice the cap cannot deadlock (a
 //! blocked sender has more than half its window in flight, more than the receiver holds back).
-//! Rendezvous frames wait for the receive anyway.
+//! Every first UCX message (at most [`FIRST_MAX`]) goes eager ([`RNDV_THRESH`]); frames of
+//! larger messages go by rendezvous, which waits for the receive anyway.
 //!
 //! **Close.** A close sends the close marker (a header on [`CLOSE_CHANNEL`], outside the
 //! credits) before closing the endpoint. UCX reports a peer's graceful close and its crash
@@ -55,6 +56,11 @@ pub const FIRST_MAX: usize = crate::UCX_FIRST_MAX;
 /// keep the buffer they landed in. Batched sends bundle small messages up to this size, and
 /// a receive takes messages up to this size ahead.
 pub(crate) const COPY_MAX: usize = 8 << 10;
+/// UCX's rendezvous threshold in this backend's context: messages up to [`FIRST_MAX`] bytes
+/// go eager, larger ones (frames of large messages) by rendezvous, which waits for the
+/// receive. Eager messages the application has not taken are buffered by the peer's UCX,
+/// within the connection's credit window.
+const RNDV_THRESH: usize = FIRST_MAX + 1;
 /// How long a close waits for sends in flight (the peer taking rendezvous frames) before it
 /// forces the endpoint closed.
 const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -92,8 +98,15 @@ fn context() -> Result<ucx::Context> {
     let intent = crate::ucx_config::chosen();
     Ok(CONTEXT
         .get_or_init(|| {
-            let opts = intent.options().unwrap_or_default();
-            tracing::debug!(ucx = %intent, "starting the UCX backend");
+            let mut opts = intent.options().unwrap_or_default();
+            // Every first UCX message fits FIRST_MAX and has its receive posted before it
+            // arrives, so eager lands it in place; UCX's own threshold (auto) chose
+            // rendezvous from about 16 KiB, a round trip more (docs/transport.md, "Eager up
+            // to 64 KiB"). The user's UCX_RNDV_THRESH wins.
+            if std::env::var_os("UCX_RNDV_THRESH").is_none() {
+                opts.push(("RNDV_THRESH", RNDV_THRESH.to_string()));
+            }
+            tracing::debug!(ucx = %intent, rndv_thresh = RNDV_THRESH, "starting the UCX backend");
             ucx::Context::builder().options(opts).build()
         })
         .clone()?)
@@ -341,6 +354,7 @@ impl Conn {
             Arc::clone(&self.state),
             Arc::clone(&self.cut),
         );
+        let receiving = Arc::clone(&self.receiving);
         let runtime = tokio::runtime::Handle::try_current().ok();
         self.cs.on_close(move |reason| {
             let (Some(ucx::Error::Ucx(status)), Some(runtime)) = (reason, runtime) else {
@@ -360,13 +374,14 @@ impl Conn {
                 tracing::debug!(%status, "the client-server endpoint failed without a goodbye: the peer is gone");
                 let why = CloseReason::PeerFailed(Failure::Ucx(status));
                 state.close(why.clone());
-                let _ = cut.set(why);
+                let _ = cut.set(why.clone());
                 // Aborted: that ends every pending operation (their errors then say why),
                 // where a flushing close to a dead peer on shared memory would wait for UCX's
                 // keepalive.
                 if let Some(direct) = direct.upgrade() {
                     direct.abort();
                 }
+                give_up_if_stalled(receiving, state, why).await;
             });
         });
         if self.direct.set(ep).is_err() {
@@ -501,6 +516,9 @@ async fn finish_close(
     }
 }
 
+/// How long a receive still posted when its endpoint failed may take to end by itself before
+/// the connection gives it up ([`give_up_if_stalled`]).
+const STALLED_RECEIVE_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 /// How long a moved connection waits for the peer's goodbye after its client-server endpoint
 /// failed, before it takes the peer for gone ([`Conn::move_to`]).
 const GOODBYE_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
@@ -518,11 +536,24 @@ fn watch(
 ) {
     let (weak, posted, state) = (Arc::downgrade(ep), Arc::clone(receiving), Arc::clone(state));
     let ahead = Arc::downgrade(ahead);
+    let runtime = tokio::runtime::Handle::try_current().ok();
     ep.on_close(move |reason| {
         let Some(ucx::Error::Ucx(status)) = reason else {
             return;
         };
         if posted.load(Ordering::Acquire) {
+            // UCX cannot cancel a receive it matched to an eager message of several
+            // fragments, and one from a peer that died before sending them all never ends.
+            // Any other receive has ended (or taken what had arrived) well within the
+            // grace; one still posted after it is given up.
+            if let Some(runtime) = &runtime {
+                let why = CloseReason::PeerFailed(Failure::Ucx(status));
+                runtime.spawn(give_up_if_stalled(
+                    Arc::clone(&posted),
+                    Arc::clone(&state),
+                    why,
+                ));
+            }
             return;
         }
         let taken = ahead.upgrade().is_some_and(|a| !a.is_empty());
@@ -534,6 +565,16 @@ fn watch(
             state.close(CloseReason::PeerFailed(Failure::Ucx(status)));
         }
     });
+}
+
+/// After [`STALLED_RECEIVE_GRACE`], ends the connection's receive with `why` if it is still
+/// posted. For a receive on an endpoint that failed or was aborted.
+async fn give_up_if_stalled(posted: Arc<AtomicBool>, state: Arc<CloseState>, why: CloseReason) {
+    tokio::time::sleep(STALLED_RECEIVE_GRACE).await;
+    if posted.load(Ordering::Acquire) {
+        tracing::debug!(reason = %why, "a receive on a failed endpoint never ended: given up");
+        state.give_up_receive(why);
+    }
 }
 
 /// A UCX error as the transport reports it: a peer that went away, or a local close, is a
