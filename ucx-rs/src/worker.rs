@@ -85,13 +85,16 @@ pub(crate) struct WorkerShared {
     /// A `Thread` worker in a process allowed one CPU: a task awaiting an operation progresses
     /// the worker itself for a while ([`ASSIST`]) before it parks, so a reply that comes soon
     /// costs no switch from the progress thread to the task's thread on that CPU. (Blocking
-    /// workers do not: measured, it cut their 8 B latency across two namespaces from 1.3× to
-    /// 1.2× of `ucx_perftest`, and cost dask-comm's 2-core local cluster about 5% on wide
-    /// graphs, where its processes share the cores.)
+    /// workers assist differently: one wait at a time, only while no other wait is parked,
+    /// for a few polls; see [`SoleWait`].)
     assists: bool,
     /// Whether waits assist now: they stop after one outlasted the assist, and start again
     /// after one that parked ended within twice the assist.
     hot: AtomicBool,
+    /// A `Blocking` worker on a current-thread runtime: a task awaiting an operation while no
+    /// other wait is parked progresses the worker itself for a few polls, in the progress
+    /// task's place (see [`SoleWait`]).
+    sole: Option<Arc<SoleWait>>,
     context: Context,
     /// The progress engine (blocking task or thread) is asleep on the event fd.
     sleeping: AtomicBool,
@@ -134,6 +137,16 @@ impl WorkerShared {
     /// Whether waits assist now (see the field).
     pub(crate) fn hot(&self) -> bool {
         self.hot.load(Ordering::Relaxed)
+    }
+
+    /// The sole-wait bookkeeping of a `Blocking` worker on a current-thread runtime.
+    pub(crate) fn sole(&self) -> Option<&Arc<SoleWait>> {
+        self.sole.as_ref()
+    }
+
+    /// Whether the progress engine sleeps on the event fd.
+    pub(crate) fn is_sleeping(&self) -> bool {
+        self.sleeping.load(Ordering::Acquire)
     }
 
     pub(crate) fn set_hot(&self, hot: bool) {
@@ -442,6 +455,12 @@ impl Worker {
             thread_mode: sys::UCS_THREAD_MODE_SERIALIZED,
             ..Default::default()
         };
+        // A multi-threaded runtime answers a task that wakes itself by waking an idle worker
+        // thread to share the work (a system call, and the task may move between threads):
+        // there the progress task only ever yields, and waits do not assist.
+        let reschedules = runtime
+            .as_ref()
+            .is_some_and(|r| r.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
         let mut handle: sys::ucp_worker_h = ptr::null_mut();
         // SAFETY: the context is alive (we keep a clone); params is valid; handle is an out-ptr.
         check(unsafe { sys::ucp_worker_create(context.handle(), &params, &mut handle) })?;
@@ -454,6 +473,7 @@ impl Worker {
             mode,
             assists: mode == ProgressMode::Thread && alone_on_a_cpu(),
             hot: AtomicBool::new(true),
+            sole: reschedules.then(|| Arc::new(SoleWait::default())),
             context: context.clone(),
             sleeping: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
@@ -492,11 +512,6 @@ impl Worker {
                 let weak = Arc::downgrade(&shared);
                 let notify = Arc::clone(&shared.notify);
                 let runtime = runtime.expect("checked above");
-                // A multi-threaded runtime answers a task that wakes itself by waking an idle
-                // worker thread to share the work (a system call, and the task may move
-                // between threads): there the progress task only ever yields.
-                let reschedules =
-                    runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread;
                 runtime.spawn(blocking_progress(
                     weak.clone(),
                     afd,
@@ -679,6 +694,8 @@ async fn blocking_progress(
     let mut last_event = Instant::now();
     // The worker's lock count when this task rescheduled itself after an event.
     let mut gave_way_at: Option<usize> = None;
+    // The worker's lock count when this task last stood aside for a wait that assists.
+    let mut stood_aside_at: Option<usize> = None;
     loop {
         // After activity, keep polling for BLOCKING_SPIN before sleeping: a reply to what was
         // just sent often arrives within microseconds, and a sleep/wake cycle through the event
@@ -686,6 +703,25 @@ async fn blocking_progress(
         // happens or SPIN_ROUND has passed (`spin_round`).
         if last_event.elapsed() < BLOCKING_SPIN {
             let Some(shared) = weak.upgrade() else { return };
+            // A wait progresses the worker in this task's place (`SoleWait`): stand aside as
+            // long as something progressed the worker since this task last looked. Not an
+            // event: the spin window runs down as before, so this task spins no longer than
+            // it did (with the window kept open, a dask-comm chain with real work on two
+            // cores measured 1.11-1.21x, docs/transport.md "The sole wait assists").
+            if shared
+                .sole
+                .as_ref()
+                .is_some_and(|s| s.assisting.load(Ordering::Acquire))
+            {
+                let n = shared.locks.load(Ordering::Relaxed);
+                if stood_aside_at != Some(n) {
+                    stood_aside_at = Some(n);
+                    drop(shared);
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+            }
+            stood_aside_at = None;
             // Nothing used the worker since this task rescheduled itself after an event: what
             // the event woke has not run yet (tokio polls a `block_on` future only once its
             // queue is empty or every `event_interval` tasks; a task of another thread may not
@@ -743,6 +779,24 @@ async fn blocking_progress(
         }
         last_event = Instant::now();
     }
+}
+
+/// The waits of a `Blocking` worker on a current-thread runtime. A wait that finds no other
+/// wait parked, and the progress task awake, progresses the worker itself (as a polling-mode
+/// wait does) for its first few polls (`SOLE_POLLS` in `request.rs`), while the progress task
+/// stands aside: a reply that comes soon is then found by the task that awaits it, not found
+/// by the progress task and handed over through a wake (one more task switch per message:
+/// `transport` `ucx://` on one host at 8 B, 1.29 before against 1.12 us). A wait stops
+/// assisting, and parks, once another wait has parked, the progress task sleeps, or its polls
+/// are spent: each such poll returns to the runtime without letting it poll its I/O driver
+/// or take tasks woken from other threads (it does so every 61 and 31 polls), so a long
+/// assist delays those.
+#[derive(Debug, Default)]
+pub(crate) struct SoleWait {
+    /// Waits parked (their wakers registered with their operations).
+    pub(crate) parked: AtomicUsize,
+    /// A wait assists now.
+    pub(crate) assisting: AtomicBool,
 }
 
 /// How long the blocking-mode task keeps progressing the worker after its last event before
