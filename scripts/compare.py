@@ -43,6 +43,8 @@ Options that add or change tables:
                         ("batched": send_batch, two batches in flight; ucx-rs's receiver posts
                         recv_batch of 64 too; transport's receiver takes them one by one)
   --msgrate             --stream at 8 B only (message rate)
+  --window W            W sends in flight in --stream (batches of W), and ucx_perftest -O W
+                        (without it: 64 for ours, ucx_perftest's own default for the reference)
   --ab OLD NEW          A/B of two ucx-echo builds instead (latency, client-server and direct;
                         with --msgrate the message rate too)
   --ab-transport OLD NEW
@@ -73,6 +75,8 @@ TECHO = os.path.join(ROOT, "target", "release", "transport-echo")
 SCRATCH = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ucx-stack",
                        "async-ucx-bench")
 ASYNC_UCX = os.path.join(SCRATCH, "target", "debug", "async-ucx-bench")
+# Sends in flight in streams (--window); None: 64 for ours and ucx_perftest's own default.
+WINDOW = None
 SMALL = 64 << 10  # below: report latency (lower is better); from here: bandwidth (higher is better)
 PERFTEST_OPS = {"tag": "tag_lat", "stream": "stream_lat", "am": "ucp_am_lat", "put": "ucp_put_lat", "get": "ucp_get"}
 
@@ -118,6 +122,8 @@ class Perftest:
             for key, value in UCX_RS_DEFAULTS.items():
                 env.setdefault(key, value)
             extra = ("-e",)
+        if WINDOW:
+            extra += ("-O", str(WINDOW))
         r = perftest("tag_bw", size, messages, env, extra)
         return r["bw_MiBps"] * (1 << 20) / 1e6, r["msgrate"]
 
@@ -154,7 +160,7 @@ class UcxRs:
         return 2 * us if self.op in ("put", "get") and size >= SMALL else us
 
     def stream(self, size, messages, env):
-        r = self._run(size, messages, ["--bw", "--window", "64"] + (["--batch"] if self.batch else []), env)
+        r = self._run(size, messages, ["--bw", "--window", str(WINDOW or 64)] + (["--batch"] if self.batch else []), env)
         return r["stream_MBps"], r["stream_msgs_per_s"]
 
 
@@ -191,9 +197,10 @@ class Transport:
         return self._run(["--sizes", str(size), "--iters", str(iters_for(size))], env)["median_us"]
 
     def stream(self, size, messages, env):
-        """(MB/s, messages/s) of `transport-echo client --stream`: 64 sends in flight, or
-        batches of 64 (two in flight)."""
-        how = ["--batch", "64"] if self.batch else ["--window", "64"]
+        """(MB/s, messages/s) of `transport-echo client --stream`: 64 sends in flight
+        (`--window`), or batches of as many (two in flight)."""
+        w = str(WINDOW or 64)
+        how = ["--batch", w] if self.batch else ["--window", w]
         r = self._run(["--stream", "--sizes", str(size), "--count", str(messages), *how], env)
         return r["stream_MBps"], r["msgs_per_s"]
 
@@ -397,6 +404,7 @@ def main():
     ap.add_argument("--ops", default="", help="also these UCP operations: stream,am,put,get")
     ap.add_argument("--stream", action="store_true", help="streamed bandwidth / message rate beside tag_bw")
     ap.add_argument("--msgrate", action="store_true", help="--stream at 8 B only")
+    ap.add_argument("--window", type=int, help="sends in flight in --stream, ours and ucx_perftest's (-O) alike")
     ap.add_argument("--ab", nargs=2, metavar=("OLD", "NEW"), help="A/B of two ucx-echo binaries")
     ap.add_argument("--ab-transport", nargs=2, metavar=("OLD", "NEW"), help="A/B of two transport-echo binaries")
     ap.add_argument("--interop", action="store_true", help="UCXX client against UCXX's listener and ours")
@@ -406,6 +414,10 @@ def main():
     ap.add_argument("--no-bracket", dest="bracket", action="store_false",
                     help="run the reference once per round and size, not after every row")
     a = ap.parse_args()
+    if a.window is not None and a.window < 1:
+        sys.exit("--window: at least 1")
+    global WINDOW
+    WINDOW = a.window
     if a.ab and a.ab_transport:
         sys.exit("--ab and --ab-transport: one A/B at a time")
     if a.ab and len({takes_exact(b) for b in a.ab}) > 1:
@@ -511,7 +523,7 @@ def main():
                                       250_000 if s < SMALL else max(20, (2 << 30) // s), env), "stream",
                 bracket=a.bracket)
             table(streamers, stream_sizes, sres, serrors, ref.name, stream_cell,
-                  f"Streamed, 64 in flight (message rate below {size_name(SMALL)}, bandwidth from there)",
+                  f"Streamed, {WINDOW or 64} in flight (message rate below {size_name(SMALL)}, bandwidth from there)",
                   paired=spaired if a.bracket else None, pair_cell=paired_stream_ratio)
             entry["stream"] = sres
             entry["stream_paired"] = spaired

@@ -129,7 +129,7 @@ step_done "UCXX interop"
 # here: this machine is shared and noisy).
 cargo build -q -j2 --release -p ucx-stack --bin ucx-echo
 cargo build -q -j2 --release -p transport --bins
-timeout 600 python3 scripts/compare.py --rounds 1 --sizes 8 --ops stream,am --msgrate
+timeout 600 python3 scripts/compare.py --rounds 1 --sizes 8 --ops stream,am --msgrate --window 16
 step_done "compare.py"
 # Across two network namespaces (needs root and ip netns, as the netns test does).
 if [ "$(id -u)" = 0 ] && ip netns list > /dev/null 2>&1; then
