@@ -36,7 +36,7 @@ Options that add or change tables:
                         the other UCP operations beside ucx_perftest's stream_lat, ucp_am_lat,
                         ucp_put_lat and ucp_get (ours: put = put + flush, get = one blocking get,
                         both full round trips; perftest's put_lat needs none and ucp_get streams)
-  --stream              streamed sends (64 in flight, acknowledged at the end) beside
+  --stream              streamed sends (64 in flight, or --window's; acknowledged at the end) beside
                         ucx_perftest -t tag_bw -e (the reference, configured as above) and
                         plain tag_bw: bandwidth, and messages per second below 64 KiB;
                         for ucx-rs and transport ucx://, tcp:// also in batches of 64
@@ -478,7 +478,8 @@ def main():
           f"client CPU {CLIENT_CPU}")
     for s in skipped:
         print(f"  skipped {s}")
-    report = {"ucx": ucx, "rounds": a.rounds, "tls": {}}
+    # "window": --window, or null for 64 of ours beside ucx_perftest's own default.
+    report = {"ucx": ucx, "rounds": a.rounds, "window": WINDOW, "tls": {}}
     failed = set()
     stream_sizes = [8] if a.msgrate else sizes if a.stream else []
     for tls in a.tls.split(","):
