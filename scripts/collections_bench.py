@@ -3,14 +3,16 @@ the Dask virtual environment, running one engine's workloads (each in a fresh pr
 interleaved rounds, and the table of medians."""
 import json, os, statistics, subprocess, sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runner import built, cargo_build  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VPY = os.path.join(ROOT, "target", "dask-venv", "bin", "python")
-TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
 
 
 def example(name):
-    """The path of a release build of a dask-collections example."""
-    return os.path.join(TARGET, "release", "examples", name)
+    """The path of a dask-collections example, as STACK_PROFILE builds it (release by default)."""
+    return built("examples", name)
 
 
 def ensure_venv(probe, packages):
@@ -27,8 +29,7 @@ def ensure_venv(probe, packages):
 
 
 def build_example(name):
-    subprocess.run(["cargo", "build", "-q", "-j2", "--release", "-p", "dask-collections",
-                    "--example", name], check=True, cwd=ROOT)
+    cargo_build("dask-collections", "--example", name)
 
 
 def python_engine(side, args, names):

@@ -67,11 +67,11 @@ import argparse, glob, json, os, shutil, statistics, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runner import (CLIENT_CPU, SERVER_CPU, bracketed_rounds, json_rows, next_port, pair, perftest, pin,  # noqa: E402
-                    size_arg, size_name, start_server, stop)
+                    size_arg, size_name, start_server, stop, built, PROFILE)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-ECHO = os.path.join(ROOT, "target", "release", "ucx-echo")
-TECHO = os.path.join(ROOT, "target", "release", "transport-echo")
+ECHO = built("ucx-echo")
+TECHO = built("transport-echo")
 SCRATCH = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ucx-stack",
                        "async-ucx-bench")
 ASYNC_UCX = os.path.join(SCRATCH, "target", "debug", "async-ucx-bench")
@@ -297,12 +297,12 @@ def interop_peer(python):
                           capture_output=True, text=True, check=True).stdout.strip()
     libucx = os.path.join(site, "libucx")
     target = os.path.join(ROOT, "target", "ucx-ucxx")
-    subprocess.run(["cargo", "build", "-q", "-j2", "--release", "-p", "ucxx-peer"], cwd=ROOT, check=True,
+    subprocess.run(["cargo", "build", "-q", "-j2", "--profile", PROFILE, "-p", "ucxx-peer"], cwd=ROOT, check=True,
                    env=dict(os.environ, UCX_PREFIX=libucx, CARGO_TARGET_DIR=target))
     libs = ":".join([os.path.join(libucx, "lib")] + glob.glob(os.path.join(site, "libucx_cu*.libs")))
     env = dict(os.environ, LD_LIBRARY_PATH=libs, UCX_MODULE_DIR=os.path.join(libucx, "lib", "ucx"),
                UCX_WARN_UNUSED_ENV_VARS="n")
-    return os.path.join(target, "release", "ucxx-peer"), env
+    return os.path.join(target, "debug" if PROFILE == "dev" else PROFILE, "ucxx-peer"), env
 
 
 def fmt(size, us):
@@ -465,6 +465,9 @@ def main():
         impls += [Transport("tcp"), Transport("tcp", spin_us=-1), Transport("tcp", raw=True), Perftest(tls="tcp")]
         if has_ucxx:
             impls.append(Ucxx(a.ucxx_python))
+        elif os.environ.get("CI"):
+            sys.exit(f"FAILED: UCXX: no python with ucxx at {a.ucxx_python} (CI is expected to have it: "
+                     "tests/interop/run.sh makes it)")
         else:
             skipped.append(f"UCXX: no python with ucxx at {a.ucxx_python} (bash tests/interop/run.sh makes one)")
         if os.path.exists(ASYNC_UCX):

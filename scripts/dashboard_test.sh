@@ -3,18 +3,19 @@
 # Chromium (Debian's, which scripts/setup_test_tools.sh installs) loads the page while it computes; the
 # DOM must show the workers and task bars; a screenshot is saved (target/dashboard.png, or
 # the path given). `dask-comm status` must print the same summary, and /metrics must be
-# Prometheus text. Skips, saying why, only where Chromium is not there.
+# Prometheus text. Skips, saying why, only where Chromium is not there (in CI: fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 shot=${1:-$PWD/target/dashboard.png}
 browser=$(command -v chromium || command -v chromium-browser || true)
-[ -n "$browser" ] || { echo "dashboard: skipped: chromium not found (not installable here)"; exit 0; }
-cargo build -q -j2 --release -p dask-comm --example dashboard --bin dask-comm
+[ -n "$browser" ] || skip_or_fail dashboard "chromium not found (not installable here)"
+stack_build dask-comm --example dashboard --bin dask-comm
 work=$(mktemp -d)
 demo=""
 cleanup() { [ -n "$demo" ] && kill "$demo" 2> /dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-target/release/examples/dashboard --seconds 60 --dashboard-address 127.0.0.1:0 > "$work/demo.txt" 2>&1 &
+"$STACK_DIR/examples/dashboard" --seconds 60 --dashboard-address 127.0.0.1:0 > "$work/demo.txt" 2>&1 &
 demo=$!
 url=""
 for _ in $(seq 100); do
@@ -51,7 +52,7 @@ timeout 120 "${chrome[@]}" --window-size=1280,720 --screenshot="$shot" "$url" > 
 [ -s "$shot" ] || { echo "dashboard: FAILED: an empty screenshot"; exit 1; }
 echo "dashboard: screenshot $shot"
 at=${url#http://}; at=${at%/}
-target/release/dask-comm status --dashboard "$at" > "$work/status.txt" 2>&1 \
+"$STACK_DIR/dask-comm" status --dashboard "$at" > "$work/status.txt" 2>&1 \
   || { echo "dashboard: FAILED: dask-comm status"; cat "$work/status.txt"; exit 1; }
 sed 's/^/  /' "$work/status.txt"
 grep -q "^2 workers" "$work/status.txt" || { echo "dashboard: FAILED: dask-comm status"; exit 1; }

@@ -22,10 +22,13 @@ tasks or more takes minutes per run on two cores; it runs `--big-rounds` times (
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runner import built, cargo_build, skip_or_fail  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, "target", "dask-venv")
 VPY = os.path.join(VENV, "bin", "python")
-OURS = os.path.join(ROOT, "target", "release", "dask-comm")
+OURS = built("dask-comm")
 FULL = "merge-10000,merge-100000,tree-12,tree-15,chain-10000,roundtrip"
 QUICK = "merge-10000,tree-12,chain-1000,roundtrip"
 BIG = 50_000
@@ -178,14 +181,13 @@ def main():
     workloads = (a.workloads or (QUICK if a.quick else FULL)).split(",")
     rounds = 1 if a.quick else max(1, a.rounds)
     protocols = a.protocols.split(",")
-    subprocess.run(["cargo", "build", "-q", "-j2", "--release", "-p", "dask-comm",
-                    "--bin", "dask-comm"], cwd=ROOT, check=True)
+    cargo_build("dask-comm", "--bin", "dask-comm")
     dask = None
     if not a.no_dask:
         if ensure_venv():
             dask = Dask()
         else:
-            print("Dask: SKIPPED (could not install dask[distributed] from PyPI)")
+            skip_or_fail("Dask: could not install dask[distributed] from PyPI")
     engines = ([("dask", None, False)] if dask else []) + \
         [("ours", p, False) for p in protocols] + [("ours", p, True) for p in protocols]
     label = {e: (f"Dask {dask.version}" if e[0] == "dask" else

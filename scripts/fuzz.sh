@@ -2,7 +2,9 @@
 # Fuzzes every decoder of bytes from the wire (fuzz/fuzz_targets/, see docs/fuzzing.md) with
 # cargo-fuzz on the stable toolchain (libFuzzer, no sanitizer: the decoders are safe Rust).
 #   bash scripts/fuzz.sh                 10M executions per target (the long run)
-#   bash scripts/fuzz.sh --seconds 60    about a minute per target (CI)
+#   bash scripts/fuzz.sh --seconds 60    about a minute per target
+#   bash scripts/fuzz.sh --total 120     about two minutes in all, shared out between the targets
+#                                        run side by side, one per core (CI)
 #   bash scripts/fuzz.sh --replay        only replay fuzz/regressions/ (kept crash inputs)
 # Inputs that once crashed a target live in fuzz/regressions/<target>/ and are replayed first;
 # a new crash's input is left in fuzz/artifacts/<target>/ and the script fails.
@@ -13,9 +15,10 @@ mode=runs
 limit=10000000
 case "${1:-}" in
   --seconds) mode=seconds; limit=${2:?--seconds needs a number} ;;
+  --total) mode=total; limit=${2:?--total needs a number} ;;
   --replay) mode=replay ;;
   "") ;;
-  *) echo "usage: $0 [--seconds N | --replay]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--seconds N | --total N | --replay]" >&2; exit 2 ;;
 esac
 if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install -q --locked cargo-fuzz@0.13.2 -j2
@@ -24,6 +27,16 @@ export CARGO_BUILD_JOBS=2
 cargo fuzz build -s none -O
 bin=fuzz/target/x86_64-unknown-linux-gnu/release
 targets=$(cargo fuzz list)
+slots=$(nproc 2>/dev/null || echo 1)
+if [ "$mode" = total ]; then
+  # The targets run `slots` at a time: each gets its share of the wall-clock total (at least
+  # 5 s, so that each runs some thousands of inputs).
+  n=$(echo "$targets" | wc -w)
+  limit=$(( limit * slots / n ))
+  [ "$limit" -ge 5 ] || limit=5
+  mode=seconds
+  echo "fuzz: $n targets, $slots at a time, $limit s each"
+fi
 # One target: its kept regression inputs, then the run; prints its row, or fails with the
 # crash's log. (Called as `run_one T || ...`, where set -e does not apply: every step checks.)
 run_one() {
@@ -54,7 +67,6 @@ run_one() {
 # target's output is kept apart and printed in order once all have ended.
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-slots=$(nproc 2>/dev/null || echo 1)
 running=0
 for t in $targets; do
   if [ "$running" -ge "$slots" ]; then

@@ -7,10 +7,14 @@
 # of it may be left. Slurm: scripts/slurm_test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build -q -j2 --release -p dask-collections --example mpi_tour
-cargo build -q -j2 --release -p dask-comm --bin dask-comm
-tour="$PWD/target/release/examples/mpi_tour"
-cli="$PWD/target/release/dask-comm"
+source scripts/lib.sh
+# Both launchers, or (in CI) a failure: a launcher left out would pass unchecked.
+command -v mpirun.openmpi > /dev/null || skip_or_fail launch "mpirun.openmpi not found (openmpi-bin not installed)"
+command -v mpiexec.mpich > /dev/null || skip_or_fail launch "mpiexec.mpich not found (mpich not installed)"
+stack_build dask-collections --example mpi_tour
+stack_build dask-comm --bin dask-comm
+tour="$STACK_DIR/examples/mpi_tour"
+cli="$STACK_DIR/dask-comm"
 work=$(mktemp -d)
 # Also when a time limit ends this script: no launcher or rank of it outlives it.
 # (`|| true`: under set -e a pkill that finds nothing would make this script fail.)

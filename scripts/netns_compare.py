@@ -36,11 +36,11 @@ import argparse, os, signal, statistics, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from runner import (CLIENT_CPU, SERVER_CPU, bracketed_rounds, json_rows, next_port, size_arg,  # noqa: E402
-                    size_name, start_server, stop)
+                    size_name, start_server, stop, built)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-TECHO = os.path.join(ROOT, "target", "release", "transport-echo")
-UECHO = os.path.join(ROOT, "target", "release", "ucx-echo")
+TECHO = built("transport-echo")
+UECHO = built("ucx-echo")
 SERVER_IP, CLIENT_IP = "10.231.9.1", "10.231.9.2"
 UCX_TCP = ["--ucx-tcp", "--ucx-no-shm"]  # UCX_TLS=self,tcp
 

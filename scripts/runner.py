@@ -8,6 +8,35 @@ the async-ucx harness) prints one line, `LISTENING <address>`, once it accepts c
 import json, os, select, subprocess, tempfile, time
 
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+# The cargo profile the scripts build and run (scripts/lib.sh says the same for the shell
+# scripts): release, unless STACK_PROFILE names another (CI: dev, as its tests).
+PROFILE = os.environ.get("STACK_PROFILE") or "release"
+
+
+def built(*parts):
+    """The path of a binary of PROFILE's build: built("examples", "array_tour")."""
+    return os.path.join(TARGET, "debug" if PROFILE == "dev" else PROFILE, *parts)
+
+
+def cargo_build(package, *targets):
+    """Builds `targets` (`--example`, `NAME`, ...) of `package` in PROFILE; with
+    STACK_ALL_FEATURES=1 (CI) as the tests were built (the workspace, every feature)."""
+    if os.environ.get("STACK_ALL_FEATURES") == "1":
+        which = ["--workspace", "--all-features"]
+    else:
+        which = ["-p", package]
+    subprocess.run(["cargo", "build", "-q", "-j2", "--profile", PROFILE, *which, *targets],
+                   cwd=ROOT, check=True)
+
+
+def skip_or_fail(what):
+    """A comparison left out for want of something CI is expected to have (PyPI, a venv):
+    in CI (CI set) that fails the run; elsewhere it is printed and the run goes on."""
+    if os.environ.get("CI"):
+        raise SystemExit(f"FAILED: {what} (CI is expected to have it)")
+    print(f"SKIPPED: {what}", flush=True)
 _CPUS = sorted(os.sched_getaffinity(0))
 # Server and client on two different CPUs this process may use (the same one if only one).
 SERVER_CPU, CLIENT_CPU = str(_CPUS[0]), str(_CPUS[min(1, len(_CPUS) - 1)])

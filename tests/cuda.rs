@@ -88,10 +88,13 @@ fn echo(
     rows
 }
 
-fn gpu() -> Option<String> {
+fn gpu(test: &str) -> Option<String> {
     if !ucx::cuda::gpu_available() {
         let why = ucx::cuda::open(0).err().map(|e| e.to_string());
-        eprintln!("skipping the device runs: {}", why.unwrap_or_default());
+        test_support::skip_without_gpu(
+            &format!("cuda::{test}: the device runs"),
+            &why.unwrap_or_default(),
+        );
         return None;
     }
     Some("present".into())
@@ -132,7 +135,9 @@ fn host_echo_across_processes() {
 /// takes (zero-copy with CUDA transports, staged otherwise) and with staging forced.
 #[test]
 fn device_echo_across_processes() {
-    let Some(name) = gpu() else { return };
+    let Some(name) = gpu("device_echo_across_processes") else {
+        return;
+    };
     eprintln!("GPU: {name}");
     let sizes = "1,8,4096,65536,1000003,16777216,67108864";
     for extra in [
@@ -150,7 +155,7 @@ fn device_echo_across_processes() {
 /// paths, and the server stays healthy for the next client.
 #[test]
 fn device_receive_truncation_is_an_error() {
-    if gpu().is_none() {
+    if gpu("device_receive_truncation_is_an_error").is_none() {
         return;
     }
     for extra in [&["--stage-below", "max"][..], &["--stage-below", "0"][..]] {
@@ -190,7 +195,7 @@ fn device_receive_truncation_is_an_error() {
 /// Active messages from device memory land in device memory with a device allocator.
 #[test]
 fn device_active_messages() {
-    if gpu().is_none() {
+    if gpu("device_active_messages").is_none() {
         return;
     }
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -244,7 +249,7 @@ fn device_rendezvous_in_one_process_thread() {
 }
 
 fn rendezvous_in_one_process(mode: ucx::ProgressMode) {
-    if gpu().is_none() {
+    if gpu("rendezvous_in_one_process").is_none() {
         return;
     }
     let rt = tokio::runtime::Builder::new_current_thread()

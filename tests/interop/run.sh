@@ -2,7 +2,7 @@
 # Interop with the real UCXX (PyPI ucxx-cu12 0.52), run by scripts/test.sh.
 #
 # 1. A virtual environment under target/ucxx-venv with ucxx-cu12 and numpy (installed once).
-#    When PyPI cannot be reached, this prints why and exits 0 (skipped); CI reaches it.
+#    When PyPI cannot be reached, this prints why and exits 0 (skipped); in CI it fails.
 # 2. `ucxx-peer` built against the UCX inside that environment (libucx-cu12): UCX's
 #    client-server wire-up differs between Debian's 1.13 and the wheel's 1.21 ("no remote ep
 #    address for lane", "Invalid parameter"), so both peers must run the same UCX.
@@ -16,6 +16,7 @@
 # built with --features cuda). The default is host memory (numpy).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/lib.sh
 VENV=target/ucxx-venv
 PY=$VENV/bin/python
 if [ ! -x "$PY" ] || ! "$PY" -c "import ucxx, numpy" 2>/dev/null; then
@@ -23,9 +24,8 @@ if [ ! -x "$PY" ] || ! "$PY" -c "import ucxx, numpy" 2>/dev/null; then
   rm -rf "$VENV"
   python3 -m venv "$VENV"
   if ! timeout 900 "$VENV/bin/pip" install -q --disable-pip-version-check ucxx-cu12 numpy; then
-    echo "interop: SKIPPED: could not install ucxx-cu12 from PyPI (no network?)"
     rm -rf "$VENV"
-    exit 0
+    skip_or_fail interop "could not install ucxx-cu12 from PyPI (no network?)"
   fi
 fi
 SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -38,9 +38,10 @@ MEMORY=${UCXX_INTEROP_MEMORY:-host}
 FEATURES=()
 [ "$MEMORY" = cuda ] && FEATURES=(--features cuda)
 echo "interop: $MEMORY memory on both sides"
-# Release, as scripts/compare.py --interop builds it (CI runs both: one build serves the two).
-UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=target/ucx-ucxx cargo build -q -j2 --release "${FEATURES[@]}" -p ucxx-peer
-PEER=target/ucx-ucxx/release/ucxx-peer
+# In STACK_PROFILE, as scripts/compare.py --interop builds it (CI runs both: one build serves
+# the two).
+UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=target/ucx-ucxx cargo build -q -j2 --profile "$STACK_PROFILE" "${FEATURES[@]}" -p ucxx-peer
+PEER=target/ucx-ucxx/${STACK_DIR##*/}/ucxx-peer
 export LD_LIBRARY_PATH=$LIBUCX/lib:$SITE/libucx_cu12.libs
 export UCX_MODULE_DIR=$LIBUCX/lib/ucx UCX_WARN_UNUSED_ENV_VARS=n
 SCRIPT=tests/interop/ucxx_peer.py

@@ -59,7 +59,7 @@ impl CloseState {
     /// Ends the receive in progress with `reason` once a poll finds it still pending (what
     /// it completed is delivered first). For a receive the backend cannot end: on `ucx://`,
     /// one that UCX matched to a message from a peer that died before sending all of it
-    /// (docs/transport.md, "Eager up to 64 KiB"). What it holds stays with it, unread.
+    /// (docs/notes/2026-11-27-eager-up-to-64k.md). What it holds stays with it, unread.
     #[cfg(feature = "ucx")]
     pub(crate) fn give_up_receive(&self, reason: CloseReason) {
         self.given_up

@@ -99,7 +99,10 @@ async fn device_frames_round_trip_on_a_gpu() {
     let gpu = match ucx::cuda::open(0) {
         Ok(gpu) => gpu,
         Err(e) => {
-            eprintln!("skipped: {e}");
+            test_support::skip_without_gpu(
+                "device_frames::device_frames_round_trip_on_a_gpu",
+                &e.to_string(),
+            );
             return;
         }
     };

@@ -6,7 +6,8 @@
 //! `Options::ucx_direct` (a few trials: see `run_config`). Prints the distribution of
 //! detection times (from the kill to the last pending operation's end).
 //!
-//! `cargo test -p transport --test peer_death` runs 25 trials per configuration;
+//! The fast tier runs 3 trials over `tcp://` and `ucx://` (polling); the drill
+//! (`cargo test -p transport --test peer_death -- --ignored`) 25 trials per configuration;
 //! `PEER_DEATH_TRIALS=1000` (or `bash scripts/faults.sh`) runs more; `PEER_DEATH_SIZES=13..16`
 //! only sizes of 2^13 to 2^16 bytes (over `ucx://`, eager messages of several fragments). No
 //! test harness: the binary re-executes itself per configuration.
@@ -187,7 +188,7 @@ fn report(config: &str, trials: usize, mid: usize, times: &mut [Duration]) {
             .map_or("-".into(), |t| format!("{t:.1?}"))
     };
     println!(
-        "{config:<13} {trials} trials ({mid} killed mid-echo, {} slow connects): detection p50 {} p90 {} p99 {} max {}",
+        "{config:<13} {trials} trials ({mid} killed mid-echo, {} slow connects): detection p50 {} p90 {} p99 {} max {} (bound {DETECT_LIMIT:?})",
         SLOW_CONNECTS.load(std::sync::atomic::Ordering::Relaxed),
         pct(50),
         pct(90),
@@ -205,19 +206,38 @@ fn main() {
         run_config(&config, trials);
         return;
     }
+    test_support::Tests::new()
+        .fast("peer_death_tcp_and_ucx", || {
+            run_configs(&["tcp", "ucx:polling"], 3)
+        })
+        .drill(
+            "peer_death",
+            "25 trials in each of 7 configurations",
+            || {
+                run_configs(
+                    &[
+                        "tcp",
+                        "tls",
+                        "ucx:polling",
+                        "ucx:blocking",
+                        "ucx:thread",
+                        "ucx-direct:polling",
+                        "ucx-direct:thread",
+                    ],
+                    trials,
+                )
+            },
+        )
+        .run();
+}
+
+/// `trials` trials of each configuration, each configuration in processes of its own.
+fn run_configs(configs: &[&str], trials: usize) {
     let exe = std::env::current_exe().expect("this test");
-    for config in [
-        "tcp",
-        "tls",
-        "ucx:polling",
-        "ucx:blocking",
-        "ucx:thread",
-        "ucx-direct:polling",
-        "ucx-direct:thread",
-    ] {
-        // After a moved peer dies, UCX 1.13 can wedge this process's next connect (the reason
-        // `ucx_direct` is off by default, docs/transport.md; it failed CI on 2026-11-24 at the
-        // second trial): each trial of a moved connection runs in a process of its own.
+    for &config in configs {
+        // After a moved peer dies, UCX 1.13 can wedge this process's next connect (one reason
+        // `ucx_direct` is off by default, docs/transport.md), as early as the second trial:
+        // each trial of a moved connection runs in a process of its own.
         let direct = config.starts_with("ucx-direct");
         if direct {
             for _ in 0..DIRECT_TRIALS {

@@ -86,6 +86,7 @@ async fn storm(at: &str) -> Duration {
 }
 
 #[test]
+#[ignore = "drill: 1,000 clients at once on each backend"]
 fn a_thousand_clients_at_once_per_backend() {
     // UCX registers every endpoint's sockets in one event set per process, of
     // UCX_ASYNC_MAX_EVENTS (1024 by default, read when UCX loads): beyond about 500 `ucx://`
@@ -96,6 +97,7 @@ fn a_thousand_clients_at_once_per_backend() {
             .args([
                 "--exact",
                 "a_thousand_clients_at_once_per_backend",
+                "--include-ignored",
                 "--nocapture",
             ])
             .env("UCX_ASYNC_MAX_EVENTS", "16384")
@@ -120,7 +122,8 @@ fn a_thousand_clients_at_once_per_backend() {
     ] {
         let took = rt.block_on(storm(at));
         eprintln!(
-            "{at}: {CLIENTS} clients connected, echoed and closed in {took:.2?} (fd limit {fds})"
+            "{at}: {CLIENTS} clients connected, echoed and closed in {took:.2?} \
+             (bound {LIMIT:?}; fd limit {fds})"
         );
     }
 }

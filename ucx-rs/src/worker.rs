@@ -707,7 +707,7 @@ async fn blocking_progress(
             // long as something progressed the worker since this task last looked. Not an
             // event: the spin window runs down as before, so this task spins no longer than
             // it did (with the window kept open, a dask-comm chain with real work on two
-            // cores measured 1.11-1.21x, docs/transport.md "The sole wait assists").
+            // cores measured 1.11-1.21x, docs/notes/2026-11-27-sole-wait-assists.md).
             if shared
                 .sole
                 .as_ref()

@@ -5,8 +5,10 @@
 //! after each kill), so this is a test binary of its own (`harness = false`): the workers
 //! are this binary started again.
 //!
+//! A drill:
+//!
 //! ```text
-//! cargo test -p dask-collections --test shuffle_loss
+//! cargo test -p dask-collections --test shuffle_loss -- --ignored
 //! ```
 
 use std::sync::mpsc;
@@ -120,6 +122,16 @@ fn wait_for_workers(client: &Client, n: usize) {
 fn main() {
     register();
     dask_comm::run_if_worker();
+    test_support::Tests::new()
+        .drill(
+            "shuffle_loss",
+            "8 workers killed with SIGKILL mid-shuffle",
+            shuffle_loss,
+        )
+        .run();
+}
+
+fn shuffle_loss() {
     let want_bag = groupby_sum(&dask_graph::Sync).expect("Sync's groupby");
     let want_frame = merged(&dask_graph::Sync).expect("Sync's merge");
     let cluster = LocalCluster::with(ClusterOptions {
@@ -167,5 +179,4 @@ fn main() {
         stats.shuffle_restarts > 0,
         "no kill restarted a shuffle: {stats:?}"
     );
-    println!("test shuffle_loss ... ok");
 }

@@ -102,7 +102,7 @@ fn context() -> Result<ucx::Context> {
             // Every first UCX message fits FIRST_MAX and has its receive posted before it
             // arrives, so eager lands it in place; UCX's own threshold (auto) chose
             // rendezvous from 20,553 B over TCP and 8,256 B on shared memory, a round trip
-            // more (docs/transport.md, "Eager up to 64 KiB"). The user's UCX_RNDV_THRESH wins.
+            // more (docs/notes/2026-11-27-eager-up-to-64k.md). The user's UCX_RNDV_THRESH wins.
             if std::env::var_os("UCX_RNDV_THRESH").is_none() {
                 opts.push(("RNDV_THRESH", RNDV_THRESH.to_string()));
             }
@@ -119,7 +119,7 @@ const MAX_FRESH_WORKERS: usize = 4;
 /// (unless another connect did already, or [`MAX_FRESH_WORKERS`] were made); returns whether
 /// the next connect gets a different worker (if not, it tries the same one again). UCX 1.13's TCP layer can reuse a closed
 /// connection of a dead peer for a new peer on the same address and port, after which that
-/// worker's connects hang (docs/transport.md, "A UCX 1.13 wedge"); a new worker has TCP
+/// worker's connects hang (docs/notes/2026-11-23-ucx-direct-same-host-lanes.md, "A UCX 1.13 wedge"); a new worker has TCP
 /// interfaces of its own. The old one lives on for its connections and listeners.
 fn fresh_worker(stale: &ucx::Worker) -> bool {
     static MADE: AtomicU64 = AtomicU64::new(0);

@@ -105,7 +105,7 @@ impl Conn {
             // bytes, copied into a buffer kept for the connection (given back once UCX is done
             // with it). A copy of 64 KiB costs less than a second UCX message; UCX's own
             // gather (the IOV datatype) was slower still past its rendezvous threshold
-            // (docs/transport.md, "One UCX message up to 64 KiB").
+            // (docs/notes/2026-11-26-one-ucx-message-up-to-64k.md).
             // Copied and posted under the send lock, which keeps the buffer: a send that
             // completes at once (eager, the usual case) gives it back under the same lock,
             // one lock per message. Concurrent senders on one connection wait for each
