@@ -18,6 +18,11 @@ case "${1:-}" in
 esac
 source scripts/setup.sh
 [ "$tier" = fast ] || source scripts/setup_test_tools.sh
+# One build for everything: the tests, the examples and the scripts' binaries are the dev
+# profile's, every feature of the workspace on (cudarc loads the driver at run time: device
+# tests skip without a GPU, printing why), so no library is compiled twice. The scripts check
+# that things run and agree, not how fast, so they run these builds too (scripts/lib.sh).
+export STACK_PROFILE=dev STACK_ALL_FEATURES=1
 source scripts/lib.sh
 STEP_START=$SECONDS
 STEPS=()
@@ -42,11 +47,6 @@ print_steps() {
 }
 trap print_steps EXIT
 step_done "set-up (system packages, test tools)"
-# One build for everything: the tests, the examples and the scripts' binaries are the dev
-# profile's, every feature of the workspace on (cudarc loads the driver at run time: device
-# tests skip without a GPU, printing why), so no library is compiled twice. The scripts check
-# that things run and agree, not how fast, so they run these builds too (scripts/lib.sh).
-export STACK_PROFILE=dev STACK_ALL_FEATURES=1
 # Disk: a clean build needs no incremental caches, and the test binaries carry symbols but no
 # debug info (panics still name file and line). Local `cargo test` keeps debug info.
 export CARGO_INCREMENTAL=0
