@@ -103,6 +103,10 @@ timeout 300 "$STACK_DIR/examples/dataframe_tour"
 echo "example million (dask-graph, 100,000 tasks here):"
 timeout 300 "$STACK_DIR/examples/million" 100000
 step_done "examples (run)"
+# The Python package: `pip install ./python` into target/py-venv, its tests in every progress
+# mode (needs PyPI for maturin, pytest and NumPy).
+bash scripts/python_test.sh
+step_done "drills: Python package (pip install, pytest)"
 # Every decoder of bytes from the wire, fuzzed for a bounded total (kept crash inputs replayed
 # first; scripts/fuzz.sh with no argument is the long run).
 echo "disk: $(free_mb) MB free before the fuzzers' build (about 1 GB, fuzz/target)"

@@ -1,0 +1,384 @@
+"""The package against itself: every call, sizes 0 B to 16 MiB, dtypes, tags, objects,
+closing, cancellation, many clients, reset, bad arguments."""
+
+import asyncio
+import gc
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ucxrs
+
+SIZES = [0, 1, 8, 4096, 65536, 1 << 20, 16 << 20]
+
+
+async def until_peer_closes(ep):
+    """Keeps the server's endpoint open until the client closes it (a server that closes right
+    after its send completed can fail the client's receive of a large message still in flight:
+    docs/python.md)."""
+    with pytest.raises(ucxrs.UCXError):
+        await ep.recv(bytearray(1), tag=0x5EED)
+
+
+async def echo_pair(serve):
+    """A listener whose callback is `serve`, and an endpoint connected to it."""
+    listener = ucxrs.create_listener(serve)
+    ep = await ucxrs.create_endpoint("127.0.0.1", listener.port)
+    return listener, ep
+
+
+async def test_version_and_config():
+    major, minor, release = ucxrs.get_ucx_version()
+    assert major >= 1 and minor >= 0 and release >= 0
+    config = ucxrs.get_config()
+    assert "TLS" in config
+    assert ucxrs.progress_mode() in ("thread", "blocking", "polling")
+    assert "libucp" in (ucxrs.ucx_library() or "")
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("dtype", ["u1", "f8", "i4"])
+async def test_send_recv_numpy(size, dtype):
+    async def serve(ep):
+        got = np.empty(size // np.dtype(dtype).itemsize, dtype=dtype)
+        await ep.recv(got)
+        await ep.send(got)
+        await until_peer_closes(ep)
+
+    listener, ep = await echo_pair(serve)
+    n = size // np.dtype(dtype).itemsize
+    sent = (np.arange(n) % 251).astype(dtype)
+    await ep.send(sent)
+    back = np.zeros(n, dtype=dtype)
+    assert await ep.recv(back) == back.nbytes
+    np.testing.assert_array_equal(back, sent)
+    await ep.close()
+    listener.close()
+
+
+async def test_bytes_bytearray_memoryview_and_tags():
+    async def serve(ep):
+        for tag in (7, "a string tag", -3):
+            buf = bytearray(5)
+            await ep.recv(buf, tag=tag)
+            await ep.send(memoryview(buf), tag=tag)
+        buf = bytearray(3)
+        await ep.recv(buf, tag=0xFEED, force_tag=True)
+        await ep.send(bytes(buf), tag=0xBEEF, force_tag=True)
+
+    listener, ep = await echo_pair(serve)
+    # Sends in one order, receives in another: tags keep them apart.
+    await ep.send(b"seven", tag=7)
+    await ep.send(b"strng", tag="a string tag")
+    await ep.send(b"minus", tag=-3)
+    got = {}
+    for tag in (-3, 7, "a string tag"):
+        buf = bytearray(5)
+        await ep.recv(buf, tag=tag)
+        got[tag] = bytes(buf)
+    assert got == {7: b"seven", "a string tag": b"strng", -3: b"minus"}
+    await ep.send(b"abc", tag=0xFEED, force_tag=True)
+    buf = bytearray(3)
+    await ep.recv(buf, tag=0xBEEF, force_tag=True)
+    assert buf == b"abc"
+    await ep.close()
+    listener.close()
+
+
+@pytest.mark.parametrize("size", [0, 1, 1000, 5 << 20])
+async def test_send_obj_recv_obj(size):
+    async def serve(ep):
+        obj = await ep.recv_obj()
+        await ep.send_obj(obj)
+        await until_peer_closes(ep)
+
+    listener, ep = await echo_pair(serve)
+    payload = os.urandom(size)
+    await ep.send_obj(payload)
+    back = await ep.recv_obj()
+    assert isinstance(back, bytearray) and back == payload
+    await ep.close()
+    listener.close()
+
+
+async def test_recv_refuses_read_only_and_non_contiguous():
+    async def serve(ep):
+        await asyncio.sleep(0.2)
+
+    listener, ep = await echo_pair(serve)
+    with pytest.raises(ValueError, match="writable"):
+        await ep.recv(b"immutable")
+    with pytest.raises(ValueError, match="contiguous"):
+        await ep.recv(np.zeros((4, 4))[:, 1])
+    with pytest.raises(TypeError):
+        await ep.send(12345)
+    await ep.close()
+    listener.close()
+
+
+async def test_truncation_is_an_error():
+    async def serve(ep):
+        await ep.send(b"x" * 100)
+        await asyncio.sleep(0.2)
+
+    listener, ep = await echo_pair(serve)
+    with pytest.raises(ucxrs.UCXMessageTruncatedError):
+        await ep.recv(bytearray(10))
+    await ep.close()
+    listener.close()
+
+
+async def test_closing_fails_pending_and_later_calls():
+    closed = asyncio.Event()
+
+    async def serve(ep):
+        with pytest.raises(ucxrs.UCXError):
+            await ep.recv(bytearray(8))  # the client closes instead of sending
+        closed.set()
+
+    listener, ep = await echo_pair(serve)
+    pending = asyncio.ensure_future(ep.recv(bytearray(8)))
+    await asyncio.sleep(0.05)
+    await ep.close()
+    with pytest.raises(ucxrs.UCXCanceledError):
+        await pending
+    assert ep.closed
+    with pytest.raises(ucxrs.UCXCloseError):
+        await ep.send(b"late")
+    await asyncio.wait_for(closed.wait(), 10)
+    listener.close()
+
+
+async def test_cancelled_receive_keeps_the_buffer_pinned_until_ucx_lets_go():
+    async def serve(ep):
+        await asyncio.sleep(0.1)
+        await ep.send(b"after")  # arrives after the first receive was cancelled
+        await asyncio.sleep(0.2)
+
+    listener, ep = await echo_pair(serve)
+    buf = bytearray(5)
+    task = asyncio.ensure_future(ep.recv(buf))
+    await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    again = bytearray(5)
+    await ep.recv(again)
+    assert again == b"after"
+    # The cancelled receive's view is released: the bytearray can be resized again.
+    for _ in range(100):
+        try:
+            buf.extend(b"!")
+            break
+        except BufferError:
+            await asyncio.sleep(0.01)
+            ucxrs.get_config()  # a call from Python releases the views UCX let go of
+    else:
+        pytest.fail("the cancelled receive's buffer stayed pinned")
+    await ep.close()
+    listener.close()
+
+
+async def test_many_concurrent_coroutines_and_clients_on_several_listeners():
+    async def serve(ep):
+        for _ in range(20):
+            buf = np.empty(64, dtype="u1")
+            await ep.recv(buf)
+            await ep.send(buf)
+        await until_peer_closes(ep)
+
+    listeners = [ucxrs.create_listener(serve) for _ in range(3)]
+
+    async def client(i):
+        ep = await ucxrs.create_endpoint("127.0.0.1", listeners[i % 3].port)
+        for r in range(20):
+            out = np.full(64, (i + r) % 256, dtype="u1")
+            await ep.send(out)
+            back = np.empty(64, dtype="u1")
+            await ep.recv(back)
+            assert (back == out).all()
+        await ep.close()
+
+    await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(12))), 60)
+    for lst in listeners:
+        lst.close()
+
+
+async def test_cancellation_storm_while_messages_flow():
+    """Hundreds of receives cancelled at random moments while the peer sends: no deadlock
+    between the GIL and the worker's lock, no message lost to a cancelled receive, and every
+    cancelled buffer released."""
+
+    async def serve(ep):
+        for i in range(200):
+            await ep.send(i.to_bytes(4, "little"), tag=1)
+        await until_peer_closes(ep)
+
+    listener, ep = await echo_pair(serve)
+    bufs = [bytearray(4) for _ in range(300)]
+    tasks = [asyncio.ensure_future(ep.recv(b, tag=2)) for b in bufs]  # never sent: cancelled
+    got = []
+    for i in range(200):
+        if i % 20 == 0:
+            for t in tasks[i:i + 30]:
+                t.cancel()
+        b = bytearray(4)
+        await ep.recv(b, tag=1)
+        got.append(int.from_bytes(b, "little"))
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert got == list(range(200))
+    await ep.close()
+    listener.close()  # each call from Python releases the views UCX let go of since the last
+    for b in bufs:
+        b.extend(b"!")  # no view left on any of them
+
+
+async def test_plain_function_callback_and_active_clients():
+    accepted = []
+
+    def callback(ep):
+        accepted.append(ep)
+
+    listener = ucxrs.create_listener(callback)
+    ep = await ucxrs.create_endpoint("127.0.0.1", listener.port)
+    for _ in range(100):
+        if accepted:
+            break
+        await asyncio.sleep(0.01)
+    assert len(accepted) == 1 and listener.active_clients == 0
+    await accepted[0].send(b"hi")
+    buf = bytearray(2)
+    await ep.recv(buf)
+    assert buf == b"hi"
+    await ep.close()
+    await accepted[0].close()
+    listener.close()
+    accepted.clear()
+
+
+async def test_close_after_n_recv():
+    async def serve(ep):
+        for i in range(3):
+            await ep.send(bytes([i]))
+        await asyncio.sleep(0.2)
+
+    listener, ep = await echo_pair(serve)
+    ep.close_after_n_recv(3)
+    for i in range(3):
+        buf = bytearray(1)
+        await ep.recv(buf)
+        assert buf[0] == i
+    assert ep.closed
+    listener.close()
+
+
+async def test_connect_refused_and_bad_arguments():
+    ucxrs.init(connect_timeout=5)
+    with pytest.raises(ucxrs.UCXError):
+        await asyncio.wait_for(ucxrs.create_endpoint("127.0.0.1", 1), 60)
+    with pytest.raises(OverflowError):
+        await ucxrs.create_endpoint("127.0.0.1", 70000)
+
+
+def test_reset_refuses_while_alive_and_init_twice():
+    async def body():
+        listener = ucxrs.create_listener(lambda ep: None)
+        with pytest.raises(ucxrs.UCXError, match="alive"):
+            ucxrs.reset()
+        listener.close()
+        return listener
+
+    lst = asyncio.run(body())
+    assert lst.closed
+    ucxrs.reset()  # a closed listener no longer counts, though still referenced
+    ucxrs.init(progress_mode="blocking")
+    assert ucxrs.progress_mode() == "blocking"
+    with pytest.raises(RuntimeError, match="already"):
+        ucxrs.init()
+    ucxrs.reset()
+    with pytest.raises(ValueError, match="progress mode"):
+        ucxrs.init(progress_mode="spinning")
+    with pytest.raises(ucxrs.UCXConfigError):
+        ucxrs.init(options={"NO_SUCH_OPTION_AT_ALL": "1"})
+
+
+@pytest.mark.parametrize("mode", ["thread", "blocking", "polling"])
+def test_every_progress_mode(mode):
+    ucxrs.init(progress_mode=mode)
+
+    async def body():
+        async def serve(ep):
+            buf = np.empty(1 << 20, dtype="u1")
+            await ep.recv(buf)
+            await ep.send(buf)
+            await until_peer_closes(ep)
+
+        listener, ep = await echo_pair(serve)
+        out = np.random.default_rng(1).integers(0, 255, 1 << 20, dtype="u1")
+        await ep.send(out)
+        back = np.empty_like(out)
+        await ep.recv(back)
+        assert (back == out).all()
+        await ep.close()
+        listener.close()
+
+    asyncio.run(body())
+
+
+PEER = r"""
+import asyncio, sys, ucxrs
+async def main():
+    ep = await ucxrs.create_endpoint("127.0.0.1", int(sys.argv[1]))
+    await ep.send(b"ready")
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+async def test_a_peer_killed_mid_transfer_fails_the_pending_receive():
+    ready = asyncio.Event()
+    outcome = asyncio.get_running_loop().create_future()
+
+    async def serve(ep):
+        buf = bytearray(5)
+        await ep.recv(buf)
+        ready.set()
+        try:
+            await ep.recv(bytearray(1 << 20))
+            outcome.set_result("received")
+        except ucxrs.UCXError as e:
+            outcome.set_result(type(e))  # not the exception: its traceback holds the endpoint
+
+    listener = ucxrs.create_listener(serve)
+    peer = subprocess.Popen([sys.executable, "-c", PEER, str(listener.port)])
+    try:
+        await asyncio.wait_for(ready.wait(), 60)
+        peer.send_signal(signal.SIGKILL)
+        err = await asyncio.wait_for(outcome, 30)
+        assert err in (ucxrs.UCXConnectionResetError, ucxrs.UCXCanceledError), err
+    finally:
+        peer.kill()
+        peer.wait()
+    listener.close()
+
+
+def test_a_forked_child_is_told_to_reset():
+    ucxrs.get_config()  # initialise here
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ucxrs.get_config()
+        except ucxrs.UCXError as e:
+            if "forked" in str(e):
+                ucxrs.reset()
+                code = 0 if ucxrs.get_ucx_version()[0] >= 1 else 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

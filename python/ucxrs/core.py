@@ -1,0 +1,213 @@
+"""UCXX's module functions, ``Endpoint`` and ``Listener``, over the native module."""
+
+import asyncio
+import logging
+
+from . import _ucxrs
+from ._ucxrs import UCXCloseError, UCXError
+
+logger = logging.getLogger("ucxrs")
+
+_I128 = 1 << 127
+
+
+def init(options=None, env_takes_precedence=False, progress_mode=None, connect_timeout=None):
+    """Initialises UCX: ``options`` are UCX configuration keys without ``UCX_`` (``{"TLS":
+    "tcp"}``); by default they override the environment (``env_takes_precedence`` reverses
+    that). ``progress_mode`` is ``"thread"`` (default), ``"blocking"`` or ``"polling"``, or
+    ``UCXPY_PROGRESS_MODE``'s value. Without a call, the first use initialises the defaults.
+    Raises ``RuntimeError`` when already initialised (``reset()`` first)."""
+    _ucxrs.init(
+        options=dict(options or {}),
+        env_takes_precedence=env_takes_precedence,
+        progress_mode=progress_mode,
+        connect_timeout=connect_timeout,
+    )
+
+
+def reset():
+    """Forgets UCX's context and worker, so that ``init`` can make new ones. Raises
+    ``UCXError`` while endpoints or listeners are alive."""
+    _ucxrs.reset()
+
+
+def get_ucx_version():
+    """The loaded UCX's version, ``(major, minor, release)``."""
+    return _ucxrs.get_ucx_version()
+
+
+def get_config():
+    """The effective UCX configuration: keys without ``UCX_``, environment and options applied."""
+    return _ucxrs.get_config()
+
+
+def progress_mode():
+    """The worker's progress mode: ``"thread"``, ``"blocking"`` or ``"polling"``."""
+    return _ucxrs.progress_mode()
+
+
+def ucx_library():
+    """The path of the UCX library (``libucp``) this process loaded, once UCX is initialised."""
+    return _ucxrs.ucx_library()
+
+
+def _tag(tag):
+    """A tag as the native module takes it: None, or an integer (a hashable that is not one
+    is hashed, as UCXX does)."""
+    if tag is None:
+        return None
+    if isinstance(tag, int) and -_I128 <= tag < _I128:
+        return tag
+    return hash(tag)
+
+
+class Endpoint:
+    """A connection to a peer: ``create_endpoint()`` makes one, a listener's callback gets one."""
+
+    def __init__(self, raw):
+        self._ep = raw
+        self._close_after_n_recv = None
+        self._finished_recv_count = 0
+
+    @property
+    def closed(self):
+        """Whether the endpoint is closed (locally, or its peer closed or failed)."""
+        return self._ep is None or self._ep.closed
+
+    @property
+    def alive(self):
+        return not self.closed
+
+    @property
+    def uid(self):
+        """A number that identifies the endpoint in this process."""
+        return None if self._ep is None else self._ep.uid
+
+    def _open(self):
+        # Closed here: refused. Closed by the peer: a receive still gets what had arrived,
+        # then the peer's end (UCXConnectionResetError); a send fails with it.
+        if self._ep is None:
+            raise UCXCloseError("Endpoint closed")
+        return self._ep
+
+    async def send(self, buffer, tag=None, force_tag=False):
+        """Sends ``buffer`` (anything with the buffer protocol) as one tagged message."""
+        await self._open().send(buffer, _tag(tag), force_tag)
+
+    async def recv(self, buffer, tag=None, force_tag=False):
+        """Receives one tagged message into ``buffer``, which must be writable and contiguous;
+        returns its size. A larger message raises ``UCXMessageTruncatedError``."""
+        n = await self._open().recv(buffer, _tag(tag), force_tag)
+        await self._received()
+        return n
+
+    async def send_obj(self, obj, tag=None):
+        """Sends ``obj`` (bytes-like) so that the peer's ``recv_obj`` needs no size first."""
+        await self._open().send_obj(obj, _tag(tag), False)
+
+    async def recv_obj(self, tag=None, allocator=bytearray):
+        """Receives an object sent with ``send_obj``; returned as a ``bytearray``, or what
+        ``allocator(nbytes)`` makes, filled."""
+        got = await self._open().recv_obj(_tag(tag), False)
+        await self._received()
+        if allocator is bytearray:
+            return got
+        out = allocator(len(got))
+        memoryview(out).cast("B")[:] = got
+        return out
+
+    async def _received(self):
+        self._finished_recv_count += 1
+        n = self._close_after_n_recv
+        if n is not None and self._finished_recv_count >= n:
+            await self.close()
+
+    def close_after_n_recv(self, n, count_from_ep_creation=False):
+        """Closes the endpoint once ``n`` more receives have finished (counted from its
+        creation with ``count_from_ep_creation``)."""
+        if not count_from_ep_creation:
+            n += self._finished_recv_count
+        if self._close_after_n_recv is not None:
+            raise UCXError("close_after_n_recv has already been set")
+        if n < self._finished_recv_count:
+            raise UCXError(f"{self._finished_recv_count} receives have already finished: {n} is past")
+        self._close_after_n_recv = n
+        if n == self._finished_recv_count:
+            asyncio.ensure_future(self.close())
+
+    async def close(self):
+        """Closes the endpoint, letting sends in flight finish first; pending receives end with
+        ``UCXCanceledError``, the peer's with ``UCXConnectionResetError``."""
+        if self._ep is not None:
+            await self._ep.close()
+
+    def abort(self):
+        """Closes the endpoint at once."""
+        if self._ep is not None:
+            self._ep.abort()
+
+    def __repr__(self):
+        return f"<ucxrs.Endpoint uid={self.uid:#x} closed={self.closed}>"
+
+
+class Listener:
+    """Accepts connections on ``port``; ``create_listener()`` makes one."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self.active_clients = 0
+
+    @property
+    def port(self):
+        return self._raw.port
+
+    @property
+    def ip(self):
+        return self._raw.ip
+
+    @property
+    def closed(self):
+        return self._raw.closed
+
+    def close(self):
+        """Stops listening; endpoints already accepted stay open."""
+        self._raw.close()
+
+    def __repr__(self):
+        return f"<ucxrs.Listener {self.ip}:{self.port} closed={self.closed}>"
+
+
+def create_listener(callback_func, port=None):
+    """Listens on ``port`` (any free one by default) of every interface; each connection,
+    handshaken, is passed as an ``Endpoint`` to ``callback_func``, a function or a coroutine
+    function, run on the current event loop."""
+    loop = asyncio.get_running_loop()
+    listener = None
+
+    async def run(ep):
+        listener.active_clients += 1
+        try:
+            await callback_func(ep)
+        except Exception:
+            logger.exception("the listener's callback raised")
+        finally:
+            listener.active_clients -= 1
+
+    def on_connection(raw):
+        ep = Endpoint(raw)
+        if asyncio.iscoroutinefunction(callback_func):
+            loop.create_task(run(ep))
+        else:
+            try:
+                callback_func(ep)
+            except Exception:
+                logger.exception("the listener's callback raised")
+
+    listener = Listener(_ucxrs.listen(on_connection, port or 0))
+    return listener
+
+
+async def create_endpoint(ip_address, port):
+    """Connects to a listener (ours or UCXX's) at ``ip_address:port``."""
+    return Endpoint(await _ucxrs.connect(ip_address, port))
+
