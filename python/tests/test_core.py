@@ -31,6 +31,14 @@ async def echo_pair(serve):
     return listener, ep
 
 
+def test_exception_names_as_ucxx_has_them():
+    from ucxrs.exceptions import UCXCanceled, UCXCanceledError, UCXError
+
+    assert UCXCanceled is UCXCanceledError is ucxrs.UCXCanceledError
+    for name in ("UCXCloseError", "UCXConnectionResetError", "UCXMessageTruncatedError"):
+        assert issubclass(getattr(ucxrs.exceptions, name), UCXError)
+
+
 async def test_version_and_config():
     major, minor, release = ucxrs.get_ucx_version()
     assert major >= 1 and minor >= 0 and release >= 0

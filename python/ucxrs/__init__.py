@@ -36,6 +36,7 @@ from ._ucxrs import (
     UCXTimedOutError,
     UCXUnreachableError,
 )
+from . import exceptions
 from .core import (
     Endpoint,
     Listener,
@@ -66,6 +67,7 @@ __all__ = [
     "UCXTimedOutError",
     "UCXUnreachableError",
     "create_endpoint",
+    "exceptions",
     "create_listener",
     "get_config",
     "get_ucx_version",

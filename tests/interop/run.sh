@@ -56,6 +56,8 @@ start_server() {
   : > "$out"
   if [ "$kind" = rust ]; then
     "$PEER" server "$@" > "$out" 2> "$LOG/server.err" &
+  elif [ "$kind" = ucxrs ]; then
+    "$PY" "$SCRIPT" server --module ucxrs "$@" > "$out" 2> "$LOG/server.err" &
   else
     "$PY" "$SCRIPT" server "$@" > "$out" 2> "$LOG/server.err" &
   fi
@@ -84,11 +86,16 @@ wait_server() {
 
 run_pair() { # $1: server kind, $2: client kind, $3: closer
   local s=$1 c=$2 closer=$3 rc=0
-  start_server "$s" --closer "$closer" --memory "$MEMORY"
+  # PAIR_STEPS: the steps both sides run (default: all of them).
+  local steps_arg=()
+  [ -n "${PAIR_STEPS:-}" ] && steps_arg=(--steps "$PAIR_STEPS")
+  start_server "$s" --closer "$closer" --memory "$MEMORY" "${steps_arg[@]}"
   if [ "$c" = rust ]; then
-    timeout 300 "$PEER" client --port "$PORT" --closer "$closer" --memory "$MEMORY" > "$LOG/client.out" 2> "$LOG/client.err" || rc=$?
+    timeout 300 "$PEER" client --port "$PORT" --closer "$closer" --memory "$MEMORY" "${steps_arg[@]}" > "$LOG/client.out" 2> "$LOG/client.err" || rc=$?
+  elif [ "$c" = ucxrs ]; then
+    timeout 300 "$PY" "$SCRIPT" client --module ucxrs --port "$PORT" --closer "$closer" --memory "$MEMORY" "${steps_arg[@]}" > "$LOG/client.out" 2> "$LOG/client.err" || rc=$?
   else
-    timeout 300 "$PY" "$SCRIPT" client --port "$PORT" --closer "$closer" --memory "$MEMORY" > "$LOG/client.out" 2> "$LOG/client.err" || rc=$?
+    timeout 300 "$PY" "$SCRIPT" client --port "$PORT" --closer "$closer" --memory "$MEMORY" "${steps_arg[@]}" > "$LOG/client.out" 2> "$LOG/client.err" || rc=$?
   fi
   wait_server
   local steps
@@ -121,5 +128,21 @@ else
   sed 's/^/  bad: /' "$LOG/bad.out" "$LOG/bad.err" | tail -10
   sed 's/^/  server: /' "$LOG/server.out" "$LOG/server.err" | tail -10
   failed=1
+fi
+
+# The Python package (python/, UCXX's API over ucx-rs) against real UCXX, both directions, the
+# steps it has so far (no multi-buffer or active messages yet): built into this venv against
+# the wheel's UCX, as ucxx-peer is (both sides must run the same UCX), with host memory.
+if [ "$MEMORY" = host ]; then
+  "$PY" -c "import maturin" 2>/dev/null || "$VENV/bin/pip" install -q --disable-pip-version-check maturin
+  UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=$PWD/target/ucx-ucxx-py PATH="$PWD/$VENV/bin:$PATH" CARGO_BUILD_JOBS=2 \
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
+  echo "interop: ucxrs on UCX $("$PY" -c 'import ucxrs; print("%d.%d.%d" % ucxrs.get_ucx_version())')"
+  PAIR_STEPS=tagless,tags,forced,obj
+  run_pair python ucxrs client
+  run_pair python ucxrs server
+  run_pair ucxrs python client
+  run_pair ucxrs python server
+  PAIR_STEPS=
 fi
 exit $failed

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""A real UCXX (PyPI ucxx-cu12/-cu13) peer for the interop tests against `ucxx-peer` (Rust).
+"""A real UCXX (PyPI ucxx-cu12/-cu13) peer for the interop tests against `ucxx-peer` (Rust),
+and, with `--module ucxrs`, the same script over our Python package (python/, UCXX's API), for
+the interop tests of that package against real UCXX.
 
 Roles:
   server                       listen, print "LISTENING <port>", answer one client (responder)
@@ -7,7 +9,8 @@ Roles:
   bad-handshake --port P       connect, receive the listener's 16 handshake bytes, answer with
                                a wrong checksum, and exit
 Options: --closer client|server (who closes at the end; the other side's pending receive must
-fail), --steps tagless,tags,forced,obj,multi,am (default all), --memory host|cuda (cuda: CuPy).
+fail), --steps tagless,tags,forced,obj,multi,am (default all), --memory host|cuda (cuda: CuPy),
+--module ucxx|ucxrs (the module that speaks UCXX's API: real UCXX, default, or ours).
 
 The script, initiator side (the responder mirrors it):
   tagless  uint8 arrays of 1 B .. 16 MiB and a float64 array: send with no tag, receive the echo
@@ -21,11 +24,13 @@ Exit status 0 when every step checked out; prints "OK <step>" per step.
 """
 import argparse
 import asyncio
+import importlib
 import struct
 import sys
 
 import numpy as np
-import ucxx
+
+ucxx = None  # the module --module names (UCXX's API), imported in main()
 
 SIZES = [1, 1000, 65536, 16 << 20]
 TAGS = [0, 1, 12345, -1, -123456789, 2**61 - 2, 2**63 + 5, -(2**70)]
@@ -220,7 +225,10 @@ def main():
     ap.add_argument("--closer", choices=["client", "server"], default="client")
     ap.add_argument("--steps", default="tagless,tags,forced,obj,multi,am")
     ap.add_argument("--memory", choices=["host", "cuda"], default="host")
+    ap.add_argument("--module", choices=["ucxx", "ucxrs"], default="ucxx")
     a = ap.parse_args()
+    global ucxx
+    ucxx = importlib.import_module(a.module)
     a.steps = set(a.steps.split(",")) if a.steps else set()
     run = {"server": run_server, "client": run_client, "bad-handshake": run_bad_handshake}[a.role]
     try:
