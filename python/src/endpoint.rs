@@ -142,6 +142,79 @@ impl RawEndpoint {
         })
     }
 
+    /// Sends the buffers as one multi-buffer message (UCXX's `send_multi`: headers, then each
+    /// buffer, on one tag).
+    #[pyo3(signature = (buffers, tag=None, force_tag=false))]
+    fn send_multi<'py>(
+        &self,
+        py: Python<'py>,
+        buffers: Vec<Bound<'py, PyAny>>,
+        tag: Option<i128>,
+        force_tag: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        release_pending(py);
+        let ep = self.open()?;
+        let t = self::tag(tag, force_tag)?;
+        let bufs = buffers
+            .iter()
+            .map(PyBuf::readable)
+            .collect::<PyResult<Vec<_>>>()?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let (r, bufs) = ep.send_multi(bufs, t).await;
+            Python::attach(|py| bufs.into_iter().for_each(|b| b.release(py)));
+            r.map_err(to_py)
+        })
+    }
+
+    /// Receives a message sent with `send_multi`: a list of `bytearray`s (announced sizes
+    /// checked against the endpoint's limits before anything is allocated).
+    #[pyo3(signature = (tag=None, force_tag=false))]
+    fn recv_multi<'py>(
+        &self,
+        py: Python<'py>,
+        tag: Option<i128>,
+        force_tag: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        release_pending(py);
+        let ep = self.open()?;
+        let t = self::tag(tag, force_tag)?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let frames = ep.recv_multi(t).await.map_err(to_py)?;
+            Python::attach(|py| {
+                Ok(frames
+                    .iter()
+                    .map(|f| PyByteArray::new(py, f).unbind())
+                    .collect::<Vec<_>>())
+            })
+        })
+    }
+
+    /// Sends `buffer` as one active message (the receiver allocates).
+    fn am_send<'py>(
+        &self,
+        py: Python<'py>,
+        buffer: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        release_pending(py);
+        let ep = self.open()?;
+        let buf = PyBuf::readable(buffer)?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let (r, buf) = ep.am_send(buf).await;
+            Python::attach(|py| buf.release(py));
+            r.map_err(to_py)
+        })
+    }
+
+    /// Receives the next active message from the peer, as a `bytearray`.
+    fn am_recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        release_pending(py);
+        let ep = self.open()?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let bytes = ep.am_recv().await.map_err(to_py)?;
+            Python::attach(|py| Ok(PyByteArray::new(py, &bytes).unbind()))
+        })
+    }
+
     /// Closes the endpoint: pending operations end with `UCXCanceledError`, the peer's with
     /// `UCXConnectionResetError` (or end of messages).
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

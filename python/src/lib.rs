@@ -232,6 +232,17 @@ fn progress_mode() -> PyResult<&'static str> {
     })
 }
 
+/// Progresses the worker once (what polling mode needs when no operation is being awaited:
+/// completions of cancelled operations, for one); returns the number of events UCX handled.
+#[pyfunction]
+fn progress(py: Python<'_>) -> PyResult<u32> {
+    buffer::release_pending(py);
+    let core = py.detach(core)?;
+    let n = py.detach(|| core.worker.progress());
+    buffer::release_pending(py);
+    Ok(n)
+}
+
 /// The loaded UCX library's path (where the dynamic linker found `libucp`).
 #[pyfunction]
 fn ucx_library() -> Option<String> {
@@ -251,6 +262,7 @@ fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_config, m)?)?;
     m.add_function(wrap_pyfunction!(progress_mode, m)?)?;
     m.add_function(wrap_pyfunction!(ucx_library, m)?)?;
+    m.add_function(wrap_pyfunction!(progress, m)?)?;
     m.add_function(wrap_pyfunction!(endpoint::connect, m)?)?;
     m.add_function(wrap_pyfunction!(listener::listen, m)?)?;
     m.add_class::<endpoint::RawEndpoint>()?;

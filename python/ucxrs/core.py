@@ -46,6 +46,12 @@ def progress_mode():
     return _ucxrs.progress_mode()
 
 
+def progress():
+    """Progresses the worker once; returns the number of events UCX handled. Only polling mode
+    needs it, where nothing progresses while no operation is awaited."""
+    return _ucxrs.progress()
+
+
 def ucx_library():
     """The path of the UCX library (``libucp``) this process loaded, once UCX is initialised."""
     return _ucxrs.ucx_library()
@@ -115,6 +121,28 @@ class Endpoint:
         out = allocator(len(got))
         memoryview(out).cast("B")[:] = got
         return out
+
+    async def send_multi(self, buffers, tag=None, force_tag=False):
+        """Sends a list of buffers as one message that ``recv_multi`` receives whole."""
+        if not isinstance(buffers, (list, tuple)):
+            raise ValueError("The `buffers` argument must be a `list` or `tuple`")
+        await self._open().send_multi(list(buffers), _tag(tag), force_tag)
+
+    async def recv_multi(self, tag=None, force_tag=False):
+        """Receives a message sent with ``send_multi``: a list of ``bytearray``s."""
+        frames = await self._open().recv_multi(_tag(tag), force_tag)
+        await self._received()
+        return frames
+
+    async def am_send(self, buffer):
+        """Sends ``buffer`` as an active message: the receiver needs no buffer ready."""
+        await self._open().am_send(buffer)
+
+    async def am_recv(self):
+        """Receives the next active message from the peer, as a ``bytearray``."""
+        got = await self._open().am_recv()
+        await self._received()
+        return got
 
     async def _received(self):
         self._finished_recv_count += 1

@@ -131,14 +131,14 @@ else
 fi
 
 # The Python package (python/, UCXX's API over ucx-rs) against real UCXX, both directions, the
-# steps it has so far (no multi-buffer or active messages yet): built into this venv against
+# steps of the script: built into this venv against
 # the wheel's UCX, as ucxx-peer is (both sides must run the same UCX), with host memory.
 if [ "$MEMORY" = host ]; then
   "$PY" -c "import maturin" 2>/dev/null || "$VENV/bin/pip" install -q --disable-pip-version-check maturin
   UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=$PWD/target/ucx-ucxx-py PATH="$PWD/$VENV/bin:$PATH" CARGO_BUILD_JOBS=2 \
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
   echo "interop: ucxrs on UCX $("$PY" -c 'import ucxrs; print("%d.%d.%d" % ucxrs.get_ucx_version())')"
-  PAIR_STEPS=tagless,tags,forced,obj
+  PAIR_STEPS=tagless,tags,forced,obj,multi,am
   run_pair python ucxrs client
   run_pair python ucxrs server
   run_pair ucxrs python client
