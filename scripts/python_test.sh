@@ -20,6 +20,9 @@ fi
 PATH="$PWD/$VENV/bin:$PATH" CARGO_BUILD_JOBS=2 "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
   --force-reinstall --no-deps ./python
 echo "python: $("$PY" -c 'import ucxrs; print("ucxrs on UCX %d.%d.%d" % ucxrs.get_ucx_version())')"
+# The seed's example (UCX-Py's "Send/Recv with CuPy", with NumPy arrays here): a server process
+# and a client.
+timeout 120 "$PY" python/examples/send_recv.py
 for mode in thread blocking polling; do
   echo "python: tests, progress mode $mode"
   UCXPY_PROGRESS_MODE=$mode timeout 600 "$PY" -m pytest -q -p no:cacheprovider python/tests

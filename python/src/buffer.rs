@@ -38,6 +38,13 @@ pub fn release_pending(_py: Python<'_>) {
     }
 }
 
+/// Releases `buf`'s view from a runtime thread, once the operation that used it has returned
+/// it (no ucx-rs lock is held then). While the interpreter shuts down, it is queued instead.
+pub fn release_with_gil(buf: PyBuf) {
+    // Not attached: the closure, and `buf` with it, is dropped, which queues the view.
+    let _ = Python::try_attach(|py| buf.release(py));
+}
+
 /// A contiguous buffer of a Python object, readable (for sends) or writable (for receives).
 pub struct PyBuf {
     view: Option<View>,

@@ -1,6 +1,8 @@
 //! Endpoints: UCXX's tagged messages and objects over a ucx-rs endpoint.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
@@ -15,7 +17,9 @@ use crate::{core, Core, Live};
 pub struct RawEndpoint {
     ep: Arc<ucx::Endpoint>,
     /// Closed or aborted here.
-    closed_here: Arc<std::sync::atomic::AtomicBool>,
+    closed_here: Arc<AtomicBool>,
+    /// A send completed since the peer last confirmed it had taken everything in.
+    sent: Arc<AtomicBool>,
     /// Keeps the worker alive as long as the endpoint.
     _core: Arc<Core>,
     /// Counted as alive until closed or aborted here.
@@ -27,6 +31,7 @@ impl RawEndpoint {
         RawEndpoint {
             ep: Arc::new(ep),
             closed_here: Arc::default(),
+            sent: Arc::default(),
             _core: core,
             live: std::sync::Mutex::new(Some(Live::new())),
         }
@@ -35,17 +40,56 @@ impl RawEndpoint {
     /// The endpoint, unless it was closed here (close, abort): after its peer closed or
     /// failed, receives still deliver what had arrived, then report the end.
     fn mark_closed(&self) {
-        self.closed_here
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.closed_here.store(true, Ordering::Release);
         self.live.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     fn open(&self) -> PyResult<Arc<ucx::Endpoint>> {
-        if self.closed_here.load(std::sync::atomic::Ordering::Acquire) {
+        if self.closed_here.load(Ordering::Acquire) {
             return Err(UCXCloseError::new_err("Endpoint closed"));
         }
         Ok(self.ep.clone())
     }
+}
+
+/// How long a close waits for the peer to confirm it took in what was sent (ucx-rs peers answer
+/// at once; UCXX peers never do, so closing after a send to one takes this long).
+const SETTLE_LIMIT: Duration = Duration::from_millis(100);
+
+/// Waits (bounded) until the peer has taken in everything sent on `ep`: a close that follows a
+/// send at once could otherwise overtake its last bytes and fail the peer's receive (see
+/// ucx-rs's `Endpoint::sync_with_peer`).
+async fn settle(ep: &ucx::Endpoint) {
+    let _ = tokio::time::timeout(SETTLE_LIMIT, ep.sync_with_peer()).await;
+}
+
+impl Drop for RawEndpoint {
+    /// Dropped without a close (garbage-collected) after sends: settle, then close, on the
+    /// runtime, as `close()` would.
+    fn drop(&mut self) {
+        if self.closed_here.load(Ordering::Acquire) || !self.sent.load(Ordering::Acquire) {
+            return;
+        }
+        let ep = self.ep.clone();
+        let core = self._core.clone();
+        pyo3_async_runtimes::tokio::get_runtime().spawn(async move {
+            if !ep.is_closed() {
+                settle(&ep).await;
+                let _ = ep.close().await;
+            }
+            drop(core);
+        });
+    }
+}
+
+/// Runs `f` attached to the interpreter, from a runtime thread; fails instead while the
+/// interpreter shuts down.
+fn with_python<T>(f: impl for<'py> FnOnce(Python<'py>) -> PyResult<T>) -> PyResult<T> {
+    Python::try_attach(f).unwrap_or_else(|| {
+        Err(crate::errors::UCXError::new_err(
+            "the Python interpreter is shutting down",
+        ))
+    })
 }
 
 /// The tag of a call: none (the endpoint's own), a user tag (hashed with the endpoint's, as
@@ -77,9 +121,11 @@ impl RawEndpoint {
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
         let buf = PyBuf::readable(buffer)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let sent = self.sent.clone();
+        crate::bridge(py, async move {
             let (r, buf) = ep.send(buf, t).await;
-            Python::attach(|py| buf.release(py));
+            sent.store(true, Ordering::Release);
+            crate::buffer::release_with_gil(buf);
             r.map_err(to_py)
         })
     }
@@ -97,9 +143,9 @@ impl RawEndpoint {
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
         let buf = PyBuf::writable(buffer)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge(py, async move {
             let (r, buf) = ep.recv(buf, t).await;
-            Python::attach(|py| buf.release(py));
+            crate::buffer::release_with_gil(buf);
             r.map_err(to_py)
         })
     }
@@ -117,9 +163,11 @@ impl RawEndpoint {
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
         let buf = PyBuf::readable(buffer)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let sent = self.sent.clone();
+        crate::bridge(py, async move {
             let (r, buf) = ep.send_obj(buf, t).await;
-            Python::attach(|py| buf.release(py));
+            sent.store(true, Ordering::Release);
+            crate::buffer::release_with_gil(buf);
             r.map_err(to_py)
         })
     }
@@ -136,9 +184,9 @@ impl RawEndpoint {
         release_pending(py);
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge(py, async move {
             let bytes = ep.recv_obj(t).await.map_err(to_py)?;
-            Python::attach(|py| Ok(PyByteArray::new(py, &bytes).unbind()))
+            with_python(|py| Ok(PyByteArray::new(py, &bytes).unbind()))
         })
     }
 
@@ -159,9 +207,11 @@ impl RawEndpoint {
             .iter()
             .map(PyBuf::readable)
             .collect::<PyResult<Vec<_>>>()?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let sent = self.sent.clone();
+        crate::bridge(py, async move {
             let (r, bufs) = ep.send_multi(bufs, t).await;
-            Python::attach(|py| bufs.into_iter().for_each(|b| b.release(py)));
+            sent.store(true, Ordering::Release);
+            bufs.into_iter().for_each(crate::buffer::release_with_gil);
             r.map_err(to_py)
         })
     }
@@ -178,9 +228,9 @@ impl RawEndpoint {
         release_pending(py);
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge(py, async move {
             let frames = ep.recv_multi(t).await.map_err(to_py)?;
-            Python::attach(|py| {
+            with_python(|py| {
                 Ok(frames
                     .iter()
                     .map(|f| PyByteArray::new(py, f).unbind())
@@ -198,9 +248,11 @@ impl RawEndpoint {
         release_pending(py);
         let ep = self.open()?;
         let buf = PyBuf::readable(buffer)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let sent = self.sent.clone();
+        crate::bridge(py, async move {
             let (r, buf) = ep.am_send(buf).await;
-            Python::attach(|py| buf.release(py));
+            sent.store(true, Ordering::Release);
+            crate::buffer::release_with_gil(buf);
             r.map_err(to_py)
         })
     }
@@ -209,9 +261,9 @@ impl RawEndpoint {
     fn am_recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         release_pending(py);
         let ep = self.open()?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::bridge(py, async move {
             let bytes = ep.am_recv().await.map_err(to_py)?;
-            Python::attach(|py| Ok(PyByteArray::new(py, &bytes).unbind()))
+            with_python(|py| Ok(PyByteArray::new(py, &bytes).unbind()))
         })
     }
 
@@ -221,9 +273,13 @@ impl RawEndpoint {
         release_pending(py);
         let ep = self.ep.clone();
         self.mark_closed();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let sent = self.sent.swap(false, Ordering::AcqRel);
+        crate::bridge(py, async move {
             if ep.is_closed() {
                 return Ok(());
+            }
+            if sent {
+                settle(&ep).await;
             }
             ep.close().await.map_err(to_py)
         })
@@ -235,6 +291,23 @@ impl RawEndpoint {
         self.mark_closed();
         let ep = self.ep.clone();
         py.detach(move || ep.abort());
+    }
+
+    /// Calls `callback()` on the running event loop once the endpoint closes (here, or by its
+    /// peer's close or failure); at once if it is already closed. A later call replaces it.
+    fn set_close_callback(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
+        release_pending(py);
+        let event_loop = pyo3_async_runtimes::get_running_loop(py)?.unbind();
+        let ep = self.ep.clone();
+        // ucx-rs runs it after letting go of the worker lock; it only schedules the callback.
+        py.detach(move || {
+            ep.on_close(move |_| {
+                let _ = Python::try_attach(|py| {
+                    event_loop.call_method1(py, "call_soon_threadsafe", (callback,))
+                });
+            })
+        });
+        Ok(())
     }
 
     /// Whether the endpoint is closed (locally, or by its peer's failure or close).
@@ -255,7 +328,7 @@ impl RawEndpoint {
 pub fn connect(py: Python<'_>, host: String, port: u16) -> PyResult<Bound<'_, PyAny>> {
     release_pending(py);
     let core = py.detach(core)?;
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    crate::bridge(py, async move {
         let opts = ucx::ConnectOptions {
             timeout: core.connect_timeout,
             ..Default::default()

@@ -56,6 +56,53 @@ impl Drop for Live {
     }
 }
 
+/// Awaitables whose Rust future has not ended yet (see [`quiesce`]).
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one awaitable's Rust future from its creation until it ends (or is dropped).
+struct InFlight;
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `fut` as an asyncio awaitable, counted in [`IN_FLIGHT`].
+fn bridge<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+    let guard = InFlight;
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let _guard = guard;
+        fut.await
+    })
+}
+
+/// Waits (detached from the GIL) up to `timeout` seconds for the awaitables in flight to end,
+/// then briefly for their results to be handed to their event loops: registered with `atexit`,
+/// so that no result arrives after the interpreter has begun to shut down (pyo3-async-runtimes
+/// would then fail to attach to it). Awaitables that never end (a receive nobody sends to) are
+/// left as they are.
+#[pyfunction]
+fn quiesce(py: Python<'_>, timeout: f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs_f64(timeout.clamp(0.0, 60.0));
+    py.detach(|| {
+        let mut waited = false;
+        while IN_FLIGHT.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            waited = true;
+        }
+        if waited || IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    buffer::release_pending(py);
+}
+
 fn check_pid(core: &Core) -> PyResult<()> {
     if core.pid != std::process::id() {
         return Err(UCXError::new_err(
@@ -263,6 +310,7 @@ fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(progress_mode, m)?)?;
     m.add_function(wrap_pyfunction!(ucx_library, m)?)?;
     m.add_function(wrap_pyfunction!(progress, m)?)?;
+    m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     m.add_function(wrap_pyfunction!(endpoint::connect, m)?)?;
     m.add_function(wrap_pyfunction!(listener::listen, m)?)?;
     m.add_class::<endpoint::RawEndpoint>()?;

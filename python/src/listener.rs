@@ -87,15 +87,19 @@ pub fn listen(py: Python<'_>, handler: Py<PyAny>, port: u16) -> PyResult<RawList
                 }
             };
             let raw = RawEndpoint::new(ep, Arc::clone(&core));
-            let handed = Python::attach(|py| -> PyResult<()> {
+            let handed = Python::try_attach(|py| -> PyResult<()> {
                 let ep = Py::new(py, raw)?;
                 event_loop.call_method1(py, "call_soon_threadsafe", (handler.clone_ref(py), ep))?;
                 Ok(())
             });
-            if let Err(e) = handed {
-                // The loop was closed: nobody is left to take connections.
-                tracing::debug!(error = %e, "the listener's event loop is gone");
-                break;
+            match handed {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    // The loop was closed: nobody is left to take connections.
+                    tracing::debug!(error = %e, "the listener's event loop is gone");
+                    break;
+                }
+                None => break, // the interpreter is shutting down
             }
         }
     });

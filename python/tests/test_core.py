@@ -17,9 +17,7 @@ SIZES = [0, 1, 8, 4096, 65536, 1 << 20, 16 << 20]
 
 
 async def until_peer_closes(ep):
-    """Keeps the server's endpoint open until the client closes it (a server that closes right
-    after its send completed can fail the client's receive of a large message still in flight:
-    docs/python.md)."""
+    """Keeps the server's endpoint open until the client closes it."""
     with pytest.raises(ucxrs.UCXError):
         await ep.recv(bytearray(1), tag=0x5EED)
 
@@ -37,6 +35,25 @@ def test_exception_names_as_ucxx_has_them():
     assert UCXCanceled is UCXCanceledError is ucxrs.UCXCanceledError
     for name in ("UCXCloseError", "UCXConnectionResetError", "UCXMessageTruncatedError"):
         assert issubclass(getattr(ucxrs.exceptions, name), UCXError)
+
+
+async def test_get_address_and_connecting_to_it():
+    assert ucxrs.get_address("lo") == "127.0.0.1"
+    with pytest.raises(OSError):
+        ucxrs.get_address("no-such-interface0")
+    host = ucxrs.get_address()  # the first interface with an address, as UCXX picks
+
+    async def serve(ep):
+        await ep.send(b"here")
+        await until_peer_closes(ep)
+
+    listener = ucxrs.create_listener(serve)
+    ep = await ucxrs.create_endpoint(host, listener.port)
+    buf = bytearray(4)
+    await ep.recv(buf)
+    assert buf == b"here"
+    await ep.close()
+    listener.close()
 
 
 async def test_version_and_config():
@@ -95,6 +112,29 @@ async def test_bytes_bytearray_memoryview_and_tags():
     assert buf == b"abc"
     await ep.close()
     listener.close()
+
+
+@pytest.mark.parametrize("size", [65536, 1 << 20, 16 << 20])
+@pytest.mark.parametrize("how", ["close", "drop"])
+async def test_a_close_right_after_a_send_delivers_the_message(size, how):
+    """The seed's server: send, then close at once (or let the endpoint go). The close must not
+    overtake the message's last bytes, also when the client receives later."""
+    for trial in range(5):
+
+        async def serve(ep):
+            await ep.send(np.full(size, 7, dtype="u1"))
+            if how == "close":
+                await ep.close()
+
+        listener, ep = await echo_pair(serve)
+        await asyncio.sleep(0.05 * (trial % 2))  # receive before or after the close
+        got = np.zeros(size, dtype="u1")
+        await ep.recv(got)
+        assert (got == 7).all(), f"trial {trial}"
+        await ep.close()
+        listener.close()
+        del serve, listener, ep
+        gc.collect()
 
 
 @pytest.mark.parametrize("size", [0, 1, 1000, 5 << 20])
@@ -305,6 +345,42 @@ async def test_plain_function_callback_and_active_clients():
     await accepted[0].close()
     listener.close()
     accepted.clear()
+
+
+async def test_close_callbacks_on_either_side_and_one_that_sends():
+    server_eps = []
+    fired = []
+
+    async def serve(ep):
+        server_eps.append(ep)
+
+    listener = ucxrs.create_listener(serve)
+    a = await ucxrs.create_endpoint("127.0.0.1", listener.port)
+    b = await ucxrs.create_endpoint("127.0.0.1", listener.port)
+    for _ in range(200):
+        if len(server_eps) == 2:
+            break
+        await asyncio.sleep(0.01)
+    s_a, s_b = server_eps
+    # Server side: when `a` closes, send on the other endpoint (a callback that sends).
+    s_a.set_close_callback(lambda: asyncio.ensure_future(s_b.send(b"bye!")))
+
+    async def on_b_closed(tag):
+        fired.append(tag)
+
+    b.set_close_callback(on_b_closed, cb_args=("client b",))
+    await a.close()  # the peer's close fires the server's callback
+    got = bytearray(4)
+    await asyncio.wait_for(b.recv(got), 30)
+    assert got == b"bye!"
+    await b.close()  # a local close fires the client's own callback
+    for _ in range(200):
+        if fired:
+            break
+        await asyncio.sleep(0.01)
+    assert fired == ["client b"]
+    listener.close()
+    server_eps.clear()
 
 
 async def test_close_after_n_recv():

@@ -1,7 +1,12 @@
 """UCXX's module functions, ``Endpoint`` and ``Listener``, over the native module."""
 
 import asyncio
+import atexit
+import fcntl
 import logging
+import os
+import socket
+import struct
 
 from . import _ucxrs
 from ._ucxrs import UCXCloseError, UCXError
@@ -9,6 +14,10 @@ from ._ucxrs import UCXCloseError, UCXError
 logger = logging.getLogger("ucxrs")
 
 _I128 = 1 << 127
+
+# At exit, let awaitables still in flight end before the interpreter shuts down (their results
+# could not be delivered after that).
+atexit.register(_ucxrs.quiesce, 2.0)
 
 
 def init(options=None, env_takes_precedence=False, progress_mode=None, connect_timeout=None):
@@ -55,6 +64,30 @@ def progress():
 def ucx_library():
     """The path of the UCX library (``libucp``) this process loaded, once UCX is initialised."""
     return _ucxrs.ucx_library()
+
+
+def get_address(ifname=None):
+    """The IPv4 address of network interface ``ifname`` (``"eth0"``, ``"ib0"``); by default
+    ``UCXPY_IFNAME``'s, else the first interface up with an address other than loopback, else
+    loopback's. Raises ``OSError`` for an interface with no IPv4 address."""
+    if ifname is None:
+        ifname = os.environ.get("UCXPY_IFNAME")
+    if ifname is None:
+        names = [n for _, n in socket.if_nameindex() if n != "lo"] + ["lo"]
+        for n in names:
+            try:
+                return _ipv4_of(n)
+            except OSError:
+                continue
+        raise OSError("no network interface has an IPv4 address")
+    return _ipv4_of(ifname)
+
+
+def _ipv4_of(ifname):
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        packed = struct.pack("256s", ifname.encode()[:15])
+        return socket.inet_ntoa(fcntl.ioctl(s.fileno(), siocgifaddr, packed)[20:24])
 
 
 def _tag(tag):
@@ -162,6 +195,20 @@ class Endpoint:
         self._close_after_n_recv = n
         if n == self._finished_recv_count:
             asyncio.ensure_future(self.close())
+
+    def set_close_callback(self, callback_func, cb_args=None, cb_kwargs=None):
+        """Calls ``callback_func(*cb_args, **cb_kwargs)`` (a function or a coroutine function)
+        on the current event loop once the endpoint closes, here or by its peer."""
+        args, kwargs = tuple(cb_args or ()), dict(cb_kwargs or {})
+        loop = asyncio.get_running_loop()
+
+        def fire():
+            if asyncio.iscoroutinefunction(callback_func):
+                loop.create_task(callback_func(*args, **kwargs))
+            else:
+                callback_func(*args, **kwargs)
+
+        self._open().set_close_callback(fire)
 
     async def close(self):
         """Closes the endpoint, letting sends in flight finish first; pending receives end with

@@ -347,6 +347,16 @@ impl Locked<'_> {
         if self.shared.has_failed.load(Ordering::Acquire)
             && self.shared.has_failed.swap(false, Ordering::AcqRel)
         {
+            // A peer's close or failure can be reported (by the connection manager, over its
+            // own socket) before what the peer sent ahead of it (over shared memory: the last
+            // fragments of a message, a rendezvous' final notice) has been progressed. Progress
+            // what has arrived first, so that receives it completes are not cancelled below.
+            for _ in 0..FAILED_DRAIN_ROUNDS {
+                // SAFETY: the worker is alive and locked.
+                if unsafe { sys::ucp_worker_progress(self.handle()) } == 0 {
+                    break;
+                }
+            }
             let failed =
                 std::mem::take(&mut *self.shared.failed.lock().unwrap_or_else(|e| e.into_inner()));
             for ep in failed {
@@ -406,6 +416,11 @@ impl Drop for Locked<'_> {
         }
     }
 }
+
+/// How many times at most the worker is progressed, when a peer's failure or close is
+/// reported, before its endpoint's pending operations are cancelled (each round that finds
+/// nothing ends the drain).
+const FAILED_DRAIN_ROUNDS: usize = 64;
 
 /// A UCP worker: the progress engine that endpoints and listeners live on.
 ///
