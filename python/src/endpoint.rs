@@ -65,14 +65,18 @@ async fn settle(ep: &ucx::Endpoint) {
 
 impl Drop for RawEndpoint {
     /// Dropped without a close (garbage-collected) after sends: settle, then close, on the
-    /// runtime, as `close()` would.
+    /// runtime, as `close()` would. Otherwise the endpoint is let go of on the runtime too:
+    /// dropping it takes the worker's lock (and, in polling mode, progresses the worker), which
+    /// the garbage collector's thread, holding the GIL, must not wait for.
     fn drop(&mut self) {
-        if self.closed_here.load(Ordering::Acquire) || !self.sent.load(Ordering::Acquire) {
-            return;
-        }
         let ep = self.ep.clone();
         let core = self._core.clone();
-        pyo3_async_runtimes::tokio::get_runtime().spawn(async move {
+        let rt = pyo3_async_runtimes::tokio::get_runtime();
+        if self.closed_here.load(Ordering::Acquire) || !self.sent.load(Ordering::Acquire) {
+            rt.spawn_blocking(move || drop((ep, core)));
+            return;
+        }
+        rt.spawn(async move {
             if !ep.is_closed() {
                 settle(&ep).await;
                 let _ = ep.close().await;

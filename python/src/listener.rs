@@ -69,10 +69,13 @@ pub fn listen(py: Python<'_>, handler: Py<PyAny>, port: u16) -> PyResult<RawList
     let event_loop = pyo3_async_runtimes::get_running_loop(py)?.unbind();
     let core = py.detach(core)?;
     let rt = pyo3_async_runtimes::tokio::get_runtime();
-    let mut listener = {
-        let _rt = rt.enter();
-        ucx::Listener::bind(&core.worker, ([0, 0, 0, 0], port).into()).map_err(to_py)?
-    };
+    // Binding takes the worker's lock: not while holding the GIL.
+    let mut listener = py
+        .detach(|| {
+            let _rt = rt.enter();
+            ucx::Listener::bind(&core.worker, ([0, 0, 0, 0], port).into())
+        })
+        .map_err(to_py)?;
     let (port, ip) = (listener.port(), listener.ip().to_string());
     let task = rt.spawn(async move {
         loop {
