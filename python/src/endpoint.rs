@@ -126,7 +126,7 @@ impl RawEndpoint {
         let t = self::tag(tag, force_tag)?;
         let buf = PyBuf::readable(buffer)?;
         let sent = self.sent.clone();
-        crate::bridge(py, async move {
+        crate::awaitable(py, self._core.mode, async move {
             let (r, buf) = ep.send(buf, t).await;
             sent.store(true, Ordering::Release);
             crate::buffer::release_with_gil(buf);
@@ -147,7 +147,7 @@ impl RawEndpoint {
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
         let buf = PyBuf::writable(buffer)?;
-        crate::bridge(py, async move {
+        crate::awaitable(py, self._core.mode, async move {
             let (r, buf) = ep.recv(buf, t).await;
             crate::buffer::release_with_gil(buf);
             r.map_err(to_py)
@@ -168,7 +168,7 @@ impl RawEndpoint {
         let t = self::tag(tag, force_tag)?;
         let buf = PyBuf::readable(buffer)?;
         let sent = self.sent.clone();
-        crate::bridge(py, async move {
+        crate::awaitable(py, self._core.mode, async move {
             let (r, buf) = ep.send_obj(buf, t).await;
             sent.store(true, Ordering::Release);
             crate::buffer::release_with_gil(buf);
@@ -188,7 +188,7 @@ impl RawEndpoint {
         release_pending(py);
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
-        crate::bridge(py, async move {
+        crate::awaitable(py, self._core.mode, async move {
             let bytes = ep.recv_obj(t).await.map_err(to_py)?;
             with_python(|py| Ok(PyByteArray::new(py, &bytes).unbind()))
         })
@@ -212,7 +212,7 @@ impl RawEndpoint {
             .map(PyBuf::readable)
             .collect::<PyResult<Vec<_>>>()?;
         let sent = self.sent.clone();
-        crate::bridge(py, async move {
+        crate::awaitable(py, self._core.mode, async move {
             let (r, bufs) = ep.send_multi(bufs, t).await;
             sent.store(true, Ordering::Release);
             bufs.into_iter().for_each(crate::buffer::release_with_gil);
@@ -232,7 +232,7 @@ impl RawEndpoint {
         release_pending(py);
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
-        crate::bridge(py, async move {
+        crate::awaitable(py, self._core.mode, async move {
             let frames = ep.recv_multi(t).await.map_err(to_py)?;
             with_python(|py| {
                 Ok(frames
@@ -253,7 +253,7 @@ impl RawEndpoint {
         let ep = self.open()?;
         let buf = PyBuf::readable(buffer)?;
         let sent = self.sent.clone();
-        crate::bridge(py, async move {
+        crate::awaitable(py, self._core.mode, async move {
             let (r, buf) = ep.am_send(buf).await;
             sent.store(true, Ordering::Release);
             crate::buffer::release_with_gil(buf);
@@ -265,7 +265,7 @@ impl RawEndpoint {
     fn am_recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         release_pending(py);
         let ep = self.open()?;
-        crate::bridge(py, async move {
+        crate::awaitable(py, self._core.mode, async move {
             let bytes = ep.am_recv().await.map_err(to_py)?;
             with_python(|py| Ok(PyByteArray::new(py, &bytes).unbind()))
         })
@@ -278,7 +278,7 @@ impl RawEndpoint {
         let ep = self.ep.clone();
         self.mark_closed();
         let sent = self.sent.swap(false, Ordering::AcqRel);
-        crate::bridge(py, async move {
+        crate::awaitable(py, self._core.mode, async move {
             if ep.is_closed() {
                 return Ok(());
             }
@@ -332,7 +332,7 @@ impl RawEndpoint {
 pub fn connect(py: Python<'_>, host: String, port: u16) -> PyResult<Bound<'_, PyAny>> {
     release_pending(py);
     let core = py.detach(core)?;
-    crate::bridge(py, async move {
+    crate::awaitable(py, core.mode, async move {
         let opts = ucx::ConnectOptions {
             timeout: core.connect_timeout,
             ..Default::default()

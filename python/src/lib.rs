@@ -15,6 +15,7 @@ use std::time::Duration;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use pyo3::IntoPyObjectExt;
 
 mod buffer;
 mod endpoint;
@@ -316,4 +317,103 @@ fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<endpoint::RawEndpoint>()?;
     m.add_class::<listener::RawListener>()?;
     Ok(())
+}
+
+/// An awaitable that polls its Rust future on the event loop's own thread: polling mode's
+/// fast path (no runtime thread, no wake-up across threads). Each step polls the future once
+/// (entering the runtime for its timers, detached from the GIL); while it is pending, the step
+/// yields to the event loop, which runs the other ready tasks and steps it again, as UCXX's
+/// polling mode progresses the worker from the loop.
+#[pyclass(module = "ucxrs._ucxrs")]
+pub struct Polled {
+    fut: Mutex<Option<PolledFuture>>,
+}
+
+type PolledFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = PyResult<Py<PyAny>>> + Send>>;
+
+impl std::fmt::Debug for Polled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let done = self.fut.lock().map_or(true, |f| f.is_none());
+        f.debug_struct("Polled").field("done", &done).finish()
+    }
+}
+
+impl Polled {
+    fn wrap<F, T>(py: Python<'_>, fut: F) -> PyResult<Bound<'_, PyAny>>
+    where
+        F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+        T: for<'a> IntoPyObject<'a> + Send + 'static,
+    {
+        let fut = async move {
+            let v = fut.await?;
+            Python::try_attach(|py| v.into_py_any(py)).unwrap_or_else(|| {
+                Err(UCXError::new_err("the Python interpreter is shutting down"))
+            })
+        };
+        Ok(Bound::new(
+            py,
+            Polled {
+                fut: Mutex::new(Some(Box::pin(fut))),
+            },
+        )?
+        .into_any())
+    }
+}
+
+#[pymethods]
+impl Polled {
+    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// One step: the result (as `StopIteration`), the error, or `None` to yield to the loop.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let rt = pyo3_async_runtimes::tokio::get_runtime();
+        // Detached from the GIL: polling takes the worker's lock. The awaitable's own lock is
+        // only ever contended by a misuse (two loops awaiting it), which then waits its turn.
+        let polled = py.detach(|| {
+            let mut slot = self.fut.lock().unwrap_or_else(|e| e.into_inner());
+            let fut = slot.as_mut()?;
+            let _rt = rt.enter();
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match fut.as_mut().poll(&mut cx) {
+                std::task::Poll::Pending => Some(None),
+                std::task::Poll::Ready(r) => {
+                    *slot = None;
+                    Some(Some(r))
+                }
+            }
+        });
+        match polled {
+            None => Err(pyo3::exceptions::PyStopIteration::new_err(py.None())),
+            Some(None) => Ok(Some(py.None())),
+            Some(Some(r)) => {
+                buffer::release_pending(py);
+                Err(pyo3::exceptions::PyStopIteration::new_err(r?))
+            }
+        }
+    }
+}
+
+/// `fut` as an awaitable: polled on the event loop's thread in polling mode, a runtime task
+/// bridged to asyncio otherwise.
+fn awaitable<'py, F, T>(
+    py: Python<'py>,
+    mode: ucx::ProgressMode,
+    fut: F,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    if mode == ucx::ProgressMode::Polling {
+        Polled::wrap(py, fut)
+    } else {
+        bridge(py, fut)
+    }
 }
