@@ -96,6 +96,52 @@ fn with_python<T>(f: impl for<'py> FnOnce(Python<'py>) -> PyResult<T>) -> PyResu
     })
 }
 
+/// Buffers lent to UCX for one operation, released once UCX hands them back.
+trait Lent: Send + 'static {
+    fn release(self);
+}
+
+impl Lent for PyBuf {
+    fn release(self) {
+        crate::buffer::release_with_gil(self);
+    }
+}
+
+impl Lent for Vec<PyBuf> {
+    fn release(self) {
+        self.into_iter().for_each(crate::buffer::release_with_gil);
+    }
+}
+
+impl RawEndpoint {
+    /// `op` on `ep` with `bufs` lent to UCX, as an awaitable: the buffers are released when UCX
+    /// hands them back, and a send (`sends`) marks the endpoint for [`settle`] at its close.
+    fn lend<'py, B, T, F, Fut>(
+        &self,
+        py: Python<'py>,
+        ep: Arc<ucx::Endpoint>,
+        bufs: B,
+        sends: bool,
+        op: F,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        B: Lent,
+        T: for<'a> IntoPyObject<'a> + Send + 'static,
+        F: FnOnce(Arc<ucx::Endpoint>, B) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = (ucx::Result<T>, B)> + Send + 'static,
+    {
+        let sent = sends.then(|| self.sent.clone());
+        crate::awaitable(py, self._core.mode, async move {
+            let (r, bufs) = op(ep, bufs).await;
+            if let Some(sent) = sent {
+                sent.store(true, Ordering::Release);
+            }
+            bufs.release();
+            r.map_err(to_py)
+        })
+    }
+}
+
 /// The tag of a call: none (the endpoint's own), a user tag (hashed with the endpoint's, as
 /// UCXX does), or a raw one (`force_tag=True`).
 fn tag(tag: Option<i128>, force: bool) -> PyResult<ucx::Tag> {
@@ -125,12 +171,8 @@ impl RawEndpoint {
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
         let buf = PyBuf::readable(buffer)?;
-        let sent = self.sent.clone();
-        crate::awaitable(py, self._core.mode, async move {
-            let (r, buf) = ep.send(buf, t).await;
-            sent.store(true, Ordering::Release);
-            crate::buffer::release_with_gil(buf);
-            r.map_err(to_py)
+        self.lend(py, ep, buf, true, move |ep, b| async move {
+            ep.send(b, t).await
         })
     }
 
@@ -147,10 +189,8 @@ impl RawEndpoint {
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
         let buf = PyBuf::writable(buffer)?;
-        crate::awaitable(py, self._core.mode, async move {
-            let (r, buf) = ep.recv(buf, t).await;
-            crate::buffer::release_with_gil(buf);
-            r.map_err(to_py)
+        self.lend(py, ep, buf, false, move |ep, b| async move {
+            ep.recv(b, t).await
         })
     }
 
@@ -167,12 +207,8 @@ impl RawEndpoint {
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
         let buf = PyBuf::readable(buffer)?;
-        let sent = self.sent.clone();
-        crate::awaitable(py, self._core.mode, async move {
-            let (r, buf) = ep.send_obj(buf, t).await;
-            sent.store(true, Ordering::Release);
-            crate::buffer::release_with_gil(buf);
-            r.map_err(to_py)
+        self.lend(py, ep, buf, true, move |ep, b| async move {
+            ep.send_obj(b, t).await
         })
     }
 
@@ -211,12 +247,8 @@ impl RawEndpoint {
             .iter()
             .map(PyBuf::readable)
             .collect::<PyResult<Vec<_>>>()?;
-        let sent = self.sent.clone();
-        crate::awaitable(py, self._core.mode, async move {
-            let (r, bufs) = ep.send_multi(bufs, t).await;
-            sent.store(true, Ordering::Release);
-            bufs.into_iter().for_each(crate::buffer::release_with_gil);
-            r.map_err(to_py)
+        self.lend(py, ep, bufs, true, move |ep, b| async move {
+            ep.send_multi(b, t).await
         })
     }
 
@@ -252,13 +284,13 @@ impl RawEndpoint {
         release_pending(py);
         let ep = self.open()?;
         let buf = PyBuf::readable(buffer)?;
-        let sent = self.sent.clone();
-        crate::awaitable(py, self._core.mode, async move {
-            let (r, buf) = ep.am_send(buf).await;
-            sent.store(true, Ordering::Release);
-            crate::buffer::release_with_gil(buf);
-            r.map_err(to_py)
-        })
+        self.lend(
+            py,
+            ep,
+            buf,
+            true,
+            |ep, b| async move { ep.am_send(b).await },
+        )
     }
 
     /// Receives the next active message from the peer, as a `bytearray`.

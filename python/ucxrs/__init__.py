@@ -25,7 +25,8 @@ lent to UCX without copies and stay pinned until UCX has let go of them.
 b'hello'
 """
 
-from ._ucxrs import (
+from .exceptions import (
+    UCXCanceled,
     UCXCanceledError,
     UCXCloseError,
     UCXConfigError,
@@ -36,7 +37,6 @@ from ._ucxrs import (
     UCXTimedOutError,
     UCXUnreachableError,
 )
-from . import exceptions
 from .core import (
     Endpoint,
     Listener,
@@ -52,9 +52,6 @@ from .core import (
     ucx_library,
 )
 
-# UCXX's older name for the canceled error.
-UCXCanceled = UCXCanceledError
-
 __all__ = [
     "Endpoint",
     "Listener",
@@ -69,7 +66,6 @@ __all__ = [
     "UCXTimedOutError",
     "UCXUnreachableError",
     "create_endpoint",
-    "exceptions",
     "create_listener",
     "get_address",
     "get_config",
