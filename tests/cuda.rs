@@ -9,13 +9,17 @@ use std::time::{Duration, Instant};
 
 use test_support::{listening_port, START_LIMIT};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ucx-gpu-echo");
+/// The echo binary: `GPU_ECHO_BIN` where the suite runs away from its build (the GPU proof
+/// carries both, scripts/gpu/prove.sh), else the one cargo built beside it.
+fn bin() -> String {
+    std::env::var("GPU_ECHO_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ucx-gpu-echo").to_string())
+}
 
 struct Server(Child, u16);
 
 impl Server {
     fn spawn(memory: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(bin())
             .args([
                 "server",
                 "--bind",
@@ -58,7 +62,7 @@ fn echo(
 ) -> Vec<String> {
     let server = Server::spawn(server_mem, extra, env);
     let out = Command::new("timeout")
-        .args(["300", BIN, "client", "--connect"])
+        .args(["300", &bin(), "client", "--connect"])
         .arg(format!("127.0.0.1:{}", server.1))
         .args(["--memory", client_mem, "--sizes", sizes, "--iters", "2"])
         .args(["--check", "--json", "--bw", "--window", "4"])

@@ -3,7 +3,7 @@
     python send_recv.py server [--mode M] [--bytes N] [--iters K]          # prints LISTENING <port>
     python send_recv.py client --port P [--mode M] [--bytes N] [--iters K] [--warmup W]
 
-The client sends N bytes (a NumPy array, reused), the server receives them into its own array
+The client sends N bytes (a NumPy array, reused; a CuPy array with `--memory cuda`), the server receives them into its own array
 and sends them back; after W warm-up round trips, K are timed one by one. The client prints one
 JSON line: the size, the median one-way time (half a round trip) in microseconds, and the
 bandwidth that gives. The server serves one client and exits.
@@ -20,11 +20,20 @@ import numpy as np
 import ucxrs
 
 
+def xp(memory):
+    if memory == "cuda":
+        import cupy
+
+        return cupy
+    return np
+
+
 async def server(a):
     done = asyncio.Event()
+    m = xp(a.memory)
 
     async def serve(ep):
-        buf = np.empty(a.bytes, dtype="u1")
+        buf = m.empty(a.bytes, dtype="u1")
         for _ in range(a.warmup + a.iters):
             await ep.recv(buf)
             await ep.send(buf)
@@ -39,8 +48,9 @@ async def server(a):
 
 async def client(a):
     ep = await ucxrs.create_endpoint(a.host, a.port)
-    out = np.arange(a.bytes, dtype="u8").astype("u1")
-    back = np.empty(a.bytes, dtype="u1")
+    m = xp(a.memory)
+    out = m.arange(a.bytes, dtype="u8").astype("u1")
+    back = m.empty(a.bytes, dtype="u1")
     for _ in range(a.warmup):
         await ep.send(out)
         await ep.recv(back)
@@ -52,7 +62,7 @@ async def client(a):
         await ep.recv(back)
         times.append(clock() - t0)
     await ep.close()
-    if not (back == out).all():
+    if not bool((back == out).all()):
         raise SystemExit("the echo differs from what was sent")
     one_way_us = statistics.median(times) / 2 / 1000
     print(json.dumps({
@@ -60,6 +70,7 @@ async def client(a):
         "median_us": one_way_us,
         "gb_per_s": a.bytes / one_way_us / 1000 if a.bytes else 0.0,
         "mode": ucxrs.progress_mode(),
+        "memory": a.memory,
         "ucx": "%d.%d.%d" % ucxrs.get_ucx_version(),
     }), flush=True)
 
@@ -73,6 +84,7 @@ def main():
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--mode", default=None, help="progress mode: thread (default), blocking, polling")
+    ap.add_argument("--memory", choices=["host", "cuda"], default="host", help="cuda: CuPy arrays")
     a = ap.parse_args()
     ucxrs.init(progress_mode=a.mode)
     asyncio.run(server(a) if a.role == "server" else client(a))

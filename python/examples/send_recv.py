@@ -4,8 +4,8 @@
     python send_recv.py client --port P [--host H]
     python send_recv.py                           # both: a server process and a client
 
-With NumPy arrays (host memory). `--cupy` uses CuPy arrays, as the seed does; it needs a GPU and
-ucxrs built with device support (not yet: docs/python.md).
+With NumPy arrays (host memory). `--cupy` uses CuPy arrays, as the seed does: it needs a GPU, CuPy
+and ucxrs built with `--features cuda` (docs/python.md).
 """
 
 import argparse
@@ -85,9 +85,13 @@ def main():
         cmd = [sys.executable, __file__, "server"] + (["--cupy"] if a.cupy else [])
         srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         try:
-            line = srv.stdout.readline()
-            if not line.startswith("LISTENING "):
-                sys.exit(f"the server did not start: {line!r}")
+            # UCX prints its warnings on stdout too: the port is on the LISTENING line.
+            for line in srv.stdout:
+                if line.startswith("LISTENING "):
+                    break
+                print(f"  server: {line}", end="")
+            else:
+                sys.exit(f"the server exited before listening ({srv.wait()})")
             asyncio.run(client(host, int(line.split()[1]), xp))
             for rest in srv.stdout:
                 print(f"  server: {rest}", end="")

@@ -131,7 +131,7 @@ impl RawEndpoint {
         Fut: std::future::Future<Output = (ucx::Result<T>, B)> + Send + 'static,
     {
         let sent = sends.then(|| self.sent.clone());
-        crate::awaitable(py, self._core.mode, async move {
+        crate::awaitable(py, &self._core, async move {
             let (r, bufs) = op(ep, bufs).await;
             if let Some(sent) = sent {
                 sent.store(true, Ordering::Release);
@@ -224,7 +224,7 @@ impl RawEndpoint {
         release_pending(py);
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
-        crate::awaitable(py, self._core.mode, async move {
+        crate::awaitable(py, &self._core, async move {
             let bytes = ep.recv_obj(t).await.map_err(to_py)?;
             with_python(|py| Ok(PyByteArray::new(py, &bytes).unbind()))
         })
@@ -264,7 +264,7 @@ impl RawEndpoint {
         release_pending(py);
         let ep = self.open()?;
         let t = self::tag(tag, force_tag)?;
-        crate::awaitable(py, self._core.mode, async move {
+        crate::awaitable(py, &self._core, async move {
             let frames = ep.recv_multi(t).await.map_err(to_py)?;
             with_python(|py| {
                 Ok(frames
@@ -297,7 +297,7 @@ impl RawEndpoint {
     fn am_recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         release_pending(py);
         let ep = self.open()?;
-        crate::awaitable(py, self._core.mode, async move {
+        crate::awaitable(py, &self._core, async move {
             let bytes = ep.am_recv().await.map_err(to_py)?;
             with_python(|py| Ok(PyByteArray::new(py, &bytes).unbind()))
         })
@@ -310,7 +310,7 @@ impl RawEndpoint {
         let ep = self.ep.clone();
         self.mark_closed();
         let sent = self.sent.swap(false, Ordering::AcqRel);
-        crate::awaitable(py, self._core.mode, async move {
+        crate::awaitable(py, &self._core, async move {
             if ep.is_closed() {
                 return Ok(());
             }
@@ -352,6 +352,12 @@ impl RawEndpoint {
         self.ep.is_closed()
     }
 
+    /// The most bytes a receive that allocates may take, against what the peer announces.
+    #[getter]
+    fn max_message(&self) -> usize {
+        self.ep.max_message()
+    }
+
     /// A number that identifies the endpoint in this process.
     #[getter]
     fn uid(&self) -> u64 {
@@ -364,7 +370,7 @@ impl RawEndpoint {
 pub fn connect(py: Python<'_>, host: String, port: u16) -> PyResult<Bound<'_, PyAny>> {
     release_pending(py);
     let core = py.detach(core)?;
-    crate::awaitable(py, core.mode, async move {
+    crate::awaitable(py, &core.clone(), async move {
         let opts = ucx::ConnectOptions {
             timeout: core.connect_timeout,
             ..Default::default()
@@ -374,4 +380,17 @@ pub fn connect(py: Python<'_>, host: String, port: u16) -> PyResult<Bound<'_, Py
             .map_err(to_py)?;
         Ok(RawEndpoint::new(ep, core))
     })
+}
+
+/// Connects to a worker by the sealed address its `get_worker_address` gave (no handshake:
+/// tags as between two such endpoints). An altered address, or one of another UCX version, is
+/// refused before UCX sees it (ucx-rs's `Endpoint::connect_sealed`).
+#[pyfunction]
+pub fn connect_address(py: Python<'_>, address: Vec<u8>) -> PyResult<RawEndpoint> {
+    release_pending(py);
+    let core = py.detach(core)?;
+    let ep = py
+        .detach(|| ucx::Endpoint::connect_sealed(&core.worker, &address))
+        .map_err(to_py)?;
+    Ok(RawEndpoint::new(ep, core))
 }

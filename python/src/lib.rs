@@ -15,9 +15,12 @@ use std::time::Duration;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use pyo3::IntoPyObjectExt;
 
+mod awaitable;
 mod buffer;
+#[cfg(feature = "cuda")]
+mod device;
+mod dlpack;
 mod endpoint;
 mod errors;
 mod listener;
@@ -57,50 +60,13 @@ impl Drop for Live {
     }
 }
 
-/// Awaitables whose Rust future has not ended yet (see [`quiesce`]).
-static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-
-/// Counts one awaitable's Rust future from its creation until it ends (or is dropped).
-struct InFlight;
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// `fut` as an asyncio awaitable, counted in [`IN_FLIGHT`].
-fn bridge<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
-where
-    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
-    T: for<'a> IntoPyObject<'a> + Send + 'static,
-{
-    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-    let guard = InFlight;
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        let _guard = guard;
-        fut.await
-    })
-}
-
-/// Waits (detached from the GIL) up to `timeout` seconds for the awaitables in flight to end,
-/// then briefly for their results to be handed to their event loops: registered with `atexit`,
-/// so that no result arrives after the interpreter has begun to shut down (pyo3-async-runtimes
-/// would then fail to attach to it). Awaitables that never end (a receive nobody sends to) are
-/// left as they are.
+/// Registered with `atexit`: releases the buffers of operations that ended since the last
+/// call into the module. (Every awaitable's result is produced on its event loop's thread, by
+/// the loop stepping it, so none can arrive after the interpreter has begun to shut down;
+/// `timeout` is kept for the registration's signature.)
 #[pyfunction]
 fn quiesce(py: Python<'_>, timeout: f64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs_f64(timeout.clamp(0.0, 60.0));
-    py.detach(|| {
-        let mut waited = false;
-        while IN_FLIGHT.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-            waited = true;
-        }
-        if waited || IN_FLIGHT.load(Ordering::SeqCst) == 0 {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    });
+    let _ = timeout;
     buffer::release_pending(py);
 }
 
@@ -132,9 +98,15 @@ fn build(
         .precedence(precedence)
         .build()
         .map_err(to_py)?;
-    // Blocking mode's progress task and every future run on pyo3-async-runtimes' runtime.
+    // Every future that is not an awaitable runs on pyo3-async-runtimes' runtime. Blocking
+    // mode is UCXX's: each event loop watches the worker's event fd and progresses it
+    // (`awaitable::Bell`), so the worker is ucx-rs's `External` one.
     let _rt = pyo3_async_runtimes::tokio::get_runtime().enter();
-    let worker = ucx::Worker::new(&context, mode).map_err(to_py)?;
+    let worker_mode = match mode {
+        ucx::ProgressMode::Blocking => ucx::ProgressMode::External,
+        m => m,
+    };
+    let worker = ucx::Worker::new(&context, worker_mode).map_err(to_py)?;
     tracing::debug!(?mode, version = %ucx::version(), "ucxrs initialised");
     Ok(Arc::new(Core {
         context,
@@ -277,6 +249,7 @@ fn progress_mode() -> PyResult<&'static str> {
         ucx::ProgressMode::Polling => "polling",
         ucx::ProgressMode::Blocking => "blocking",
         ucx::ProgressMode::Thread => "thread",
+        ucx::ProgressMode::External => "external",
     })
 }
 
@@ -289,6 +262,30 @@ fn progress(py: Python<'_>) -> PyResult<u32> {
     let n = py.detach(|| core.worker.progress());
     buffer::release_pending(py);
     Ok(n)
+}
+
+/// This process's worker address, sealed (ucx-rs's `Worker::sealed_address`): pass it,
+/// unchanged, to `create_endpoint_from_worker_address` in this or another process.
+#[pyfunction]
+fn get_worker_address(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyBytes>> {
+    let core = py.detach(core)?;
+    let sealed = py.detach(|| core.worker.sealed_address()).map_err(to_py)?;
+    Ok(pyo3::types::PyBytes::new(py, &sealed))
+}
+
+/// How device arrays move: `"zero-copy"` (the loaded UCX reads and writes device memory),
+/// `"staged"` (through pinned host memory: UCX without CUDA transports, a GPU present),
+/// `"unavailable"` (no GPU or driver), or `"not built"` (this build has no `cuda` feature).
+#[pyfunction]
+fn cuda_support() -> PyResult<&'static str> {
+    if !cfg!(feature = "cuda") {
+        return Ok("not built");
+    }
+    Ok(match core()?.context.cuda_support() {
+        ucx::CudaSupport::ZeroCopy => "zero-copy",
+        ucx::CudaSupport::Staged => "staged",
+        _ => "unavailable",
+    })
 }
 
 /// The loaded UCX library's path (where the dynamic linker found `libucp`).
@@ -312,108 +309,37 @@ fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ucx_library, m)?)?;
     m.add_function(wrap_pyfunction!(progress, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_support, m)?)?;
     m.add_function(wrap_pyfunction!(endpoint::connect, m)?)?;
+    m.add_function(wrap_pyfunction!(endpoint::connect_address, m)?)?;
+    m.add_function(wrap_pyfunction!(get_worker_address, m)?)?;
     m.add_function(wrap_pyfunction!(listener::listen, m)?)?;
     m.add_class::<endpoint::RawEndpoint>()?;
     m.add_class::<listener::RawListener>()?;
+    m.add_class::<awaitable::Bell>()?;
     Ok(())
 }
 
-/// An awaitable that polls its Rust future on the event loop's own thread: polling mode's
-/// fast path (no runtime thread, no wake-up across threads). Each step polls the future once
-/// (entering the runtime for its timers, detached from the GIL); while it is pending, the step
-/// yields to the event loop, which runs the other ready tasks and steps it again, as UCXX's
-/// polling mode progresses the worker from the loop.
-#[pyclass(module = "ucxrs._ucxrs")]
-pub struct Polled {
-    fut: Mutex<Option<PolledFuture>>,
-}
-
-type PolledFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = PyResult<Py<PyAny>>> + Send>>;
-
-impl std::fmt::Debug for Polled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let done = self.fut.lock().map_or(true, |f| f.is_none());
-        f.debug_struct("Polled").field("done", &done).finish()
-    }
-}
-
-impl Polled {
-    fn wrap<F, T>(py: Python<'_>, fut: F) -> PyResult<Bound<'_, PyAny>>
-    where
-        F: std::future::Future<Output = PyResult<T>> + Send + 'static,
-        T: for<'a> IntoPyObject<'a> + Send + 'static,
-    {
-        let fut = async move {
-            let v = fut.await?;
-            Python::try_attach(|py| v.into_py_any(py)).unwrap_or_else(|| {
-                Err(UCXError::new_err("the Python interpreter is shutting down"))
-            })
-        };
-        Ok(Bound::new(
-            py,
-            Polled {
-                fut: Mutex::new(Some(Box::pin(fut))),
-            },
-        )?
-        .into_any())
-    }
-}
-
-#[pymethods]
-impl Polled {
-    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    /// One step: the result (as `StopIteration`), the error, or `None` to yield to the loop.
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
-        let rt = pyo3_async_runtimes::tokio::get_runtime();
-        // Detached from the GIL: polling takes the worker's lock. The awaitable's own lock is
-        // only ever contended by a misuse (two loops awaiting it), which then waits its turn.
-        let polled = py.detach(|| {
-            let mut slot = self.fut.lock().unwrap_or_else(|e| e.into_inner());
-            let fut = slot.as_mut()?;
-            let _rt = rt.enter();
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            match fut.as_mut().poll(&mut cx) {
-                std::task::Poll::Pending => Some(None),
-                std::task::Poll::Ready(r) => {
-                    *slot = None;
-                    Some(Some(r))
-                }
-            }
-        });
-        match polled {
-            None => Err(pyo3::exceptions::PyStopIteration::new_err(py.None())),
-            Some(None) => Ok(Some(py.None())),
-            Some(Some(r)) => {
-                buffer::release_pending(py);
-                Err(pyo3::exceptions::PyStopIteration::new_err(r?))
-            }
-        }
-    }
-}
-
-/// `fut` as an awaitable: polled on the event loop's thread in polling mode, a runtime task
-/// bridged to asyncio otherwise.
-fn awaitable<'py, F, T>(
-    py: Python<'py>,
-    mode: ucx::ProgressMode,
-    fut: F,
-) -> PyResult<Bound<'py, PyAny>>
+/// `fut` as an awaitable polled on the event loop's own thread ([`awaitable::Polled`]): in
+/// polling mode by yielding to the loop while pending; in the other modes, woken through the
+/// loop's doorbell by whichever thread completes the operation.
+fn awaitable<'py, F, T>(py: Python<'py>, core: &Arc<Core>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: std::future::Future<Output = PyResult<T>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    if mode == ucx::ProgressMode::Polling {
-        Polled::wrap(py, fut)
-    } else {
-        bridge(py, fut)
-    }
+    let how = match core.mode {
+        ucx::ProgressMode::Polling => awaitable::Wait::Yield,
+        ucx::ProgressMode::Blocking => awaitable::Wait::Arm(Arc::clone(core)),
+        _ => awaitable::Wait::Bell,
+    };
+    awaitable::Polled::wrap(py, fut, how)
+}
+
+/// The current core, if `core` is it (not reset since).
+fn is_current(core: &Arc<Core>) -> bool {
+    CORE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|c| Arc::ptr_eq(c, core))
 }

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -503,3 +504,25 @@ def test_a_forked_child_is_told_to_reset():
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+async def test_blocking_mode_sleeps_while_idle():
+    """Blocking mode progresses from the event loop, which sleeps on the worker's event fd:
+    with a receive pending and nothing arriving, the process uses little CPU (thread mode's
+    progress thread and polling mode spin by design)."""
+    if ucxrs.progress_mode() != "blocking":
+        pytest.skip("blocking mode only (UCXPY_PROGRESS_MODE=blocking runs it)")
+
+    async def serve(ep):
+        await until_peer_closes(ep)
+
+    listener, ep = await echo_pair(serve)
+    pending = asyncio.ensure_future(ep.recv(bytearray(8), tag=99))
+    await asyncio.sleep(0.1)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    await asyncio.sleep(1.0)
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    assert cpu < 0.5 * wall, f"{cpu:.2f} s of CPU in {wall:.2f} s idle: something spins"
+    pending.cancel()
+    await ep.close()
+    listener.close()

@@ -3,8 +3,9 @@
 Code written for UCXX (``import ucxx``) runs with ``import ucxrs as ucxx``: the same module
 functions, ``Endpoint`` and ``Listener`` methods and exceptions, and UCXX's wire format, so a
 program using this package talks to one using UCXX. Rust does the work (``ucxrs._ucxrs``);
-buffers (anything with the buffer protocol: NumPy arrays, ``bytearray``, ``memoryview``) are
-lent to UCX without copies and stay pinned until UCX has let go of them.
+buffers (anything with the buffer protocol: NumPy arrays, ``bytearray``, ``memoryview``;
+device arrays through ``__cuda_array_interface__`` or DLPack: CuPy, PyTorch) are lent to UCX
+without copies and stay pinned until UCX has let go of them.
 
 >>> import asyncio, ucxrs
 >>> async def main():
@@ -40,11 +41,16 @@ from .exceptions import (
 from .core import (
     Endpoint,
     Listener,
+    UCXAddress,
     create_endpoint,
+    create_endpoint_from_worker_address,
     create_listener,
+    cuda_support,
     get_address,
     get_config,
+    get_ucx_address_from_buffer,
     get_ucx_version,
+    get_worker_address,
     init,
     progress,
     progress_mode,
@@ -55,6 +61,7 @@ from .core import (
 __all__ = [
     "Endpoint",
     "Listener",
+    "UCXAddress",
     "UCXCanceled",
     "UCXCanceledError",
     "UCXCloseError",
@@ -66,10 +73,14 @@ __all__ = [
     "UCXTimedOutError",
     "UCXUnreachableError",
     "create_endpoint",
+    "create_endpoint_from_worker_address",
     "create_listener",
+    "cuda_support",
     "get_address",
     "get_config",
+    "get_ucx_address_from_buffer",
     "get_ucx_version",
+    "get_worker_address",
     "init",
     "progress",
     "progress_mode",

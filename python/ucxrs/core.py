@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import struct
+import weakref
 
 from . import _ucxrs
 from ._ucxrs import UCXCloseError, UCXError
@@ -18,6 +19,50 @@ _I128 = 1 << 127
 # At exit, let awaitables still in flight end before the interpreter shuts down (their results
 # could not be delivered after that).
 atexit.register(_ucxrs.quiesce, 2.0)
+
+
+# Each event loop's doorbell (ucxrs._ucxrs.Bell): in thread and blocking modes, the thread
+# that completes an operation wakes its awaitable through it, on the loop's own thread. In
+# blocking mode the loop also watches the worker's event fd and progresses the worker itself.
+_bells = weakref.WeakKeyDictionary()
+
+
+def _forget(loop, bell):
+    loop.remove_reader(bell.fileno())
+    if bell.worker_fd() is not None:
+        loop.remove_reader(bell.worker_fd())
+    if _bells.get(loop) is bell:
+        del _bells[loop]
+
+
+def _worker_event(loop, bell):
+    if not bell.on_worker_event():
+        _forget(loop, bell)
+
+
+def _bell(loop=None):
+    loop = loop or asyncio.get_running_loop()
+    bell = _bells.get(loop)
+    if bell is not None and not bell.current():  # made before a reset()
+        _forget(loop, bell)
+        bell = None
+    if bell is None:
+        bell = _ucxrs.Bell()
+        loop.add_reader(bell.fileno(), bell.ring)
+        if bell.worker_fd() is not None:
+            loop.add_reader(bell.worker_fd(), _worker_event, loop, bell)
+        _bells[loop] = bell
+    return bell
+
+
+def _watch():
+    """Blocking mode progresses the worker from the loop: a listener or endpoint must have the
+    loop watch the worker's event fd before any operation is awaited."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    _bell(loop)
 
 
 def init(options=None, env_takes_precedence=False, progress_mode=None, connect_timeout=None):
@@ -59,6 +104,13 @@ def progress():
     """Progresses the worker once; returns the number of events UCX handled. Only polling mode
     needs it, where nothing progresses while no operation is awaited."""
     return _ucxrs.progress()
+
+
+def cuda_support():
+    """How device arrays (CuPy, PyTorch, Numba) move: ``"zero-copy"`` (the loaded UCX reads and
+    writes device memory), ``"staged"`` (through pinned host memory), ``"unavailable"`` (no GPU
+    or driver) or ``"not built"`` (this build has no CUDA support)."""
+    return _ucxrs.cuda_support()
 
 
 def ucx_library():
@@ -146,14 +198,23 @@ class Endpoint:
 
     async def recv_obj(self, tag=None, allocator=bytearray):
         """Receives an object sent with ``send_obj``; returned as a ``bytearray``, or what
-        ``allocator(nbytes)`` makes, filled."""
-        got = await self._open().recv_obj(_tag(tag), False)
-        await self._received()
+        ``allocator(nbytes)`` makes (``cupy.empty``, say), received into directly."""
+        raw = self._open()
         if allocator is bytearray:
-            return got
-        out = allocator(len(got))
-        memoryview(out).cast("B")[:] = got
-        return out
+            got = await raw.recv_obj(_tag(tag), False)
+        else:
+            size = bytearray(8)
+            await raw.recv(size, _tag(tag), False)
+            (nbytes,) = struct.unpack("=Q", size)
+            if nbytes > raw.max_message:
+                raise UCXError(
+                    f"the peer announced an object of {nbytes} bytes, over this endpoint's "
+                    f"limit of {raw.max_message}"
+                )
+            got = allocator(nbytes)
+            await raw.recv(got, _tag(tag), False)
+        await self._received()
+        return got
 
     async def send_multi(self, buffers, tag=None, force_tag=False):
         """Sends a list of buffers as one message that ``recv_multi`` receives whole."""
@@ -279,10 +340,74 @@ def create_listener(callback_func, port=None):
                 logger.exception("the listener's callback raised")
 
     listener = Listener(_ucxrs.listen(on_connection, port or 0))
+    _watch()
     return listener
 
 
 async def create_endpoint(ip_address, port):
     """Connects to a listener (ours or UCXX's) at ``ip_address:port``."""
+    _watch()
     return Endpoint(await _ucxrs.connect(ip_address, port))
 
+
+
+class UCXAddress:
+    """A worker's address (``get_worker_address()``), to send out of band to a process that
+    connects with ``create_endpoint_from_worker_address``. Its bytes (``address``, or
+    ``bytes(addr)``; it also pickles) carry a seal: an address that was cut, altered, or made
+    by another UCX version is refused with ``UCXError`` instead of reaching UCX, which would
+    trust it. UCXX's raw worker addresses are not sealed, so they are refused too."""
+
+    __slots__ = ("_bytes",)
+
+    def __init__(self, address):
+        self._bytes = bytes(address)
+
+    @classmethod
+    def create_from_buffer(cls, buffer):
+        """The address whose bytes ``buffer`` holds (as ``address`` gave them)."""
+        return cls(buffer)
+
+    @property
+    def address(self):
+        return self._bytes
+
+    @property
+    def length(self):
+        return len(self._bytes)
+
+    def __bytes__(self):
+        return self._bytes
+
+    def __len__(self):
+        return len(self._bytes)
+
+    def __eq__(self, other):
+        return isinstance(other, UCXAddress) and other._bytes == self._bytes
+
+    def __hash__(self):
+        return hash(self._bytes)
+
+    def __reduce__(self):
+        return (UCXAddress, (self._bytes,))
+
+    def __repr__(self):
+        return f"<UCXAddress {len(self._bytes)} bytes>"
+
+
+def get_worker_address():
+    """This process's worker address (``UCXAddress``)."""
+    return UCXAddress(_ucxrs.get_worker_address())
+
+
+def get_ucx_address_from_buffer(buffer):
+    """The ``UCXAddress`` whose bytes ``buffer`` holds."""
+    return UCXAddress.create_from_buffer(buffer)
+
+
+async def create_endpoint_from_worker_address(address):
+    """Connects to the worker whose address (``UCXAddress``, or its bytes) this is, in this
+    process or another, without a listener: tags match between two endpoints made this way.
+    Raises ``UCXError`` for an address that was altered or made by another UCX version."""
+    _watch()
+    return Endpoint(_ucxrs.connect_address(bytes(address)))

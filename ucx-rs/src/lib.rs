@@ -53,6 +53,7 @@
 //! ```
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod address;
 pub mod am;
 mod buffer;
 mod context;

@@ -41,12 +41,18 @@ pub enum ProgressMode {
     /// process allowed a single CPU (`taskset -c N`), where the thread's spin would keep the
     /// CPU from the task it just woke, it yields the CPU between progress calls instead.
     Thread,
+    /// Another event loop drives the worker, as UCXX's blocking mode drives its worker from
+    /// asyncio: it watches [`Worker::event_fd`] and calls [`Worker::progress_and_arm`] when
+    /// the fd is readable, until that returns `true`. Futures only wait, as in `Thread` mode;
+    /// an operation posted while the loop sleeps signals the fd (`ucp_worker_signal`). No
+    /// thread and no runtime of its own.
+    External,
 }
 
 impl std::str::FromStr for ProgressMode {
     type Err = Error;
 
-    /// `polling`, `blocking` or `thread`.
+    /// `polling`, `blocking`, `thread` or `external`.
     ///
     /// ```
     /// assert_eq!("thread".parse::<ucx::ProgressMode>().unwrap(), ucx::ProgressMode::Thread);
@@ -57,8 +63,9 @@ impl std::str::FromStr for ProgressMode {
             "polling" => Ok(ProgressMode::Polling),
             "blocking" => Ok(ProgressMode::Blocking),
             "thread" => Ok(ProgressMode::Thread),
+            "external" => Ok(ProgressMode::External),
             _ => Err(Error::InvalidArgument(format!(
-                "progress mode {s:?}: expected polling, blocking or thread"
+                "progress mode {s:?}: expected polling, blocking, thread or external"
             ))),
         }
     }
@@ -163,7 +170,7 @@ impl WorkerShared {
         match self.mode {
             ProgressMode::Polling => {}
             ProgressMode::Blocking => self.notify.notify_one(),
-            ProgressMode::Thread => {
+            ProgressMode::Thread | ProgressMode::External => {
                 // SAFETY: the worker is alive (`self` holds it); ucp_worker_signal may be
                 // called from any thread at any time.
                 unsafe { sys::ucp_worker_signal(self.raw_handle()) };
@@ -381,7 +388,7 @@ impl Locked<'_> {
             match self.shared.mode {
                 ProgressMode::Polling => {}
                 ProgressMode::Blocking => self.shared.notify.notify_one(),
-                ProgressMode::Thread => {
+                ProgressMode::Thread | ProgressMode::External => {
                     // SAFETY: the worker is alive; ucp_worker_signal may be called at any time.
                     unsafe { sys::ucp_worker_signal(self.handle()) };
                 }
@@ -509,7 +516,7 @@ impl Worker {
             crate::sync::register(&shared)?;
         }
         match mode {
-            ProgressMode::Polling => {}
+            ProgressMode::Polling | ProgressMode::External => {}
             ProgressMode::Blocking => {
                 let fd = event_fd(&shared)?;
                 let afd = {
@@ -623,6 +630,46 @@ impl Worker {
         let locked = self.shared.lock();
         // SAFETY: the worker is alive and locked.
         check(unsafe { sys::ucp_worker_fence(locked.handle()) })
+    }
+
+    /// A duplicate of the worker's event fd (owned by the caller), for the event loop that
+    /// drives a [`ProgressMode::External`] worker: watch it for readability, and on each
+    /// wake-up call [`progress_and_arm`](Self::progress_and_arm) until it returns `true`.
+    pub fn event_fd(&self) -> Result<OwnedFd> {
+        event_fd(&self.shared)
+    }
+
+    /// Progresses a [`ProgressMode::External`] worker until it is idle, then arms its event fd
+    /// (`ucp_worker_arm`): `Ok(true)` when armed (the fd becomes readable at the next event,
+    /// so the caller may sleep on it), `Ok(false)` when UCX had more to do first (call again).
+    /// Refused for the other modes, whose progress engine (or futures) own the progress.
+    ///
+    /// ```
+    /// let ctx = ucx::Context::new()?;
+    /// let worker = ucx::Worker::new(&ctx, ucx::ProgressMode::External)?;
+    /// let _fd = worker.event_fd()?; // what the loop watches
+    /// let armed = (0..100).any(|_| worker.progress_and_arm().unwrap());
+    /// assert!(armed, "an idle worker arms");
+    /// let polling = ucx::Worker::new(&ctx, ucx::ProgressMode::Polling)?;
+    /// assert!(polling.progress_and_arm().is_err());
+    /// # Ok::<(), ucx::Error>(())
+    /// ```
+    pub fn progress_and_arm(&self) -> Result<bool> {
+        if self.shared.mode != ProgressMode::External {
+            return Err(Error::InvalidArgument(format!(
+                "progress_and_arm drives an external-mode worker; this one is in {:?} mode",
+                self.shared.mode
+            )));
+        }
+        self.shared.sleeping.store(false, Ordering::Release);
+        let mut locked = self.shared.lock();
+        while locked.progress() != 0 {}
+        let armed = locked.arm()?;
+        if armed {
+            // Posts from now on signal the fd (`Locked::posted`).
+            self.shared.sleeping.store(true, Ordering::Release);
+        }
+        Ok(armed)
     }
 
     /// The worker's UCP address, for connecting to it out of band.

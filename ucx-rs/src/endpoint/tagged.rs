@@ -216,6 +216,12 @@ impl Endpoint {
         self.max_message = bytes;
     }
 
+    /// The limit [`set_max_message`](Self::set_max_message) set ([`DEFAULT_MAX_MESSAGE`](crate::DEFAULT_MAX_MESSAGE)
+    /// unless changed): callers that allocate for an announced size check against it too.
+    pub fn max_message(&self) -> usize {
+        self.max_message
+    }
+
     /// UCXX's `send_obj`: an 8-byte native-endian length message, then the payload, same tag.
     pub async fn send_obj<B: IoBuf>(&self, buf: B, tag: impl Into<Tag>) -> (Result<()>, B) {
         let (t, _) = self.tag_pair(tag.into());

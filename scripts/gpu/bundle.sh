@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Builds, on this machine, everything the GPU proof (scripts/gpu/prove.sh) needs on a GPU
+# machine that has no Rust toolchain and no network, into .gpu/ (ignored by git; carry it):
+#   .gpu/bundle.tar.xz  the libucx-cu13 wheel's UCX (its libraries, modules and ucx_perftest),
+#                       the release binaries built against it with `--features cuda`
+#                       (ucx-gpu-echo, the `cuda` test suite), and the ucxrs package built with
+#                       `--features cuda` for the GPU machine's Python (GPU_PYTHON, 3.12)
+#   .gpu/wheels/        real UCXX (ucxx-cu13 and what it needs beyond that machine's packages)
+#                       and pytest-asyncio, for the interop and the Python tests there
+# Takes 10-15 minutes on 2 cores the first time (release builds), seconds after.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/lib.sh
+PYVER=${GPU_PYTHON:-3.12}
+UCX_VERSION=1.22.0
+UCXX_VERSION=0.52.0
+RAPIDS_VERSION=26.10.0
+W=$PWD/target/gpu
+mkdir -p "$W/dl" .gpu
+log() { echo "bundle: $*"; }
+
+# 1. Wheels, for the GPU machine's Python.
+download() {
+  ls "$W/dl/$1"-*.whl >/dev/null 2>&1 && return
+  timeout 600 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$W/dl" "$2" || skip_or_fail gpu-bundle "could not download $2 from PyPI (no network?)"
+}
+download libucx_cu13 "libucx-cu13==$UCX_VERSION"
+download ucxx_cu13 "ucxx-cu13==$UCXX_VERSION"
+download libucxx_cu13 "libucxx-cu13==$UCXX_VERSION"
+download rmm_cu13 "rmm-cu13==$RAPIDS_VERSION"
+download librmm_cu13 "librmm-cu13==$RAPIDS_VERSION"
+download rapids_logger "rapids-logger==0.3.0"
+download pytest_asyncio "pytest-asyncio==1.5.0"
+
+# 2. The wheel's UCX, to build against (its headers) and to carry (its libraries).
+if [ ! -f "$W/libucx-cu13/libucx/include/ucp/api/ucp.h" ]; then
+  rm -rf "$W/libucx-cu13"
+  python3 -m zipfile -e "$W"/dl/libucx_cu13-*.whl "$W/libucx-cu13"
+  # The wheel stores libucp.so, .so.0 and .so.0.0.0 as three copies: the linker wants libucp.so.
+fi
+UCX=$W/libucx-cu13/libucx
+
+# 3. Release binaries against it.
+log "release build of ucx-gpu-echo and the cuda test suite (UCX $UCX_VERSION headers)"
+export UCX_PREFIX=$UCX CARGO_BUILD_JOBS=2
+CARGO_TARGET_DIR=$PWD/target/gpu-build cargo build -q --release --features cuda --bin ucx-gpu-echo
+CUDA_TEST=$(CARGO_TARGET_DIR=$PWD/target/gpu-build cargo test -q --release --features cuda --test cuda \
+  --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cuda" and m.get("executable"):
+        print(m["executable"])')
+[ -x "$CUDA_TEST" ] || { echo "bundle: the cuda test suite did not build" >&2; exit 1; }
+
+# 4. ucxrs for the GPU machine's Python: pyo3 is told that interpreter's version (an extension
+#    module links no libpython, so none need be here).
+log "release build of ucxrs (--features cuda) for CPython $PYVER"
+cat >"$W/pyo3-$PYVER.cfg" <<EOF
+implementation=CPython
+version=$PYVER
+shared=true
+abi3=false
+pointer_width=64
+build_flags=
+suppress_build_script_link_lines=false
+EOF
+PYO3_CONFIG_FILE=$W/pyo3-$PYVER.cfg CARGO_TARGET_DIR=$PWD/target/gpu-py \
+  cargo build -q --release --features cuda --manifest-path python/Cargo.toml
+
+# 5. Stage and pack: site/ is a site-packages folder, with the libucx wheel's package as the
+#    wheel lays it out (UCXX's `libucx.load_library()` opens site/libucx/lib/libucp.so), less
+#    its static libraries and its duplicate copies of each shared one (symbolic links here).
+S=$W/stage
+rm -rf "$S" && mkdir -p "$S/bin" "$S/site/ucxrs" "$S/site/libucx/lib/ucx" "$S/site/libucx/bin"
+cp "$UCX"/*.py "$UCX"/*.txt "$S/site/libucx/" 2>/dev/null || true
+cp "$UCX"/GIT_COMMIT "$S/site/libucx/" 2>/dev/null || true
+for dir in lib lib/ucx; do
+  for f in "$UCX/$dir"/lib*.so.0; do
+    base=$(basename "$f" .so.0)
+    cp "$f" "$S/site/libucx/$dir/"
+    ln -s "$base.so.0" "$S/site/libucx/$dir/$base.so"
+  done
+done
+cp "$UCX/bin/ucx_perftest" "$S/site/libucx/bin/"
+chmod +x "$S/site/libucx/bin/"*  # a wheel keeps no file modes
+cp -r "$W/libucx-cu13/libucx_cu13.libs" "$S/site/"
+cp target/gpu-build/release/ucx-gpu-echo "$S/bin/"
+cp "$CUDA_TEST" "$S/bin/cuda-tests"
+tag=$(echo "$PYVER" | tr -d .)
+cp python/ucxrs/*.py "$S/site/ucxrs/"
+cp target/gpu-py/release/lib_ucxrs.so "$S/site/ucxrs/_ucxrs.cpython-$tag-x86_64-linux-gnu.so"
+strip "$S"/bin/* "$S/site/ucxrs/"*.so
+tar -C "$S" -cJf .gpu/bundle.tar.xz .
+rm -rf .gpu/wheels && mkdir -p .gpu/wheels
+cp "$W"/dl/{ucxx_cu13,libucxx_cu13,rmm_cu13,librmm_cu13,rapids_logger,pytest_asyncio}-*.whl .gpu/wheels/
+du -sh .gpu/bundle.tar.xz .gpu/wheels | sed 's/^/bundle: /'
+log "done: carry .gpu and run scripts/gpu/prove.sh there (docs/gpu.md)"

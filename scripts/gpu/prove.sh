@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The GPU proof, run on a GPU machine that has no Rust toolchain and no network: unpacks what
+# scripts/gpu/bundle.sh built here (.gpu/, carried there), runs each check with a time limit,
+# prints one summary (what passed, what failed, the figures) and leaves its logs in $OUT
+# (or .gpu/logs): summary.txt, prove.log (every step's output), compare-cuda.json.
+#
+#   bash scripts/gpu/prove.sh                 # every step, about 6 minutes on an H100
+#   bash scripts/gpu/prove.sh --only python,interop
+#
+# Steps: info (the GPU, the UCX loaded, ucxrs.cuda_support()), rust (ucx-rs's `cuda` suite),
+# python (python/tests, device arrays included, in each progress mode), example (the seed's
+# CuPy demo on ucxrs), interop (CuPy arrays with real UCXX, both ways), echo and bench
+# (scripts/gpu/proof.py: ucx-rs device buffers across processes, every byte checked, and beside
+# `ucx_perftest -m cuda`), compare (ucxrs, UCXX and ucx_perftest with CuPy arrays,
+# scripts/python_compare.py).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+ONLY=${2:-}
+[ "${1:-}" = "--only" ] || ONLY=""
+LOGS=${OUT:-$ROOT/.gpu/logs}
+mkdir -p "$LOGS"
+LOG=$LOGS/prove.log
+SUMMARY=$LOGS/summary.txt
+: >"$LOG"
+: >"$SUMMARY"
+B=/tmp/ucxrs-gpu
+PY=${GPU_PYTHON_BIN:-python3}
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+wanted() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+FAILED=0
+step() { # step NAME SECONDS CMD...: runs CMD, its output into the log, its verdict into the summary
+  local name=$1 limit=$2
+  shift 2
+  wanted "${name%%:*}" || return 0
+  local start=$SECONDS rc
+  echo "=== $name: $*" >>"$LOG"
+  timeout --kill-after=10 "$limit" bash -c '"$@"' step "$@" >>"$LOG" 2>&1
+  rc=$?
+  local verdict=PASS
+  [ $rc = 0 ] || { verdict="FAIL (rc $rc$([ $rc = 124 ] && echo ", over ${limit}s"))"; FAILED=$((FAILED + 1)); }
+  printf '%-34s %-22s %4ss\n' "$name" "$verdict" "$((SECONDS - start))" | tee -a "$SUMMARY"
+}
+
+if [ ! -f .gpu/bundle.tar.xz ]; then
+  echo "prove: no .gpu/bundle.tar.xz: run scripts/gpu/bundle.sh on the build machine and carry .gpu" >&2
+  exit 2
+fi
+rm -rf "$B" && mkdir -p "$B"
+tar -C "$B" -xJf .gpu/bundle.tar.xz
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$B/wheels" .gpu/wheels/*.whl \
+  >>"$LOG" 2>&1 || note "prove: installing the carried wheels failed (see prove.log)"
+export PYTHONPATH=$B/site:$B/wheels PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export LD_LIBRARY_PATH=$B/site/libucx/lib:$B/site/libucx_cu13.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export UCX_MODULE_DIR=$B/site/libucx/lib/ucx
+PERFTEST=$B/site/libucx/bin/ucx_perftest
+
+info() {
+  nvidia-smi -L
+  "$PY" - <<'EOF'
+import cupy, ucxrs
+print("ucxrs on UCX %d.%d.%d" % ucxrs.get_ucx_version(), "from", ucxrs.ucx_library())
+print("cuda_support:", ucxrs.cuda_support(), "| CuPy", cupy.__version__, "|", cupy.cuda.runtime.getDeviceProperties(0)["name"].decode())
+assert ucxrs.cuda_support() == "zero-copy", "the libucx-cu13 wheel's UCX has cuda_copy/cuda_ipc"
+EOF
+}
+
+interop() { # interop SERVER_MODULE CLIENT_MODULE: the UCXX interop script, CuPy arrays
+  local out port srv rc
+  out=$(mktemp)
+  "$PY" tests/interop/ucxx_peer.py server --module "$1" --memory cuda >"$out" 2>&1 &
+  srv=$!
+  for _ in $(seq 1 300); do grep -q '^LISTENING' "$out" && break; sleep 0.1; done
+  port=$(awk '/^LISTENING/ {print $2; exit}' "$out")
+  [ -n "$port" ] || { cat "$out"; kill $srv; return 1; }
+  "$PY" tests/interop/ucxx_peer.py client --module "$2" --memory cuda --port "$port"
+  rc=$?
+  wait $srv || rc=1
+  sed 's/^/  server: /' "$out"
+  return $rc
+}
+
+pytests() { # pytests MODE
+  UCXPY_PROGRESS_MODE=$1 "$PY" -m pytest -q -p no:cacheprovider python/tests/test_device.py python/tests/test_arrays.py \
+    $([ "$1" = thread ] && [ -z "${PROVE_QUICK:-}" ] && echo python/tests/test_core.py)
+}
+
+export -f info interop pytests
+export PY
+export GPU_ECHO_BIN=$B/bin/ucx-gpu-echo
+step info 60 info
+step rust 180 "$B/bin/cuda-tests" --test-threads 1
+step python:thread 240 pytests thread
+step python:polling 120 pytests polling
+step python:blocking 120 pytests blocking
+step example 60 "$PY" python/examples/send_recv.py --cupy
+step interop:ucxx-server,ucxrs-client 120 interop ucxx ucxrs
+step interop:ucxrs-server,ucxx-client 120 interop ucxrs ucxx
+step echo 240 "$PY" scripts/gpu/proof.py --echo "$B/bin/ucx-gpu-echo" --perftest "$PERFTEST" --part echo --out "$LOGS"
+step bench 180 "$PY" scripts/gpu/proof.py --echo "$B/bin/ucx-gpu-echo" --perftest "$PERFTEST" --part bench --rounds 1 --out "$LOGS"
+step compare 300 "$PY" scripts/python_compare.py --python "$PY" --memory cuda --perftest "$PERFTEST" \
+  --sizes 8,1m,64m --modes thread,polling --rounds 1 --json "$LOGS/compare-cuda.json"
+
+echo >>"$SUMMARY"
+grep -E '^\| ' "$LOG" >>"$SUMMARY" || true
+echo
+note "prove: $FAILED step(s) failed; figures above; logs in $LOGS"
+grep -E '^\| ' "$LOG" || true
+[ "$FAILED" = 0 ]
