@@ -15,11 +15,14 @@ if [ ! -x "$PY" ] || ! "$PY" -c "import maturin, pytest, pytest_asyncio, numpy" 
   timeout 900 "$VENV/bin/pip" install -q --disable-pip-version-check maturin pytest pytest-asyncio numpy \
     || { rm -rf "$VENV"; skip_or_fail python "could not install maturin and pytest from PyPI (no network?)"; }
 fi
-(cd python && cargo fmt -- --check && cargo clippy -q -j2 --all-targets -- -D warnings)
-# The user's command; without build isolation, so the maturin above builds it (no download).
-PATH="$PWD/$VENV/bin:$PATH" CARGO_BUILD_JOBS=2 "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
-  --force-reinstall --no-deps ./python
-echo "python: $("$PY" -c 'import ucxrs; print("ucxrs on UCX %d.%d.%d" % ucxrs.get_ucx_version())')"
+(cd python && cargo fmt -- --check && cargo clippy -q -j2 --all-targets -- -D warnings \
+  && cargo clippy -q -j2 --all-targets --features cuda -- -D warnings)
+# The user's command, with device arrays built in (they need no CUDA to build or run: without a
+# GPU they are refused, which python/tests/test_arrays.py checks; python/tests/test_device.py
+# skips); without build isolation, so the maturin above builds it (no download).
+PATH="$PWD/$VENV/bin:$PATH" CARGO_BUILD_JOBS=2 MATURIN_PEP517_ARGS="--features cuda" \
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
+echo "python: $("$PY" -c 'import ucxrs; print("ucxrs on UCX %d.%d.%d, device arrays: %s" % (*ucxrs.get_ucx_version(), ucxrs.cuda_support()))')"
 # The seed's example (UCX-Py's "Send/Recv with CuPy", with NumPy arrays here): a server process
 # and a client.
 timeout 120 "$PY" python/examples/send_recv.py

@@ -132,6 +132,7 @@ step_done "drills: three hosts (namespaces)"
 timeout 600 bash scripts/dashboard_test.sh
 step_done "drills: dashboard (Chromium)"
 python3 -m py_compile scripts/*.py scripts/gpu/proof.py
+bash -n scripts/gpu/bundle.sh scripts/gpu/prove.sh
 # Interop with the real UCXX from PyPI, both directions (installs it into target/ucxx-venv once).
 bash tests/interop/run.sh
 step_done "drills: UCXX interop"
@@ -162,6 +163,10 @@ step_done "drills: netns_compare.py"
 # UCXX's own client against its listener and ours.
 timeout 900 python3 scripts/compare.py --rounds 1 --sizes 8 --interop
 step_done "drills: compare.py --interop"
+# The Python package beside UCXX's send_recv and ucx_perftest on the same UCX, every progress
+# mode, 8 B and 1 MiB, one short round (the UCXX venv above has both packages).
+timeout 600 python3 scripts/python_compare.py --short
+step_done "drills: python_compare.py"
 # The scheduler against Dask distributed from PyPI (into target/dask-venv), small workloads,
 # one round: the command works and both give the same answers.
 timeout 900 python3 scripts/dask_compare.py --quick
