@@ -526,3 +526,30 @@ async def test_blocking_mode_sleeps_while_idle():
     pending.cancel()
     await ep.close()
     listener.close()
+
+
+LEFT_PENDING = r"""
+import asyncio, sys, ucxrs
+ucxrs.init(progress_mode=sys.argv[1])
+async def main():
+    async def serve(ep):
+        await ep.recv(bytearray(8), tag=1)  # never sent: pending when the loop closes
+    listener = ucxrs.create_listener(serve)
+    ep = await ucxrs.create_endpoint("127.0.0.1", listener.port)
+    asyncio.ensure_future(ep.recv(bytearray(1 << 20), tag=2))  # pending too
+    await ep.send(b"x" * 100, tag=3)  # nobody receives it either
+    await asyncio.sleep(0.2)
+asyncio.run(main())  # cancels what is pending and closes the loop
+print("EXITED", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["thread", "blocking", "polling"])
+def test_operations_pending_when_the_loop_closes_end_quietly(mode):
+    """asyncio.run() cancels the tasks still waiting and closes its loop: no error is printed,
+    nothing crashes, and the process exits normally."""
+    run = subprocess.run([sys.executable, "-c", LEFT_PENDING, mode], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().endswith("EXITED")
+    noise = [l for l in run.stderr.splitlines() if "UCX  WARN" not in l and l.strip()]
+    assert not noise, "\n".join(noise)
