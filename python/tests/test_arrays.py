@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ucxrs
+from helpers import echo_pair, until_peer_closes
 
 
 class OnlyDLPack:
@@ -40,17 +41,6 @@ class FakeDeviceArray:
         }
 
 
-async def pair(serve):
-    listener = ucxrs.create_listener(serve)
-    ep = await ucxrs.create_endpoint("127.0.0.1", listener.port)
-    return listener, ep
-
-
-async def until_peer_closes(ep):
-    with pytest.raises(ucxrs.UCXError):
-        await ep.recv(bytearray(1), tag=0x5EED)
-
-
 @pytest.mark.parametrize("dtype", ["u1", "f4", "c16"])
 async def test_dlpack_send_and_recv(dtype):
     sent = (np.arange(1000) % 97).astype(dtype).reshape(10, 100)
@@ -62,7 +52,7 @@ async def test_dlpack_send_and_recv(dtype):
         await ep.send(OnlyDLPack(got))
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     src, dst = OnlyDLPack(sent), OnlyDLPack(into)
     await ep.send(src)
     await ep.recv(dst)
@@ -81,7 +71,7 @@ async def test_dlpack_tensor_is_handed_back():
             await ep.recv(bytearray(4096))
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     gc.collect()
     base_refs = sys.getrefcount(a)
     for _ in range(3):
@@ -98,7 +88,7 @@ async def test_dlpack_refuses_non_contiguous():
     async def serve(ep):
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     with pytest.raises(ValueError, match="not contiguous"):
         await ep.send(OnlyDLPack(a))
     await ep.close()
@@ -109,7 +99,7 @@ async def test_neither_protocol_is_a_type_error():
     async def serve(ep):
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     with pytest.raises(TypeError, match="buffer protocol"):
         await ep.send(object())
     with pytest.raises(TypeError, match="buffer protocol"):
@@ -125,7 +115,7 @@ async def test_device_array_refused_clearly_without_a_gpu():
     async def serve(ep):
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     with pytest.raises((TypeError, RuntimeError, ValueError), match="CUDA|GPU|device"):
         await ep.send(FakeDeviceArray(16))
     await ep.close()
@@ -140,7 +130,7 @@ async def test_recv_obj_into_an_allocator():
         await ep.send_obj(b"")
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     got = await ep.recv_obj(allocator=lambda n: np.empty(n, dtype=np.uint8))
     assert isinstance(got, np.ndarray) and got.tobytes() == payload
     empty = await ep.recv_obj(allocator=lambda n: np.empty(n, dtype=np.uint8))
@@ -155,7 +145,7 @@ async def test_recv_obj_refuses_an_announcement_past_the_limit():
         await ep.send(np.array([1 << 62], dtype=np.uint64))
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     with pytest.raises(ucxrs.UCXError, match="limit"):
         await ep.recv_obj(allocator=lambda n: np.empty(n, dtype=np.uint8))
     await ep.close()

@@ -13,21 +13,9 @@ import numpy as np
 import pytest
 
 import ucxrs
+from helpers import echo_pair, until_peer_closes
 
 SIZES = [0, 1, 8, 4096, 65536, 1 << 20, 16 << 20]
-
-
-async def until_peer_closes(ep):
-    """Keeps the server's endpoint open until the client closes it."""
-    with pytest.raises(ucxrs.UCXError):
-        await ep.recv(bytearray(1), tag=0x5EED)
-
-
-async def echo_pair(serve):
-    """A listener whose callback is `serve`, and an endpoint connected to it."""
-    listener = ucxrs.create_listener(serve)
-    ep = await ucxrs.create_endpoint("127.0.0.1", listener.port)
-    return listener, ep
 
 
 def test_exception_names_as_ucxx_has_them():

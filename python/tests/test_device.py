@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ucxrs
+from helpers import echo_pair, until_peer_closes
 
 cupy = pytest.importorskip("cupy", reason="device arrays need CuPy and a GPU")
 
@@ -19,17 +20,6 @@ def needs_gpu():
 
 
 SIZES = [0, 1, 8, 4099, 1 << 20, (16 << 20) + 3]
-
-
-async def pair(serve):
-    listener = ucxrs.create_listener(serve)
-    ep = await ucxrs.create_endpoint("127.0.0.1", listener.port)
-    return listener, ep
-
-
-async def until_peer_closes(ep):
-    with pytest.raises(ucxrs.UCXError):
-        await ep.recv(bytearray(1), tag=0x5EED)
 
 
 def pattern(n, dtype="u1", xp=np):
@@ -48,7 +38,7 @@ async def test_cupy_echo(size, where):
         await ep.send(buf)
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     sent = pattern(size, xp=cupy if send_dev == "device" else np)
     back = make[send_dev](size)
     await ep.send(sent)
@@ -70,7 +60,7 @@ async def test_cupy_dtypes_and_shapes(dtype):
         await ep.send(got)
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     back = cupy.zeros_like(sent)
     await ep.send(sent)
     await ep.recv(back)
@@ -90,7 +80,7 @@ async def test_producer_stream_is_synchronised():
         await ep.send(got[:1024].copy())
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     s = cupy.cuda.Stream(non_blocking=True)
     with s:
         x = cupy.ones(n // 4, dtype=cupy.float32)
@@ -108,7 +98,7 @@ async def test_recv_into_read_only_and_non_contiguous_refused():
     async def serve(ep):
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     strided = cupy.zeros(100, dtype=cupy.float64)[::2]
     with pytest.raises(ValueError, match="not contiguous"):
         await ep.send(strided)
@@ -145,7 +135,7 @@ async def test_torch_tensors_by_interface_and_by_dlpack():
         await ep.send(got)  # the interface
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     sent = torch.arange(1 << 18, dtype=torch.float32, device="cuda") * 0.5
     back = torch.zeros_like(sent)
     await ep.send(OnlyDLPack(sent))
@@ -169,7 +159,7 @@ async def test_multi_obj_and_am_with_device_arrays():
         await ep.am_send(a)
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     await ep.send_multi(frames)
     back = await ep.recv_multi()
     for f, b in zip(frames, back):
@@ -191,7 +181,7 @@ async def test_cancelled_device_receive_keeps_the_array_until_ucx_lets_go():
     async def serve(ep):
         await until_peer_closes(ep)
 
-    listener, ep = await pair(serve)
+    listener, ep = await echo_pair(serve)
     for _ in range(10):
         buf = cupy.empty(1 << 20, dtype=cupy.uint8)
         task = asyncio.ensure_future(ep.recv(buf, tag=77))
