@@ -10,7 +10,7 @@ use transport::frame::Limits;
 use transport::{Address, Connection, Options};
 
 use crate::error::{Error, Result};
-use crate::protocol::{decode_batch, encode_batch, Hello, Payloads};
+use crate::protocol::{decode_batch, encode_batch, Hello, Payloads, PACK_BELOW, PACK_FRAME};
 use crate::security::{self, Secret, HANDSHAKE_LIMITS};
 
 /// The channel batches travel on (the handshake has its own).
@@ -181,9 +181,88 @@ pub(crate) async fn writer<M: Serialize + Payloads>(
         while let Ok(more) = rx.try_recv() {
             batch.extend(more);
         }
-        if let Err(e) = send_batch(&conn, batch).await {
-            tracing::debug!(peer = %conn.peer_addr(), error = %e, "writer ends");
-            return;
+        for part in split(batch, BATCH_FRAMES, BATCH_BYTES) {
+            if let Err(e) = send_batch(&conn, part).await {
+                // A message the transport refuses (one value past its 4 GiB), or a connection
+                // that failed: close it, so that both sides take the ordinary disconnect path
+                // rather than wait for what will never come.
+                tracing::warn!(peer = %conn.peer_addr(), error = %e, "a send failed: closing the connection");
+                let _ = tokio::time::timeout(CLOSE_LIMIT, conn.close()).await;
+                return;
+            }
         }
+    }
+}
+
+/// How long the writer gives a connection to close after a failed send.
+const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// The most frames of their own (payload frames of [`PACK_BELOW`] bytes or more, and one per
+/// pack) and payload bytes one message takes from the writer's merged queue: well within the
+/// transport's limits (65,536 frames, 4 GiB), which an unbounded merge would pass.
+const BATCH_FRAMES: usize = 16_384;
+const BATCH_BYTES: usize = 512 << 20;
+
+/// Splits `msgs`, in order, into runs within `max_frames` and `max_bytes` (see [`BATCH_FRAMES`]);
+/// a message past either alone goes alone (the transport then says whether it fits).
+pub(crate) fn split<M: Payloads>(msgs: Vec<M>, max_frames: usize, max_bytes: usize) -> Vec<Vec<M>> {
+    // A run's frames: its own frames, and the packs its small frames fill (each pack holds
+    // at least PACK_FRAME - PACK_BELOW bytes before the next starts).
+    let frames_of = |own: usize, small: usize| own + small.div_ceil(PACK_FRAME - PACK_BELOW);
+    let mut out: Vec<Vec<M>> = Vec::new();
+    let (mut own, mut small, mut bytes) = (0usize, 0usize, 0usize);
+    for mut m in msgs {
+        let (mut o, mut sm, mut b) = (0usize, 0usize, 0usize);
+        m.payloads(&mut |p| {
+            b += p.len();
+            for fr in &p.frames {
+                if fr.len() >= PACK_BELOW {
+                    o += 1;
+                } else {
+                    sm += fr.len();
+                }
+            }
+        });
+        match out.last_mut() {
+            Some(run) if frames_of(own + o, small + sm) <= max_frames && bytes + b <= max_bytes => {
+                (own, small, bytes) = (own + o, small + sm, bytes + b);
+                run.push(m);
+            }
+            _ => {
+                (own, small, bytes) = (o, sm, b);
+                out.push(vec![m]);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{DataMsg, Payload};
+    use dask_graph::{Key, Value};
+
+    fn put(n: usize) -> DataMsg {
+        let v = Value::new(bytes::Bytes::from(vec![7u8; n]));
+        DataMsg::Put {
+            values: vec![(Key::name_only("k"), Payload::from_value(&v).unwrap())],
+        }
+    }
+
+    #[test]
+    fn the_writer_splits_merged_batches_by_frames_and_bytes() {
+        // Forty own frames in runs of at most sixteen; small ones hardly count.
+        let runs = split((0..40).map(|_| put(PACK_BELOW)).collect(), 16, usize::MAX);
+        assert_eq!(runs.iter().map(Vec::len).collect::<Vec<_>>(), [16, 16, 8]);
+        let runs = split((0..10_000).map(|_| put(8)).collect(), 16, usize::MAX);
+        assert_eq!(runs.len(), 1);
+        // Bytes: three of 1 MiB under a 2.5 MiB budget; one past the budget goes alone.
+        let runs = split((0..3).map(|_| put(1 << 20)).collect(), 100, 5 << 19);
+        assert_eq!(runs.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
+        let runs = split(vec![put(8), put(4 << 20), put(8)], 100, 1 << 20);
+        assert_eq!(runs.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 1]);
+        // Order kept, nothing lost.
+        let runs = split((1..=50).map(put).collect(), 2, usize::MAX);
+        assert_eq!(runs.iter().map(Vec::len).sum::<usize>(), 50);
     }
 }

@@ -1,10 +1,13 @@
 //! The messages between clients, the scheduler and workers, and how they travel.
 //!
 //! Every transport message is a **batch**: frame 0 is the postcard encoding of a `Vec` of
-//! messages (everything one side produced in one pass), and the frames after it are the
-//! messages' payloads (task specs, values), in the order their [`Payload`]s appear. A payload
-//! travels as its frames, never copied into the control frame, so a value's bulk bytes move
-//! as they are.
+//! messages (everything one side produced in one pass) and of the batch's layout, and the
+//! frames after it carry the messages' payloads (task specs, values), in the order their
+//! [`Payload`]s appear. A payload frame of [`PACK_BELOW`] bytes or more travels as a frame of
+//! its own, never copied, so a value's bulk bytes move as they are; smaller ones are copied
+//! into shared pack frames (each up to [`PACK_FRAME`] bytes), so a batch of many small values
+//! (a graph's byte literals, a gather of small results) stays far below the transport's
+//! limit of 65,536 frames per message.
 //!
 //! Connections and what they carry (each opened by the first party, after the security
 //! handshake of [`crate::security`], with a [`Hello`]):
@@ -598,25 +601,114 @@ pub enum DecodeError {
     /// A device frame where only host frames are supported.
     #[error("a device frame in a control batch")]
     Device,
+    /// The batch's layout does not match its frames (packed frames past or short of the packs).
+    #[error("the batch's frame layout does not match its frames: {0}")]
+    Layout(String),
 }
 
-/// Encodes `msgs` as one transport message: the control frame, then every payload's frames.
+/// Payload frames smaller than this are packed together (see the module).
+pub const PACK_BELOW: usize = 16 << 10;
+/// The most bytes one pack frame holds.
+pub const PACK_FRAME: usize = 16 << 20;
+/// A layout slot of a frame of its own (other slots are packed frames' lengths).
+const OWN: u32 = u32::MAX;
+
+/// Where a batch's payload frames are: one slot per payload frame, in order.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Layout {
+    /// Pack frames, which follow the control frame.
+    packs: u32,
+    /// [`OWN`], or the length of a frame inside the packs (taken from them in order).
+    slots: Vec<u32>,
+}
+
+/// Encodes `msgs` as one transport message: the control frame, the pack frames, then every
+/// payload frame of its own.
 pub fn encode_batch<M: Serialize + Payloads>(mut msgs: Vec<M>) -> transport::Message {
-    let mut frames = vec![transport::Frame::Host(Bytes::new())];
+    let mut own = Vec::new();
+    let mut packs: Vec<Vec<u8>> = Vec::new();
+    let mut layout = Layout::default();
     for m in &mut msgs {
         m.payloads(&mut |p| {
             p.nframes = p.frames.len() as u32;
-            frames.extend(p.frames.drain(..).map(|f| match f {
-                Frame::Host(b) => transport::Frame::Host(b),
-            }));
+            for f in p.frames.drain(..) {
+                let Frame::Host(b) = f;
+                if b.len() >= PACK_BELOW {
+                    layout.slots.push(OWN);
+                    own.push(transport::Frame::Host(b));
+                    continue;
+                }
+                layout.slots.push(b.len() as u32);
+                if b.is_empty() {
+                    continue;
+                }
+                match packs.last_mut() {
+                    Some(pack) if pack.len() + b.len() <= PACK_FRAME => pack.extend_from_slice(&b),
+                    _ => {
+                        let mut pack = Vec::with_capacity(PACK_FRAME.min(64 << 10));
+                        pack.extend_from_slice(&b);
+                        packs.push(pack);
+                    }
+                }
+            }
         });
     }
-    let control = postcard::to_stdvec(&msgs).expect("protocol messages always encode");
-    frames[0] = transport::Frame::Host(Bytes::from(control));
+    layout.packs = packs.len() as u32;
+    let control = postcard::to_stdvec(&(&msgs, &layout)).expect("protocol messages always encode");
+    let mut frames = Vec::with_capacity(1 + packs.len() + own.len());
+    frames.push(transport::Frame::Host(Bytes::from(control)));
+    frames.extend(
+        packs
+            .into_iter()
+            .map(|p| transport::Frame::Host(Bytes::from(p))),
+    );
+    frames.extend(own);
     transport::Message::from(frames)
 }
 
-/// Decodes what [`encode_batch`] made.
+/// Hands out a batch's payload frames as its layout says.
+struct Unpacker {
+    packs: std::vec::IntoIter<Bytes>,
+    pack: Bytes,
+    own: std::vec::IntoIter<transport::Frame>,
+    got: usize,
+}
+
+impl Unpacker {
+    fn next(&mut self, slot: u32) -> Result<Bytes, DecodeError> {
+        let bad = |why: String| DecodeError::Layout(why);
+        if slot == OWN {
+            return match self.own.next() {
+                Some(transport::Frame::Host(b)) => Ok(b),
+                #[allow(unreachable_patterns)] // device frames exist with transport's `cuda`
+                Some(_) => Err(DecodeError::Device),
+                None => Err(DecodeError::Frames {
+                    announced: 0,
+                    got: self.got,
+                }),
+            };
+        }
+        let n = slot as usize;
+        if n == 0 {
+            return Ok(Bytes::new());
+        }
+        while self.pack.is_empty() {
+            self.pack = self
+                .packs
+                .next()
+                .ok_or_else(|| bad("a packed frame past the last pack".into()))?;
+        }
+        if n > self.pack.len() {
+            return Err(bad(format!(
+                "a packed frame of {n} bytes where its pack has {} left",
+                self.pack.len()
+            )));
+        }
+        Ok(self.pack.split_to(n))
+    }
+}
+
+/// Decodes what [`encode_batch`] made: every frame must be used, exactly.
 pub fn decode_batch<M: for<'de> Deserialize<'de> + Payloads>(
     msg: transport::Message,
 ) -> Result<Vec<M>, DecodeError> {
@@ -626,22 +718,50 @@ pub fn decode_batch<M: for<'de> Deserialize<'de> + Payloads>(
         Some(_) => return Err(DecodeError::Device),
         None => return Err(DecodeError::Empty),
     };
-    let mut msgs: Vec<M> =
+    let (mut msgs, layout): (Vec<M>, Layout) =
         postcard::from_bytes(&control).map_err(|e| DecodeError::Control(e.to_string()))?;
-    let got = frames.len();
+    let rest: Vec<transport::Frame> = frames.collect();
+    let npacks = layout.packs as usize;
+    if npacks > rest.len() {
+        return Err(DecodeError::Layout(format!(
+            "{npacks} pack frames announced, {} frames present",
+            rest.len()
+        )));
+    }
+    let mut rest = rest.into_iter();
+    let mut packs = Vec::with_capacity(npacks);
+    for f in rest.by_ref().take(npacks) {
+        match f {
+            transport::Frame::Host(b) => packs.push(b),
+            #[allow(unreachable_patterns)]
+            _ => return Err(DecodeError::Device),
+        }
+    }
+    let own: Vec<transport::Frame> = rest.collect();
+    let got = own.len();
+    let own_announced = layout.slots.iter().filter(|&&s| s == OWN).count();
+    let mut un = Unpacker {
+        packs: packs.into_iter(),
+        pack: Bytes::new(),
+        own: own.into_iter(),
+        got,
+    };
+    let mut slots = layout.slots.iter();
     let mut announced = 0usize;
     let mut bad = None;
     for m in &mut msgs {
         m.payloads(&mut |p| {
             announced = announced.saturating_add(p.nframes as usize);
             for _ in 0..p.nframes {
-                match frames.next() {
-                    Some(transport::Frame::Host(b)) => p.frames.push(Frame::Host(b)),
-                    #[allow(unreachable_patterns)] // device frames exist with transport's `cuda`
-                    Some(_) => bad = Some(DecodeError::Device),
-                    None => {
-                        // Out of frames: the count is the peer's word, not a loop bound.
-                        bad.get_or_insert(DecodeError::Frames { announced: 0, got });
+                // The count is the peer's word, not a loop bound: the slots are.
+                let Some(&slot) = slots.next() else {
+                    bad.get_or_insert(DecodeError::Frames { announced: 0, got });
+                    break;
+                };
+                match un.next(slot) {
+                    Ok(b) => p.frames.push(Frame::Host(b)),
+                    Err(e) => {
+                        bad.get_or_insert(e);
                         break;
                     }
                 }
@@ -654,8 +774,20 @@ pub fn decode_batch<M: for<'de> Deserialize<'de> + Payloads>(
             e => e,
         });
     }
-    if announced != got {
-        return Err(DecodeError::Frames { announced, got });
+    if slots.next().is_some() || announced != layout.slots.len() {
+        return Err(DecodeError::Layout(format!(
+            "{} frame slots for {announced} payload frames",
+            layout.slots.len()
+        )));
+    }
+    if un.own.len() > 0 || own_announced != got {
+        return Err(DecodeError::Frames {
+            announced: own_announced,
+            got,
+        });
+    }
+    if !un.pack.is_empty() || un.packs.len() > 0 {
+        return Err(DecodeError::Layout("pack bytes that no frame uses".into()));
     }
     Ok(msgs)
 }
@@ -704,7 +836,7 @@ mod tests {
                 .map(|i| (Key::name_only(&format!("k{i}")), huge.clone()))
                 .collect(),
         }];
-        let control = postcard::to_stdvec(&msgs).unwrap();
+        let control = postcard::to_stdvec(&(&msgs, Layout::default())).unwrap();
         let wire = transport::Message::from(vec![control]);
         assert!(matches!(
             decode_batch::<DataMsg>(wire),
@@ -721,11 +853,12 @@ mod tests {
             decode_batch::<DataMsg>(garbage),
             Err(DecodeError::Control(_))
         ));
-        // A payload announcing frames that are not there, and frames nobody announced.
+        // A payload announcing frames that are not there, and frames nobody announced (a
+        // value of PACK_BELOW bytes: a frame of its own).
         let mut wire = encode_batch(vec![DataMsg::Put {
             values: vec![(
                 Key::name_only("k"),
-                Payload::from_value(&Value::new(Bytes::from_static(b"x"))).unwrap(),
+                Payload::from_value(&Value::new(Bytes::from(vec![1u8; PACK_BELOW]))).unwrap(),
             )],
         }]);
         let extra = wire.frames.pop().unwrap();
@@ -745,5 +878,107 @@ mod tests {
                 got: 2
             })
         ));
+    }
+
+    fn puts(sizes: &[usize]) -> Vec<DataMsg> {
+        let values = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let v = Value::new(Bytes::from(vec![(i % 251) as u8; n]));
+                (
+                    Key::name_only(&format!("k{i}")),
+                    Payload::from_value(&v).unwrap(),
+                )
+            })
+            .collect();
+        vec![DataMsg::Put { values }]
+    }
+
+    fn sizes_back(msgs: &[DataMsg]) -> Vec<(usize, u8)> {
+        let DataMsg::Put { values } = &msgs[0] else {
+            panic!("not a Put")
+        };
+        values
+            .iter()
+            .map(|(_, p)| {
+                let v = p.to_value().unwrap();
+                let b = v.downcast_ref::<Bytes>().unwrap().clone();
+                (b.len(), b.first().copied().unwrap_or(0))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_hundred_thousand_small_payloads_travel_in_a_few_frames() {
+        let sizes = vec![10usize; 100_000];
+        let wire = encode_batch(puts(&sizes));
+        assert!(
+            wire.frames.len() <= 3,
+            "{} frames: over the transport's 65,536 without packing",
+            wire.frames.len()
+        );
+        let back: Vec<DataMsg> = decode_batch(wire).unwrap();
+        let got = sizes_back(&back);
+        assert_eq!(got.len(), 100_000);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, &(n, b))| n == 10 && b == (i % 251) as u8));
+    }
+
+    #[test]
+    fn small_and_large_frames_mix_and_packs_split_at_their_limit() {
+        // Small frames past PACK_FRAME in all (several packs), empty ones, and frames of their own.
+        let mut sizes = vec![0, 1, PACK_BELOW - 1, PACK_BELOW, 1 << 20, 0];
+        sizes.extend(std::iter::repeat_n(
+            PACK_BELOW - 1,
+            2 * PACK_FRAME / (PACK_BELOW - 1) + 3,
+        ));
+        let wire = encode_batch(puts(&sizes));
+        let own = sizes.iter().filter(|&&n| n >= PACK_BELOW).count();
+        assert!(wire.frames.len() >= 1 + own + 3, "at least three packs");
+        let back: Vec<DataMsg> = decode_batch(wire).unwrap();
+        let got = sizes_back(&back);
+        let want: Vec<(usize, u8)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (n, if n == 0 { 0 } else { (i % 251) as u8 }))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn layouts_that_do_not_match_their_frames_are_errors() {
+        let good = encode_batch(puts(&[10, 20, PACK_BELOW]));
+        assert_eq!(
+            good.frames.len(),
+            3,
+            "control, one pack, one frame of its own"
+        );
+        // The pack cut short, grown, dropped, doubled; the own frame dropped.
+        let mut short = good.clone();
+        short.frames[1] = transport::Frame::Host(Bytes::from(vec![0u8; 25]));
+        let mut long = good.clone();
+        long.frames[1] = transport::Frame::Host(Bytes::from(vec![0u8; 31]));
+        let mut no_pack = good.clone();
+        no_pack.frames.remove(1);
+        let mut two_packs = good.clone();
+        two_packs.frames.insert(1, good.frames[1].clone());
+        let mut no_own = good.clone();
+        no_own.frames.pop();
+        for (what, wire) in [
+            ("short pack", short),
+            ("long pack", long),
+            ("no pack", no_pack),
+            ("a pack too many", two_packs),
+            ("no own frame", no_own),
+        ] {
+            assert!(
+                decode_batch::<DataMsg>(wire).is_err(),
+                "{what} was accepted"
+            );
+        }
+        assert!(decode_batch::<DataMsg>(good).is_ok());
     }
 }
