@@ -302,3 +302,46 @@ fn a_graph_of_a_hundred_thousand_byte_literals_and_a_gather_of_as_many_results()
         );
     }
 }
+
+#[test]
+fn calls_waiting_on_the_scheduler_fail_when_it_goes_and_later_calls_fail_at_once() {
+    // A retirement in flight when another client shuts the cluster down, then a holders
+    // query and a retirement after it: each returns (an error once the scheduler is gone),
+    // none waits forever for a reply that will never come.
+    setup();
+    let c = LocalCluster::with(ClusterOptions {
+        workers: 3,
+        threads_per_worker: 1,
+        protocol: Protocol::Tcp,
+        processes: false,
+        ..Default::default()
+    })
+    .expect("an in-process cluster over tcp://");
+    let a = c.client().unwrap();
+    let b = c.client().unwrap();
+    let held = a.map_blocking("t-inc", 0..20i64).unwrap();
+    a.gather_blocking(&held).unwrap();
+    let one = vec![a.workers()[0].address.clone()];
+    let (tx, rx) = std::sync::mpsc::channel();
+    let a = std::sync::Arc::new(a);
+    let a2 = std::sync::Arc::clone(&a);
+    std::thread::spawn(move || {
+        let _ = tx.send(a2.retire_workers_blocking(&one).map(|_| ()));
+    });
+    b.shutdown_blocking(Duration::from_secs(30)).unwrap();
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the retirement in flight returned: nothing hangs")
+        .ok(); // done before the shutdown, or failed by it: either way it returned
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let a3 = std::sync::Arc::clone(&a);
+    std::thread::spawn(move || {
+        let h = a3.holders_blocking(&held);
+        let r = a3.retire_workers_blocking(&["tcp://127.0.0.1:1".to_string()]);
+        let _ = tx.send((h.is_err(), r.is_err()));
+    });
+    let (h_err, r_err) = rx
+        .recv_timeout(deadline - std::time::Instant::now())
+        .expect("calls after the scheduler went return: nothing hangs");
+    assert!(h_err && r_err, "calls after the shutdown must fail");
+}

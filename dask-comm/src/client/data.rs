@@ -184,6 +184,7 @@ impl Client {
         // The request and its place in the reply queue, together (replies come in order).
         {
             let mut s = self.inner.lock();
+            s.connected()?;
             s.who_has.push_back(tx);
             self.inner
                 .to_scheduler

@@ -189,7 +189,13 @@ impl Client {
             };
             if let Some(inner) = weak.upgrade() {
                 tracing::debug!(%reason, "the client's scheduler connection ended");
-                inner.lock().closed = Some(reason);
+                let mut s = inner.lock();
+                s.closed = Some(reason);
+                // Replies that will never come: dropping their senders fails the calls that
+                // wait for them (`Error::Disconnected`) instead of leaving them waiting.
+                s.who_has.clear();
+                s.retired.clear();
+                drop(s);
                 inner.changed.notify_waiters();
             }
         });
@@ -410,6 +416,7 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         {
             let mut s = self.inner.lock();
+            s.connected()?;
             s.next_retire += 1;
             let id = s.next_retire;
             s.retired.insert(id, tx);
@@ -619,6 +626,14 @@ impl Inner {
 }
 
 impl State {
+    /// An error once the scheduler connection has ended (a reply would never come).
+    fn connected(&self) -> Result<()> {
+        match &self.closed {
+            Some(why) => Err(Error::Disconnected(why.clone())),
+            None => Ok(()),
+        }
+    }
+
     fn set(&mut self, key: Key, status: Status) {
         if let Some(k) = self.keys.get_mut(&key) {
             k.status = status;
