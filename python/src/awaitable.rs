@@ -123,17 +123,19 @@ impl Bell {
     }
 
     /// The worker's event fd is readable: progresses and re-arms the worker (detached from
-    /// the GIL), then resolves the futures of the awaitables that woke. Returns false once the
-    /// bell's core is gone (the loop should stop watching the fd).
-    fn on_worker_event(&self, py: Python<'_>) -> PyResult<bool> {
+    /// the GIL), then resolves the futures of the awaitables that woke. Returns `"armed"`,
+    /// `"busy"` when UCX still had events after a few rounds (the fd is not armed: the loop
+    /// must call again soon rather than wait on it), or `"gone"` once the bell's core is gone
+    /// (the loop should stop watching the fd).
+    fn on_worker_event(&self, py: Python<'_>) -> PyResult<&'static str> {
         let Some(core) = self.core.upgrade() else {
-            return Ok(false);
+            return Ok("gone");
         };
-        py.detach(|| arm(&core));
+        let armed = py.detach(|| arm(&core));
         drop(core);
         buffer::release_pending(py);
         self.ring(py)?;
-        Ok(true)
+        Ok(if armed { "armed" } else { "busy" })
     }
 
     /// Resolves the futures of every awaitable woken since the last ring (the loop calls it

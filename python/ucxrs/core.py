@@ -36,8 +36,11 @@ def _forget(loop, bell):
 
 
 def _worker_event(loop, bell):
-    if not bell.on_worker_event():
+    state = bell.on_worker_event()
+    if state == "gone":
         _forget(loop, bell)
+    elif state == "busy":  # not armed: the fd would not wake the loop for what is pending
+        loop.call_soon(_worker_event, loop, bell)
 
 
 def _bell(loop=None):
