@@ -28,11 +28,16 @@ fn setup() {
 }
 
 fn cluster(workers: usize, threads: usize) -> LocalCluster {
+    cluster_over(Protocol::Inproc, workers, threads)
+}
+
+/// In-process workers over `protocol`.
+fn cluster_over(protocol: Protocol, workers: usize, threads: usize) -> LocalCluster {
     setup();
     LocalCluster::with(ClusterOptions {
         workers,
         threads_per_worker: threads,
-        protocol: Protocol::Inproc,
+        protocol,
         processes: false,
         ..Default::default()
     })
@@ -268,15 +273,7 @@ fn a_graph_of_a_hundred_thousand_byte_literals_and_a_gather_of_as_many_results()
     // every small result is a payload frame, and the client's graph and the gather's reply
     // once went as one message each, which the writer failed to send, silently (the client
     // waited forever). Small frames now travel packed, and a writer that fails closes.
-    setup();
-    let c = LocalCluster::with(ClusterOptions {
-        workers: 2,
-        threads_per_worker: 1,
-        protocol: Protocol::Tcp,
-        processes: false,
-        ..Default::default()
-    })
-    .expect("an in-process cluster over tcp://");
+    let c = cluster_over(Protocol::Tcp, 2, 1);
     let client = c.client().unwrap();
     const N: u32 = 100_000;
     let mut g = Graph::new();
@@ -308,15 +305,7 @@ fn calls_waiting_on_the_scheduler_fail_when_it_goes_and_later_calls_fail_at_once
     // A retirement in flight when another client shuts the cluster down, then a holders
     // query and a retirement after it: each returns (an error once the scheduler is gone),
     // none waits forever for a reply that will never come.
-    setup();
-    let c = LocalCluster::with(ClusterOptions {
-        workers: 3,
-        threads_per_worker: 1,
-        protocol: Protocol::Tcp,
-        processes: false,
-        ..Default::default()
-    })
-    .expect("an in-process cluster over tcp://");
+    let c = cluster_over(Protocol::Tcp, 3, 1);
     let a = c.client().unwrap();
     let b = c.client().unwrap();
     let held = a.map_blocking("t-inc", 0..20i64).unwrap();
