@@ -66,6 +66,7 @@ mod listener;
 pub mod multi;
 mod ops;
 mod probe;
+mod progress;
 mod request;
 mod rma;
 mod sync;
