@@ -337,20 +337,25 @@ async def test_plain_function_callback_and_active_clients():
 
 
 async def test_close_callbacks_on_either_side_and_one_that_sends():
-    server_eps = []
+    server_eps = {}
     fired = []
 
     async def serve(ep):
-        server_eps.append(ep)
+        # The accepts may run in either order: each client names itself first.
+        name = bytearray(1)
+        await ep.recv(name)
+        server_eps[bytes(name)] = ep
 
     listener = ucxrs.create_listener(serve)
     a = await ucxrs.create_endpoint("127.0.0.1", listener.port)
     b = await ucxrs.create_endpoint("127.0.0.1", listener.port)
+    await a.send(b"a")
+    await b.send(b"b")
     for _ in range(200):
         if len(server_eps) == 2:
             break
         await asyncio.sleep(0.01)
-    s_a, s_b = server_eps
+    s_a, s_b = server_eps[b"a"], server_eps[b"b"]
     # Server side: when `a` closes, send on the other endpoint (a callback that sends).
     s_a.set_close_callback(lambda: asyncio.ensure_future(s_b.send(b"bye!")))
 
