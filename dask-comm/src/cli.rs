@@ -5,11 +5,12 @@
 //! ```text
 //! dask-comm scheduler [--listen tcp://127.0.0.1:8786] [--scheduler-file F] [--secret-file F]
 //!                     [--no-work-stealing] [--allowed-failures 3]
+//!                     [--heartbeat-timeout 60] [--client-timeout 60]
 //!                     [--dashboard-address 127.0.0.1:8787 | --no-dashboard]
 //! dask-comm status (--scheduler-file F | --dashboard HOST:PORT) [--window 10]
 //! dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N]
 //!                  [--memory-limit 4GiB|auto|0] [--local-directory D] [--listen URI] [--name N]
-//!                  [--no-nanny]
+//!                  [--no-nanny] [--scheduler-timeout 60]
 //! mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0]
 //!                            [--interface IF] [--address-family ipv4|ipv6]
 //!                            [--protocol tcp|ucx] [--scheduler-rank R]
@@ -162,9 +163,9 @@ fn secret_from(file: Option<String>) -> Result<Option<Secret>> {
     }
 }
 
-const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F] [--no-work-stealing] [--allowed-failures N] [--dashboard-address HOST:PORT | --no-dashboard]
+const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F] [--no-work-stealing] [--allowed-failures N] [--heartbeat-timeout S] [--client-timeout S] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm status (--scheduler-file F | --dashboard HOST:PORT) [--window SECONDS]
-       dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--local-directory D] [--listen URI] [--name N] [--no-nanny]
+       dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--local-directory D] [--listen URI] [--name N] [--no-nanny] [--scheduler-timeout S]
        mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0] [--interface IF] [--address-family ipv4|ipv6] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
 
@@ -196,6 +197,11 @@ pub fn main() -> i32 {
         }
         other => Err(Error::Config(format!("unknown command {other:?}\n{USAGE}"))),
     };
+    if let (true, Err(e)) = (cmd == "worker", &r) {
+        // A worker's exit code says why it ended, for whatever supervises it.
+        eprintln!("dask-comm worker: {e}");
+        return crate::worker::exit_code(&r);
+    }
     match r {
         Ok(()) => 0,
         Err(e) => {
@@ -223,6 +229,12 @@ fn scheduler(mut a: Args) -> Result<()> {
         work_stealing: !a.flag("--no-work-stealing"),
         ..Default::default()
     };
+    if let Some(t) = seconds(&mut a, "--heartbeat-timeout")? {
+        cfg.heartbeat_timeout = t;
+    }
+    if let Some(t) = seconds(&mut a, "--client-timeout")? {
+        cfg.client_timeout = t;
+    }
     if let Some(n) = a.value("--allowed-failures")? {
         cfg.allowed_failures = n.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
             Error::Config(format!("--allowed-failures {n:?}: a count of at least 1"))
@@ -259,6 +271,19 @@ fn scheduler(mut a: Args) -> Result<()> {
     })
 }
 
+/// `flag SECONDS` (fractions allowed, more than 0), if given.
+fn seconds(a: &mut Args, flag: &str) -> Result<Option<Duration>> {
+    a.value(flag)?
+        .map(|t| {
+            t.parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| Error::Config(format!("{flag} {t:?}: seconds, more than 0")))
+        })
+        .transpose()
+}
+
 fn worker(mut a: Args) -> Result<()> {
     let file = a.value("--scheduler-file")?.map(PathBuf::from);
     let sched = a.value("--scheduler")?;
@@ -280,6 +305,7 @@ fn worker(mut a: Args) -> Result<()> {
     let name = a.value("--name")?;
     let zero_work = a.flag("--zero-work");
     let nanny = !a.flag("--no-nanny");
+    let scheduler_timeout = seconds(&mut a, "--scheduler-timeout")?;
     a.done()?;
     let (scheduler, secret) = match (file, sched) {
         (Some(f), None) => {
@@ -307,6 +333,9 @@ fn worker(mut a: Args) -> Result<()> {
     opts.listen = listen;
     opts.zero_work = zero_work;
     opts.local_directory = local_dir;
+    if let Some(t) = scheduler_timeout {
+        opts.scheduler_timeout = t;
+    }
     if let Some(n) = name {
         opts.name = n;
     }

@@ -46,8 +46,22 @@ const ENV_ZERO: &str = "DASK_COMM_ZERO_WORK";
 const ENV_MEMORY: &str = "DASK_COMM_MEMORY_LIMIT";
 const ENV_LOCAL_DIR: &str = "DASK_COMM_LOCAL_DIRECTORY";
 const ENV_LISTEN: &str = "DASK_COMM_LISTEN";
-/// Set for a worker whose supervisor is its parent: it dies with the parent.
+/// Set for a worker whose supervisor is its parent (its process id): it dies with the parent.
 const ENV_PARENT: &str = "DASK_COMM_PARENT";
+/// The cluster's folders, which the workers remove if their parent died without doing so.
+const ENV_CLUSTER_DIRS: &str = "DASK_COMM_CLUSTER_DIRS";
+
+/// Whether this worker process's supervisor (named by [`ENV_PARENT`]) is gone: it was
+/// reparented.
+fn parent_gone() -> bool {
+    let Some(parent) = std::env::var(ENV_PARENT)
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+    else {
+        return false;
+    };
+    std::os::unix::process::parent_id() != parent
+}
 
 /// The network a local cluster uses between its processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -222,6 +236,10 @@ fn supervise(sup: Arc<Mutex<Supervised>>, spawner: Spawner, restart: bool) {
                 tracing::info!(%name, pid = child.id(), "a worker process exited");
                 continue;
             }
+            if status.code() == Some(crate::worker::EXIT_SCHEDULER_LOST) {
+                tracing::error!(%name, pid = child.id(), "a worker process lost the scheduler: not restarting it");
+                continue;
+            }
             let quick = failed_at_start(&status, started);
             s.quick_deaths = if quick { s.quick_deaths + 1 } else { 0 };
             if !restart || s.quick_deaths >= QUICK_DEATHS {
@@ -334,13 +352,21 @@ pub fn run_if_worker() {
     if std::env::var_os(ENV_ROLE).is_none() {
         return;
     }
-    let code = match worker_from_env() {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("dask-comm worker: {e}");
-            1
+    let r = worker_from_env();
+    if let Err(e) = &r {
+        eprintln!("dask-comm worker: {e}");
+    }
+    let code = crate::worker::exit_code(&r);
+    if parent_gone() {
+        // The cluster's process died without cleaning up (killed): the last of its workers
+        // to go removes the cluster's folders (spill, certificate).
+        for dir in std::env::var_os(ENV_CLUSTER_DIRS)
+            .map(|d| std::env::split_paths(&d).collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
+            let _ = std::fs::remove_dir_all(dir);
         }
-    };
+    }
     std::process::exit(code);
 }
 
@@ -355,14 +381,15 @@ fn worker_from_env() -> Result<()> {
     let nthreads = var(ENV_THREADS)?
         .parse()
         .map_err(|_| Error::Config(format!("{ENV_THREADS} is not a number")))?;
-    if std::env::var_os(ENV_PARENT).is_some() {
-        // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a signal this process receives when its
-        // parent thread exits; no memory is involved.
-        unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        }
-    }
     let mut opts = WorkerOptions::new(scheduler, secret, nthreads);
+    opts.parent = std::env::var(ENV_PARENT)
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok());
+    if parent_gone() {
+        return Err(Error::Disconnected(
+            "the process that started this worker is gone".into(),
+        ));
+    }
     opts.name = var(ENV_NAME)?;
     opts.local_directory = std::env::var_os(ENV_LOCAL_DIR).map(PathBuf::from);
     opts.listen = std::env::var(ENV_LISTEN)
@@ -452,9 +479,15 @@ impl LocalCluster {
                 ),
                 (ENV_MEMORY.into(), memory_limit.to_string().into()),
                 (ENV_LOCAL_DIR.into(), local_dir.clone().into()),
+                (ENV_PARENT.into(), std::process::id().to_string().into()),
             ];
+            let mut dirs = vec![local_dir.clone()];
             if let Some(dir) = &tls_dir {
                 env.push((crate::net::ENV_TLS_DIR.into(), dir.0.clone().into()));
+                dirs.push(dir.0.clone());
+            }
+            if let Ok(dirs) = std::env::join_paths(dirs) {
+                env.push((ENV_CLUSTER_DIRS.into(), dirs));
             }
             if opts.zero_work {
                 env.push((ENV_ZERO.into(), "1".into()));
@@ -713,7 +746,7 @@ pub(crate) fn nanny(opts: &WorkerOptions) -> Result<()> {
         (ENV_SECRET.into(), opts.secret.to_hex().into()),
         (ENV_THREADS.into(), opts.nthreads.to_string().into()),
         (ENV_MEMORY.into(), opts.memory_limit.to_string().into()),
-        (ENV_PARENT.into(), "1".into()),
+        (ENV_PARENT.into(), std::process::id().to_string().into()),
     ];
     if let Some(d) = &opts.local_directory {
         env.push((ENV_LOCAL_DIR.into(), d.clone().into()));
@@ -743,6 +776,11 @@ pub(crate) fn nanny(opts: &WorkerOptions) -> Result<()> {
         spawner.clean_after(child.id());
         if status.success() {
             return Ok(());
+        }
+        if status.code() == Some(crate::worker::EXIT_SCHEDULER_LOST) {
+            return Err(Error::Disconnected(
+                "the worker process lost the scheduler".into(),
+            ));
         }
         quick = if failed_at_start(&status, started) {
             quick + 1

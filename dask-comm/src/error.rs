@@ -48,6 +48,10 @@ pub enum Error {
     /// The scheduler refused a request (a retirement); the text says why.
     #[error("refused by the scheduler: {0}")]
     Refused(String),
+    /// The scheduler removed this worker or client (the text says why): a worker process
+    /// exits with [`EXIT_REMOVED`](crate::EXIT_REMOVED) and its supervisor starts it again.
+    #[error("removed by the scheduler: {0}")]
+    Removed(String),
 }
 
 impl Error {

@@ -48,7 +48,10 @@ pub mod security;
 pub mod spec;
 mod worker;
 
-pub use client::{Client, DFuture, SubmitOptions};
+#[cfg(test)]
+mod liveness_tests;
+
+pub use client::{Client, ClientOptions, DFuture, SubmitOptions};
 pub use cluster::{run_if_worker, ClusterOptions, LocalCluster, Protocol};
 pub use error::{Error, Result};
 pub use launch::{initialize, LaunchOptions, Launched};
@@ -57,4 +60,7 @@ pub use protocol::Transfer;
 pub use scheduler::SchedulerServer;
 pub use security::Secret;
 pub use worker::memory::{MemoryThresholds, EXIT_MEMORY};
-pub use worker::{run_worker, WorkerOptions};
+pub use worker::{
+    exit_code, run_worker, WorkerOptions, DEFAULT_SCHEDULER_TIMEOUT, EXIT_REMOVED,
+    EXIT_SCHEDULER_LOST,
+};

@@ -175,12 +175,23 @@ where
 /// message. Ends when `rx` closes or the connection fails.
 pub(crate) async fn writer<M: Serialize + Payloads>(
     conn: Arc<Connection>,
+    rx: mpsc::UnboundedReceiver<Vec<M>>,
+) {
+    writer_counted(conn, rx, Arc::default()).await
+}
+
+/// [`writer`], taking from `queued` what it takes from `rx` (the sender counts in with
+/// [`Queued::add`]), so that the sender sees how much waits for a slow peer.
+pub(crate) async fn writer_counted<M: Serialize + Payloads>(
+    conn: Arc<Connection>,
     mut rx: mpsc::UnboundedReceiver<Vec<M>>,
+    queued: Arc<Queued>,
 ) {
     while let Some(mut batch) = rx.recv().await {
         while let Ok(more) = rx.try_recv() {
             batch.extend(more);
         }
+        queued.take(&mut batch);
         for part in split(batch, BATCH_FRAMES, BATCH_BYTES) {
             if let Err(e) = send_batch(&conn, part).await {
                 // A message the transport refuses (one value past its 4 GiB), or a connection
@@ -195,6 +206,52 @@ pub(crate) async fn writer<M: Serialize + Payloads>(
 }
 
 /// How long the writer gives a connection to close after a failed send.
+/// Messages and payload bytes handed to a writer and not yet taken by it.
+#[derive(Debug, Default)]
+pub(crate) struct Queued {
+    messages: std::sync::atomic::AtomicUsize,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl Queued {
+    fn size<M: Payloads>(msgs: &mut [M]) -> (usize, u64) {
+        let mut bytes = 0u64;
+        for m in msgs.iter_mut() {
+            m.payloads(&mut |p| bytes += p.len() as u64);
+        }
+        (msgs.len(), bytes)
+    }
+
+    /// Counts `msgs` in; returns what is queued now.
+    pub(crate) fn add<M: Payloads>(&self, msgs: &mut [M]) -> (usize, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (n, b) = Self::size(msgs);
+        (
+            self.messages.fetch_add(n, Relaxed) + n,
+            self.bytes.fetch_add(b, Relaxed) + b,
+        )
+    }
+
+    fn take<M: Payloads>(&self, msgs: &mut [M]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (n, b) = Self::size(msgs);
+        // The writer may take what was counted in by a sender that never counted (a plain
+        // `writer`): saturate at zero rather than wrap.
+        let _ = self
+            .messages
+            .fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(n)));
+        let _ = self
+            .bytes
+            .fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(b)));
+    }
+}
+
+/// The first wait after an accept fails (out of descriptors, say), doubled on each failure in
+/// a row up to [`ACCEPT_BACKOFF_MAX`].
+pub(crate) const ACCEPT_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(10);
+/// The longest wait between accepts that fail.
+pub(crate) const ACCEPT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
 const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// The most frames of their own (payload frames of [`PACK_BELOW`] bytes or more, and one per
 /// pack) and payload bytes one message takes from the writer's merged queue: well within the

@@ -223,6 +223,8 @@ pub enum FromClient {
     /// Shut the cluster down: the scheduler tells every worker to close, closes every
     /// connection and stops (handled by the scheduler process, not the core).
     Shutdown,
+    /// The client is alive (sent every few seconds); answered with [`ToClient::Alive`].
+    Heartbeat,
 }
 
 impl Payloads for FromClient {
@@ -253,6 +255,9 @@ pub enum ToClient {
     Welcome {
         /// The client's number.
         id: ClientId,
+        /// How often to send heartbeats, in milliseconds (a fraction of the scheduler's
+        /// client timeout).
+        heartbeat_ms: u64,
         /// The workers at this moment.
         workers: Vec<WorkerInfo>,
     },
@@ -312,6 +317,14 @@ pub enum ToClient {
         /// Why.
         reason: String,
     },
+    /// The answer to [`FromClient::Heartbeat`]: the scheduler reads this client.
+    Alive,
+    /// The scheduler dropped this client (silent past its timeout, or its queue grew past the
+    /// limit); the connection closes after this.
+    Removed {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl Payloads for ToClient {
@@ -344,6 +357,9 @@ pub enum ToWorker {
     Welcome {
         /// The number.
         id: WorkerId,
+        /// How often to send heartbeats, in milliseconds (a fraction of the scheduler's
+        /// heartbeat timeout).
+        heartbeat_ms: u64,
     },
     /// Run a task once its dependencies are here.
     Compute {
@@ -393,6 +409,24 @@ pub enum ToWorker {
     },
     /// Shut down.
     Close,
+    /// The worker serving data at `address` was removed while silent (stopped, partitioned):
+    /// fetches from it end now, rather than when their deadline passes, and go to the next
+    /// holder or are reported missing.
+    PeerGone {
+        /// Its data address.
+        address: String,
+    },
+    /// The answer to a heartbeat: the scheduler reads this worker (see
+    /// `docs/resilience.md`, liveness).
+    Alive,
+    /// The scheduler removed this worker (it was silent past the heartbeat timeout, or its
+    /// queue grew past the limit): its tasks and values are gone from the scheduler's books,
+    /// the connection closes after this, and the worker exits with
+    /// [`EXIT_REMOVED`](crate::EXIT_REMOVED) to be restarted.
+    Removed {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl Payloads for ToWorker {

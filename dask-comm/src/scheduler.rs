@@ -37,11 +37,13 @@ enum Event {
     Dashboard(Duration, oneshot::Sender<Snapshot>),
 }
 
-/// Messages the core produced in one pass, by peer.
+/// Messages the core produced in one pass, by peer, and the peers it dropped.
 #[derive(Default)]
 struct Outboxes {
     workers: BTreeMap<WorkerId, Vec<ToWorker>>,
     clients: BTreeMap<ClientId, Vec<ToClient>>,
+    dropped_workers: Vec<(WorkerId, String)>,
+    dropped_clients: Vec<(ClientId, String)>,
 }
 
 impl Comm for Outboxes {
@@ -51,12 +53,98 @@ impl Comm for Outboxes {
     fn send_client(&mut self, c: ClientId, msg: ToClient) {
         self.clients.entry(c).or_default().push(msg);
     }
+    fn drop_worker(&mut self, w: WorkerId, reason: String) {
+        self.dropped_workers.push((w, reason));
+    }
+    fn drop_client(&mut self, c: ClientId, reason: String) {
+        self.dropped_clients.push((c, reason));
+    }
 }
 
+/// A connected worker or client: its writer's queue, the connection, the writer task.
 struct Peer<M> {
     tx: mpsc::UnboundedSender<Vec<M>>,
     conn: Arc<Connection>,
+    writer: JoinHandle<()>,
+    /// Messages and payload bytes queued for the writer and not yet taken by it.
+    queued: Arc<net::Queued>,
 }
+
+impl<M: serde::Serialize + crate::protocol::Payloads + Send + 'static> Peer<M> {
+    fn start(conn: Arc<Connection>) -> Peer<M> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(net::Queued::default());
+        let writer = tokio::spawn(net::writer_counted(
+            Arc::clone(&conn),
+            rx,
+            Arc::clone(&queued),
+        ));
+        Peer {
+            tx,
+            conn,
+            writer,
+            queued,
+        }
+    }
+
+    /// Queues `msgs`; `Err` with why when the peer's queue is past the high-water mark (it
+    /// does not read: stopped, partitioned, or far slower than the scheduler).
+    fn send(&self, mut msgs: Vec<M>) -> std::result::Result<(), String> {
+        let (n, bytes) = self.queued.add(&mut msgs);
+        let _ = self.tx.send(msgs);
+        if n > PEER_QUEUE_MESSAGES || bytes > PEER_QUEUE_BYTES {
+            return Err(format!(
+                "{n} messages ({bytes} bytes) queued and not taken: past the high-water mark \
+                 ({PEER_QUEUE_MESSAGES} messages or {PEER_QUEUE_BYTES} bytes)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Ends the peer: what is queued (and `last`, if any) is delivered if the peer reads
+    /// within [`CLOSE_WAIT`], then, after `linger`, the connection closes (itself bounded).
+    /// A removed peer gets a linger: one that is stopped reads why it was removed when it
+    /// continues (a closed `ucx://` endpoint drops what its peer had not yet received).
+    fn end(
+        self,
+        last: Option<M>,
+        linger: Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        if let Some(m) = last {
+            let _ = self.tx.send(vec![m]);
+        }
+        drop(self.tx);
+        let (mut writer, conn) = (self.writer, self.conn);
+        async move {
+            if tokio::time::timeout(CLOSE_WAIT, &mut writer).await.is_err() {
+                tracing::warn!(peer = %conn.peer_addr(), "a peer did not take its last messages in time");
+                writer.abort();
+            }
+            // Or until the peer closes it (a removed worker that read the news and left).
+            tokio::select! {
+                _ = tokio::time::sleep(linger) => {}
+                _ = conn.closed() => {}
+            }
+            if tokio::time::timeout(CLOSE_WAIT, conn.close())
+                .await
+                .is_err()
+            {
+                tracing::warn!(peer = %conn.peer_addr(), "closing a connection timed out");
+            }
+        }
+    }
+}
+
+/// How long a peer that is dropped (or the scheduler shutting down) waits for its writer to
+/// deliver the last messages, and then for the close.
+const CLOSE_WAIT: Duration = Duration::from_secs(3);
+/// How long the connection of a peer the core removed stays open after the news went out.
+const REMOVED_LINGER: Duration = Duration::from_secs(30);
+/// A peer with more messages than this queued for it, not taken by its writer, is
+/// disconnected: it does not read.
+const PEER_QUEUE_MESSAGES: usize = 1_000_000;
+/// A peer with more payload bytes than this queued for it is disconnected.
+const PEER_QUEUE_BYTES: u64 = 1 << 30;
 
 /// A running scheduler.
 #[derive(Debug)]
@@ -83,14 +171,23 @@ impl SchedulerServer {
         let accept_events = events.clone();
         let accept_secret = secret.clone();
         let acceptor = tokio::spawn(async move {
+            let mut backoff = net::ACCEPT_BACKOFF_MIN;
             loop {
                 let conn = match listener.accept().await {
-                    Ok(c) => c,
+                    Ok(c) => {
+                        backoff = net::ACCEPT_BACKOFF_MIN;
+                        c
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "accepting a connection failed");
                         if e.is_closed() {
+                            tracing::warn!(error = %e, "the scheduler's listener closed");
                             return;
                         }
+                        // Out of descriptors or memory: wait before trying again, longer each
+                        // time, rather than spin on the error.
+                        tracing::warn!(error = %e, ?backoff, "accepting a connection failed: retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(net::ACCEPT_BACKOFF_MAX);
                         continue;
                     }
                 };
@@ -274,8 +371,17 @@ async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            // The clock before the events: a steady stream of events must not starve the
+            // heartbeat checks, steals and retirements.
             biased;
             _ = &mut stopped => break,
+            _ = tick.tick() => {
+                core.on_tick(Instant::now(), &mut out);
+                if let Some(why) = watch.as_ref().and_then(|w| w.ended(clients.len())) {
+                    tracing::info!("{why}: shutting the cluster down");
+                    break;
+                }
+            }
             ev = rx.recv() => {
                 let Some(ev) = ev else { break };
                 let t0 = Instant::now();
@@ -289,19 +395,12 @@ async fn run(
                     r.busy(t0.elapsed());
                 }
                 if stop {
-                    flush(&mut out, &clients, &workers);
-                    break;
-                }
-            }
-            _ = tick.tick() => {
-                core.on_tick(Instant::now(), &mut out);
-                if let Some(why) = watch.as_ref().and_then(|w| w.ended(clients.len())) {
-                    tracing::info!("{why}: shutting the cluster down");
+                    flush(&mut out, &mut clients, &mut workers);
                     break;
                 }
             }
         }
-        flush(&mut out, &clients, &workers);
+        flush(&mut out, &mut clients, &mut workers);
     }
     acceptor.abort();
     tracing::info!(
@@ -309,32 +408,53 @@ async fn run(
         clients = clients.len(),
         "scheduler shutting down"
     );
-    for p in workers.values() {
-        let _ = p.tx.send(vec![ToWorker::Close]);
+    // Every peer at once, each bounded: a frozen one holds up nobody.
+    let mut ends = tokio::task::JoinSet::new();
+    for (_, p) in workers {
+        ends.spawn(p.end(Some(ToWorker::Close), Duration::ZERO));
     }
-    // Give the writers a moment to deliver the closes, then close everything.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    for p in workers.values() {
-        let _ = p.conn.close().await;
+    for (_, p) in clients {
+        ends.spawn(p.end(None, Duration::ZERO));
     }
-    for p in clients.values() {
-        let _ = p.conn.close().await;
-    }
+    while ends.join_next().await.is_some() {}
 }
 
+/// Hands each peer its messages; ends the peers the core dropped (told why), and
+/// disconnects those whose queue is past the high-water mark (they go through the ordinary
+/// disconnect path: their reader ends, and the core removes them).
 fn flush(
     out: &mut Outboxes,
-    clients: &BTreeMap<ClientId, Peer<ToClient>>,
-    workers: &BTreeMap<WorkerId, Peer<ToWorker>>,
+    clients: &mut BTreeMap<ClientId, Peer<ToClient>>,
+    workers: &mut BTreeMap<WorkerId, Peer<ToWorker>>,
 ) {
     for (w, msgs) in std::mem::take(&mut out.workers) {
         if let Some(p) = workers.get(&w) {
-            let _ = p.tx.send(msgs);
+            if let Err(why) = p.send(msgs) {
+                tracing::warn!(worker = w.0, %why, "disconnecting a worker that does not read");
+                let conn = Arc::clone(&p.conn);
+                tokio::spawn(async move { conn.close().await });
+            }
         }
     }
     for (c, msgs) in std::mem::take(&mut out.clients) {
         if let Some(p) = clients.get(&c) {
-            let _ = p.tx.send(msgs);
+            if let Err(why) = p.send(msgs) {
+                tracing::warn!(client = c.0, %why, "disconnecting a client that does not read");
+                let conn = Arc::clone(&p.conn);
+                tokio::spawn(async move { conn.close().await });
+            }
+        }
+    }
+    for (w, reason) in std::mem::take(&mut out.dropped_workers) {
+        if let Some(p) = workers.remove(&w) {
+            tracing::warn!(worker = w.0, %reason, "removed worker: closing its connection");
+            tokio::spawn(p.end(Some(ToWorker::Removed { reason }), REMOVED_LINGER));
+        }
+    }
+    for (c, reason) in std::mem::take(&mut out.dropped_clients) {
+        if let Some(p) = clients.remove(&c) {
+            tracing::warn!(client = c.0, %reason, "dropped client: closing its connection");
+            tokio::spawn(p.end(Some(ToClient::Removed { reason }), REMOVED_LINGER));
         }
     }
 }
@@ -383,15 +503,14 @@ fn handle(
                 w.seen = true;
             }
             let id = core.on_client_added(name, out);
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(net::writer(Arc::clone(&conn), rx));
+            let peer = Peer::start(Arc::clone(&conn));
             tokio::spawn(read(
                 Arc::clone(&conn),
                 events.clone(),
                 move |m| Event::Client(id, m),
                 move |why| Event::ClientLeft(id, why),
             ));
-            clients.insert(id, Peer { tx, conn });
+            clients.insert(id, peer);
         }
         Event::Joined(
             conn,
@@ -403,8 +522,7 @@ fn handle(
                 pid,
             },
         ) => {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(net::writer(Arc::clone(&conn), rx));
+            let peer = Peer::start(Arc::clone(&conn));
             // Registered first, so the welcome and first tasks have somewhere to go.
             let id = core.on_worker_added(
                 NewWorker {
@@ -423,13 +541,14 @@ fn handle(
                 move |m| Event::Worker(id, m),
                 move |why| Event::WorkerLeft(id, why),
             ));
-            workers.insert(id, Peer { tx, conn });
+            workers.insert(id, peer);
         }
         Event::Joined(conn, Hello::Data { .. }) => {
             tracing::warn!(peer = %conn.peer_addr(), "a data connection to the scheduler: refused");
             tokio::spawn(async move { conn.close().await });
         }
         Event::Client(c, msgs) => {
+            core.on_client_heard(c, Instant::now());
             for m in msgs {
                 if m == FromClient::Shutdown {
                     tracing::info!(client = c.0, "a client shuts the cluster down");
@@ -451,7 +570,9 @@ fn handle(
         }
         Event::ClientLeft(c, why) => {
             tracing::debug!(client = c.0, %why, "client left");
-            clients.remove(&c);
+            if let Some(p) = clients.remove(&c) {
+                tokio::spawn(p.end(None, Duration::ZERO));
+            }
             core.on_client_removed(c, out);
         }
         Event::Stats(tx) => {
@@ -479,7 +600,9 @@ fn handle(
             if let Some(r) = recorder {
                 r.worker_left(w);
             }
-            workers.remove(&w);
+            if let Some(p) = workers.remove(&w) {
+                tokio::spawn(p.end(None, Duration::ZERO));
+            }
             core.on_worker_removed(w, out);
         }
     }

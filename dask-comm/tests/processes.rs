@@ -214,9 +214,97 @@ fn strangers_are_refused(protocol: Protocol) {
     drop(silent);
 }
 
+/// Set for this binary re-executed as a cluster's owner: it starts a `LocalCluster` of two
+/// worker processes, prints `PIDS <pid> <pid> DIR <local directory>` and waits to be killed.
+const ENV_OWNER: &str = "DASK_COMM_TEST_OWNER";
+
+fn owner() -> ! {
+    let cluster = LocalCluster::with(ClusterOptions {
+        workers: 2,
+        memory_limit: Some(1 << 30),
+        ..Default::default()
+    })
+    .unwrap();
+    let client = cluster.client().unwrap();
+    client
+        .wait_for_workers_blocking(2, Duration::from_secs(30))
+        .unwrap();
+    let pids: Vec<String> = cluster.worker_pids().iter().map(u32::to_string).collect();
+    println!(
+        "PIDS {} DIR {}",
+        pids.join(" "),
+        cluster.local_directory().display()
+    );
+    std::io::stdout().flush().unwrap();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+    let exists = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
+    exists
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
+}
+
+/// A program holding a `LocalCluster` dies without cleaning up: with `kill -9`, and with
+/// Ctrl-C (SIGINT to its whole process group, as a terminal sends it). Its worker processes
+/// notice their parent is gone and stop, and the last removes the cluster's folder: nothing
+/// is left running or on disk.
+fn owner_killed_leaves_nothing_behind() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    for (how, sig) in [("kill -9", libc::SIGKILL), ("Ctrl-C", libc::SIGINT)] {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env(ENV_OWNER, "1")
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words.first(), Some(&"PIDS"), "{line:?}");
+        let dir_at = words.iter().position(|w| *w == "DIR").unwrap();
+        let pids: Vec<u32> = words[1..dir_at]
+            .iter()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let dir = std::path::PathBuf::from(words[dir_at + 1]);
+        assert_eq!(pids.len(), 2);
+        assert!(dir.is_dir());
+        let pgid = child.id() as libc::pid_t;
+        let target = if sig == libc::SIGINT { -pgid } else { pgid };
+        // SAFETY: kill only sends a signal; the group is the one this test started.
+        let sent = unsafe { libc::kill(target, sig) };
+        assert_eq!(sent, 0);
+        let _ = child.wait();
+        let started = Instant::now();
+        while (pids.iter().any(|&p| alive(p)) || dir.exists())
+            && started.elapsed() < Duration::from_secs(30)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        println!(
+            "  {how}: workers gone and folder removed after {:.2} s",
+            started.elapsed().as_secs_f64()
+        );
+        assert!(left.is_empty(), "{how}: workers still running: {left:?}");
+        assert!(!dir.exists(), "{how}: {} left behind", dir.display());
+    }
+}
+
 fn main() {
     register();
     dask_comm::run_if_worker();
+    if std::env::var_os(ENV_OWNER).is_some() {
+        owner();
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -240,6 +328,10 @@ fn main() {
             Box::new(killed_worker_loses_nothing),
         ),
         ("command_line", Box::new(command_line)),
+        (
+            "owner_killed_leaves_nothing_behind",
+            Box::new(owner_killed_leaves_nothing_behind),
+        ),
         (
             "strangers_are_refused_tcp",
             Box::new(|| strangers_are_refused(Protocol::Tcp)),

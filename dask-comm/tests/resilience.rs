@@ -133,8 +133,88 @@ fn shuffle_chaos() {
     assert_eq!(r.stats.workers_lost, 20);
 }
 
+/// Trials per freeze drill and protocol: `DASK_COMM_FREEZE_TRIALS` (CI runs 10; the issue's
+/// proof is 50).
+fn freeze_trials() -> usize {
+    std::env::var("DASK_COMM_FREEZE_TRIALS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(10)
+}
+
+/// Workers stopped with SIGSTOP mid-computation, over tcp:// and ucx://: removed after the
+/// heartbeat timeout, the answer exact, the thawed process exits (removed) and is replaced.
+fn freeze_worker() {
+    let timeout = Duration::from_secs(2);
+    for protocol in [dask_comm::Protocol::Tcp, dask_comm::Protocol::Ucx] {
+        let trials = freeze_trials();
+        let r = drills::freeze_worker(protocol, trials, 1450, timeout, 11, Duration::from_secs(60))
+            .unwrap();
+        println!(
+            "  {protocol:?}: {} trials ({} mid-run), heartbeat timeout {timeout:?}",
+            r.trials, r.mid_run
+        );
+        println!("    removed after the stop: {}", r.detected);
+        println!("    answer after the stop:  {}", r.answered);
+        println!("    exit after the thaw:    {}", r.exited);
+        assert_eq!(r.trials, trials);
+        assert!(
+            r.restarts >= trials as u64,
+            "every thawed worker was replaced"
+        );
+        // Removal needs the timeout to pass; the bound leaves a loaded machine room (the
+        // scheduler checks every 100 ms).
+        assert!(
+            r.detected.quantile(0.0) >= timeout,
+            "removed before the timeout: {}",
+            r.detected
+        );
+        assert!(r.detected.max() < timeout * 5, "{}", r.detected);
+    }
+}
+
+/// The scheduler process stopped with SIGSTOP mid-computation, over tcp:// and ucx://: its
+/// workers exit with EXIT_SCHEDULER_LOST and the client's gather fails, each within a bound.
+fn freeze_scheduler() {
+    let timeout = Duration::from_secs(2);
+    for protocol in [dask_comm::Protocol::Tcp, dask_comm::Protocol::Ucx] {
+        let trials = freeze_trials();
+        let r =
+            drills::freeze_scheduler(protocol, trials, timeout, Duration::from_secs(30)).unwrap();
+        println!(
+            "  {protocol:?}: {} trials, scheduler timeout {timeout:?}",
+            r.trials
+        );
+        println!("    workers exited after the stop: {}", r.workers_exited);
+        println!("    client failed after the stop:  {}", r.client_failed);
+        assert_eq!(r.trials, trials);
+        assert!(
+            r.exit_codes
+                .iter()
+                .all(|&c| c == dask_comm::EXIT_SCHEDULER_LOST),
+            "{:?}",
+            r.exit_codes
+        );
+        // Silence is counted from the last answer, which came up to a heartbeat (a quarter
+        // of the timeout) before the stop.
+        assert!(
+            r.workers_exited.quantile(0.0) >= timeout / 2,
+            "{}",
+            r.workers_exited
+        );
+        assert!(r.workers_exited.max() < timeout * 5, "{}", r.workers_exited);
+        assert!(
+            r.client_failed.quantile(0.0) >= timeout / 2,
+            "{}",
+            r.client_failed
+        );
+        assert!(r.client_failed.max() < timeout * 5, "{}", r.client_failed);
+    }
+}
+
 fn main() {
     drills::register();
+    drills::run_cli_if_asked();
     dask_comm::run_if_worker();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -151,6 +231,16 @@ fn main() {
             "chaos",
             "100 workers killed with SIGKILL, one a trial",
             chaos,
+        )
+        .drill(
+            "freeze_worker",
+            "workers stopped with SIGSTOP, 10 trials per protocol",
+            freeze_worker,
+        )
+        .drill(
+            "freeze_scheduler",
+            "schedulers stopped with SIGSTOP, 10 trials per protocol",
+            freeze_scheduler,
         )
         .drill(
             "shuffle_chaos",

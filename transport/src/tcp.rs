@@ -456,18 +456,38 @@ impl Conn {
     }
 
     pub(crate) async fn close(&self) -> Result<()> {
-        let w = &mut self.writer.lock().await.half;
-        // The marker first, so the peer knows this is a close and not a crash; a peer that is
-        // already gone does not make the close fail.
-        if let Err(e) = w.write_all(&close_marker()).await {
-            tracing::debug!(error = %e, "the close marker was not delivered");
-        }
-        if let Err(e) = w.shutdown().await {
-            tracing::debug!(error = %e, "shutting the socket down");
+        let graceful = async {
+            let w = &mut self.writer.lock().await.half;
+            // The marker first, so the peer knows this is a close and not a crash; a peer that
+            // is already gone does not make the close fail.
+            if let Err(e) = w.write_all(&close_marker()).await {
+                tracing::debug!(error = %e, "the close marker was not delivered");
+            }
+            if let Err(e) = w.shutdown().await {
+                tracing::debug!(error = %e, "shutting the socket down");
+            }
+        };
+        // A send blocked on a peer that does not read (stopped, partitioned) holds the writer:
+        // the close does not wait behind it. Shutting the socket down under it ends that send
+        // with an error, and any receive with the end of the stream.
+        if tokio::time::timeout(CLOSE_GRACE, graceful).await.is_err() {
+            tracing::warn!(
+                fd = self.fd,
+                "closing a TCP connection behind a stuck send: shutting the socket down"
+            );
+            self.state.close(CloseReason::Local);
+            // SAFETY: the descriptor is the socket the connection's halves own, and `self`
+            // borrows the connection (and so the halves) for this call, so it is open.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
+            let _ = socket2::SockRef::from(&fd).shutdown(std::net::Shutdown::Both);
         }
         Ok(())
     }
 }
+
+/// How long a close waits for the writer (a send in progress, then the close marker) before
+/// it shuts the socket down under a stuck send.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {
@@ -484,6 +504,42 @@ mod tests {
             l.accept(opts, Arc::default())
         );
         (a.unwrap(), b.unwrap().0)
+    }
+
+    /// A close does not wait behind a send blocked on a peer that never reads: it shuts the
+    /// socket down under it, the send fails, and the peer sees the connection end.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_close_behind_a_send_stuck_on_a_peer_that_does_not_read_ends_both() {
+        let (a, b) = pair(&Options::default()).await;
+        let a = Arc::new(a);
+        let big = Message::from(vec![bytes::Bytes::from(vec![7u8; 64 << 20])]);
+        let stuck = tokio::spawn({
+            let a = Arc::clone(&a);
+            async move { a.send(1, big).await }
+        });
+        // Until the socket buffers fill: the send cannot finish while `b` does not read.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!stuck.is_finished(), "64 MiB fit in the socket buffers");
+        // Bounds against a hang, far above the 2 s grace.
+        tokio::time::timeout(Duration::from_secs(60), a.close())
+            .await
+            .expect("the close waited behind the stuck send")
+            .unwrap();
+        let sent = tokio::time::timeout(Duration::from_secs(60), stuck)
+            .await
+            .expect("the stuck send never ended")
+            .unwrap();
+        assert!(sent.is_err(), "the send was cut: it cannot have succeeded");
+        // The peer reads what arrived, then the end.
+        let end = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                if b.recv().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(end.is_ok(), "the peer never saw the end");
     }
 
     /// A receive that waits longer than the spin leaves the connection parking at once (no

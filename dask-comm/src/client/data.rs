@@ -15,6 +15,25 @@ use crate::error::{Error, Result};
 use crate::net;
 use crate::protocol::{DataMsg, FromClient, Hello, Payload, Scattered, Transfer, WorkerId};
 
+/// Waits until the scheduler reports one of `keys` lost (its status back to pending), or the
+/// connection to it ends.
+async fn reported_lost(inner: &super::Inner, keys: &[Key]) {
+    loop {
+        let changed = inner.changed.notified();
+        {
+            let s = inner.lock();
+            if s.closed.is_some()
+                || keys.iter().any(|k| {
+                    !matches!(s.keys.get(k).map(|st| &st.status), Some(Status::Memory(..)))
+                })
+            {
+                return;
+            }
+        }
+        changed.await;
+    }
+}
+
 impl Client {
     /// The futures' values, fetched from the workers that hold them. The first failure (in the
     /// futures' order) is the error.
@@ -45,10 +64,10 @@ impl Client {
                         continue;
                     }
                     match s.keys.get(k).map(|st| &st.status) {
-                        Some(Status::Memory(_, Some(v))) => {
+                        Some(Status::Memory(_, Some(v), _)) => {
                             values.insert(*k, v.clone());
                         }
-                        Some(Status::Memory(h, None)) => holders.push((*k, h.clone())),
+                        Some(Status::Memory(h, None, _)) => holders.push((*k, h.clone())),
                         _ => holders.push((*k, Vec::new())),
                     }
                 }
@@ -116,9 +135,9 @@ impl Client {
                 .run(async move {
                     let addr: Address = address.parse().map_err(transport::TransportError::from)?;
                     let conn = net::dial(&addr, &secret, Hello::Data { name }).await?;
-                    net::send_batch(&conn, vec![DataMsg::TransferLog]).await?;
-                    let mut reply: Vec<DataMsg> = net::recv_batch(&conn).await?;
+                    let reply = net::request(&conn, vec![DataMsg::TransferLog], 0).await;
                     let _ = conn.close().await;
+                    let mut reply: Vec<DataMsg> = reply?;
                     match (reply.pop(), reply.is_empty()) {
                         (Some(DataMsg::Transfers { entries }), true) => Ok::<_, Error>(entries),
                         _ => Err(Error::Unexpected(
@@ -144,24 +163,41 @@ impl Client {
         let mut fetches = Vec::new();
         for (worker, ks) in by_worker {
             let inner = Arc::clone(&self.inner);
+            // The sizes the scheduler announced bound the wait for the answer
+            // (`net::request`); a key whose size is not known counts as a small one.
+            let nbytes: u64 = {
+                let s = self.inner.lock();
+                ks.iter()
+                    .map(|k| match s.keys.get(k).map(|st| &st.status) {
+                        Some(Status::Memory(_, _, n)) => *n,
+                        _ => 0,
+                    })
+                    .fold(0u64, u64::saturating_add)
+            };
             fetches.push(self.inner.rt.run(async move {
-                let conn = inner.data.lock().await.get(&worker).cloned();
-                // The values' sizes are not known here: no limit on the answer's time but
-                // the worker's death or the connection's end.
-                let (conn, r) = crate::worker::fetch::get(
+                // Taken out of the pool while in use: two gathers never share a connection,
+                // so their replies cannot cross.
+                let conn = inner.data.lock().await.remove(&worker);
+                let fetch = crate::worker::fetch::get(
                     &worker,
                     conn,
                     &inner.name,
                     &inner.secret,
-                    ks,
-                    u64::MAX,
-                )
-                .await;
-                let mut pool = inner.data.lock().await;
-                match conn {
-                    Some(c) => pool.insert(worker.clone(), c),
-                    None => pool.remove(&worker),
+                    ks.clone(),
+                    nbytes,
+                );
+                // A value the scheduler reports lost meanwhile (its holder died or was
+                // removed) is computed again elsewhere: this fetch is abandoned at once.
+                let (conn, r) = tokio::select! {
+                    r = fetch => r,
+                    () = reported_lost(&inner, &ks) => {
+                        tracing::info!(%worker, "values being fetched were reported lost: fetching them again");
+                        (None, Ok(Vec::new()))
+                    }
                 };
+                if let Some(c) = conn {
+                    inner.data.lock().await.insert(worker.clone(), c);
+                }
                 if let Err(e) = &r {
                     tracing::info!(%worker, error = %e, "fetching from a worker failed");
                 }
@@ -191,8 +227,7 @@ impl Client {
                 .send(vec![FromClient::WhoHas { keys }])
                 .map_err(|_| Error::Disconnected("the client's writer ended".into()))?;
         }
-        rx.await
-            .map_err(|_| Error::Disconnected("the scheduler did not answer".into()))
+        rx.await.map_err(|_| self.inner.gone())
     }
 
     /// Where the futures' values are: each future's key and the data addresses of the
@@ -227,15 +262,19 @@ impl Client {
                 let addr: Address = address.parse().map_err(transport::TransportError::from)?;
                 let conn = net::dial(&addr, &secret, Hello::Data { name }).await?;
                 let sizes: Vec<(Key, u64)> = items.iter().map(|(k, _, n)| (*k, *n)).collect();
-                net::send_batch(
+                let bytes = items.iter().map(|(_, p, _)| p.len() as u64).sum();
+                // Bounded like a fetch of as many bytes: a worker that stops mid-put fails the
+                // scatter rather than hang it.
+                let reply = net::request(
                     &conn,
                     vec![DataMsg::Put {
                         values: items.into_iter().map(|(k, p, _)| (k, p)).collect(),
                     }],
+                    bytes,
                 )
-                .await?;
-                let reply: Vec<DataMsg> = net::recv_batch(&conn).await?;
+                .await;
                 let _ = conn.close().await;
+                let reply: Vec<DataMsg> = reply?;
                 if reply != [DataMsg::Stored] {
                     return Err(Error::Unexpected("a put was not stored".into()));
                 }

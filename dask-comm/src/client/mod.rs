@@ -22,6 +22,7 @@ use crate::net;
 use crate::protocol::{FromClient, Hello, TaskDef, ToClient, WorkerInfo};
 use crate::runtime::{block_on, Runtime};
 use crate::security::Secret;
+use crate::worker::scheduler_timeout_from_env;
 
 mod blocking;
 mod data;
@@ -29,8 +30,9 @@ mod data;
 #[derive(Debug, Clone)]
 enum Status {
     Pending,
-    /// Computed; where the scheduler said it is (and the value, when it came along).
-    Memory(Vec<String>, Option<Value>),
+    /// Computed; where the scheduler said it is (and the value, when it came along), and its
+    /// size (which bounds the wait for a fetch).
+    Memory(Vec<String>, Option<Value>, u64),
     Erred(Arc<TaskFailure>),
     Cancelled,
     Refused(String),
@@ -55,6 +57,10 @@ struct State {
     next_retire: u64,
     closed: Option<String>,
     welcomed: bool,
+    /// When the scheduler was last heard from.
+    heard: Option<Instant>,
+    /// How often to send heartbeats (the scheduler's welcome says; zero until then).
+    heartbeat: Duration,
 }
 
 #[derive(Debug)]
@@ -68,6 +74,25 @@ struct Inner {
     control: Arc<Connection>,
     // Last, so the runtime stops after everything above is dropped.
     rt: Runtime,
+}
+
+/// How a client connects.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// A scheduler that answers no heartbeat for this long is taken for lost: the connection
+    /// closes and every call fails with [`Error::Disconnected`]. Default:
+    /// [`DEFAULT_SCHEDULER_TIMEOUT`](crate::DEFAULT_SCHEDULER_TIMEOUT), or
+    /// `DASK_COMM_SCHEDULER_TIMEOUT` (seconds).
+    pub scheduler_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            scheduler_timeout: scheduler_timeout_from_env(),
+        }
+    }
 }
 
 /// How a graph is submitted.
@@ -152,6 +177,15 @@ fn token() -> String {
 impl Client {
     /// Connects to the scheduler at `address`, proving the cluster's `secret`.
     pub async fn connect(address: &Address, secret: Secret) -> Result<Client> {
+        Client::connect_with(address, secret, ClientOptions::default()).await
+    }
+
+    /// [`Client::connect`] with options (the scheduler timeout).
+    pub async fn connect_with(
+        address: &Address,
+        secret: Secret,
+        opts: ClientOptions,
+    ) -> Result<Client> {
         let rt = Runtime::new("dask-client")?;
         let name = format!("client-{}", std::process::id());
         let hello = Hello::Client { name: name.clone() };
@@ -190,7 +224,8 @@ impl Client {
             if let Some(inner) = weak.upgrade() {
                 tracing::debug!(%reason, "the client's scheduler connection ended");
                 let mut s = inner.lock();
-                s.closed = Some(reason);
+                // A reason given before the connection was closed (removed, silent) stands.
+                s.closed.get_or_insert(reason);
                 // Replies that will never come: dropping their senders fails the calls that
                 // wait for them (`Error::Disconnected`) instead of leaving them waiting.
                 s.who_has.clear();
@@ -199,6 +234,10 @@ impl Client {
                 inner.changed.notify_waiters();
             }
         });
+        inner
+            .rt
+            .handle()
+            .spawn(heartbeats(Arc::downgrade(&inner), opts.scheduler_timeout));
         let client = Client { inner };
         client.welcomed().await?;
         Ok(client)
@@ -429,7 +468,7 @@ impl Client {
                 .map_err(|_| Error::Disconnected("the client's writer ended".into()))?;
         }
         rx.await
-            .map_err(|_| Error::Disconnected("the scheduler did not answer".into()))?
+            .map_err(|_| self.inner.gone())?
             .map_err(Error::Refused)
     }
 
@@ -557,17 +596,78 @@ impl Client {
     }
 }
 
+/// Every heartbeat (as the scheduler's welcome asks; [`CLIENT_HEARTBEAT`] until then): tells
+/// the scheduler the client lives, and takes the scheduler for lost when it has answered
+/// nothing for `timeout` (the connection is closed, and every call waiting on it fails with
+/// [`Error::Disconnected`]). Ends with the client.
+async fn heartbeats(inner: std::sync::Weak<Inner>, timeout: Duration) {
+    let started = Instant::now();
+    let mut every = CLIENT_HEARTBEAT.min(timeout / 4);
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let silent = {
+            let mut s = inner.lock();
+            if s.closed.is_some() {
+                return;
+            }
+            if !s.heartbeat.is_zero() {
+                // Answers must come often enough for this client's own timeout too.
+                every = s.heartbeat.min(timeout / 4);
+            }
+            let silent = s.heard.unwrap_or(started).elapsed();
+            if silent > timeout {
+                tracing::error!(
+                    ?silent,
+                    "the scheduler answered no heartbeat: taking it for lost"
+                );
+                s.closed = Some(format!(
+                    "the scheduler answered no heartbeat for {silent:?} (the scheduler timeout is {timeout:?})"
+                ));
+            }
+            silent
+        };
+        if silent > timeout {
+            inner.changed.notify_waiters();
+            let control = Arc::clone(&inner.control);
+            drop(inner);
+            let _ = tokio::time::timeout(Duration::from_secs(5), control.close()).await;
+            return;
+        }
+        let _ = inner.to_scheduler.send(vec![FromClient::Heartbeat]);
+    }
+}
+
+/// How often a client tells the scheduler it lives.
+const CLIENT_HEARTBEAT: Duration = Duration::from_secs(2);
+
 impl Inner {
+    /// Why a reply will never come: the connection's end, as recorded.
+    fn gone(&self) -> Error {
+        match &self.lock().closed {
+            Some(why) => Error::Disconnected(why.clone()),
+            None => Error::Disconnected("the scheduler did not answer".into()),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn receive(&self, msgs: Vec<ToClient>) {
         let mut s = self.lock();
+        s.heard = Some(Instant::now());
         for m in msgs {
             match m {
-                ToClient::Welcome { id, workers } => {
-                    tracing::debug!(client = id.0, name = %self.name, "welcomed");
+                ToClient::Welcome {
+                    id,
+                    workers,
+                    heartbeat_ms,
+                } => {
+                    tracing::debug!(client = id.0, name = %self.name, heartbeat_ms, "welcomed");
+                    s.heartbeat = Duration::from_millis(heartbeat_ms.clamp(10, 60_000));
                     s.workers = workers;
                     s.welcomed = true;
                 }
@@ -576,7 +676,7 @@ impl Inner {
                     key,
                     holders,
                     value,
-                    ..
+                    nbytes,
                 } => {
                     let value = value.and_then(|p| match p.to_value() {
                         Ok(v) => Some(v),
@@ -585,7 +685,7 @@ impl Inner {
                             None
                         }
                     });
-                    s.set(key, Status::Memory(holders, value));
+                    s.set(key, Status::Memory(holders, value, nbytes));
                 }
                 ToClient::Erred { key, failure } => s.set(key, Status::Erred(Arc::new(failure))),
                 ToClient::Cancelled { key } => s.set(key, Status::Cancelled),
@@ -617,6 +717,12 @@ impl Inner {
                     if let Some(tx) = s.who_has.pop_front() {
                         let _ = tx.send(holders);
                     }
+                }
+                ToClient::Alive => {}
+                ToClient::Removed { reason } => {
+                    tracing::error!(%reason, "the scheduler dropped this client");
+                    s.closed
+                        .get_or_insert_with(|| format!("dropped by the scheduler: {reason}"));
                 }
             }
         }

@@ -8,11 +8,18 @@ impl Core {
         let id = ClientId(self.next_client);
         self.next_client += 1;
         tracing::debug!(client = id.0, %name, "client added");
-        self.clients.insert(id, ClientState { name });
+        self.clients.insert(
+            id,
+            ClientState {
+                name,
+                last_seen: None,
+            },
+        );
         comm.send_client(
             id,
             ToClient::Welcome {
                 id,
+                heartbeat_ms: heartbeat_every(self.cfg.client_timeout),
                 workers: self.worker_infos(),
             },
         );
@@ -34,12 +41,43 @@ impl Core {
         self.unwant(&wanted, c, comm);
     }
 
+    /// Client `c` was heard from at `now` (any message): its silence clock restarts.
+    pub fn on_client_heard(&mut self, c: ClientId, now: Instant) {
+        if let Some(client) = self.clients.get_mut(&c) {
+            client.last_seen = Some(now);
+        }
+    }
+
+    /// Clients silent past the client timeout are dropped: their connection closes and their
+    /// futures are released, as if they had left.
+    pub(super) fn remove_silent_clients(&mut self, now: Instant, comm: &mut impl Comm) {
+        let timeout = self.cfg.client_timeout;
+        let silent: Vec<ClientId> = self
+            .clients
+            .iter_mut()
+            .filter_map(|(&c, client)| {
+                let seen = *client.last_seen.get_or_insert(now);
+                (now.saturating_duration_since(seen) > timeout).then_some(c)
+            })
+            .collect();
+        for c in silent {
+            tracing::warn!(
+                client = c.0,
+                ?timeout,
+                "a client was silent past the client timeout: dropping it"
+            );
+            self.on_client_removed(c, comm);
+            comm.drop_client(c, format!("silent for more than {timeout:?}"));
+        }
+    }
+
     /// A message from client `c`.
     pub fn on_client_message(&mut self, c: ClientId, msg: FromClient, comm: &mut impl Comm) {
         if !self.clients.contains_key(&c) {
             return;
         }
         match msg {
+            FromClient::Heartbeat => comm.send_client(c, ToClient::Alive),
             FromClient::UpdateGraph { tasks, wanted } => self.update_graph(c, tasks, wanted, comm),
             FromClient::Scattered { keys } => self.scattered(c, keys, comm),
             FromClient::Release { keys } => {

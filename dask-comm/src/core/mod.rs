@@ -48,6 +48,19 @@ pub trait Comm {
     fn send_worker(&mut self, w: WorkerId, msg: ToWorker);
     /// A message to a client.
     fn send_client(&mut self, c: ClientId, msg: ToClient);
+    /// The core removed worker `w` for good (silent past the heartbeat timeout): tell it why
+    /// ([`ToWorker::Removed`]) and close its connection. The core has already forgotten it.
+    fn drop_worker(&mut self, w: WorkerId, reason: String);
+    /// The core removed client `c` (silent past the client timeout): tell it why
+    /// ([`ToClient::Removed`]) and close its connection.
+    fn drop_client(&mut self, c: ClientId, reason: String);
+}
+
+/// How often a peer whose silence for `timeout` gets it removed sends heartbeats, in
+/// milliseconds: an eighth of the timeout (a peer is removed after about eight missed), between
+/// 20 ms and 2 s.
+pub fn heartbeat_every(timeout: Duration) -> u64 {
+    (timeout.as_millis() / 8).clamp(20, 2000) as u64
 }
 
 /// The core's settings.
@@ -64,8 +77,11 @@ pub struct Config {
     pub unknown_duration: Duration,
     /// Assumed bandwidth between workers, to weigh data transfers (bytes per second).
     pub bandwidth: f64,
-    /// A worker silent this long is removed.
+    /// A worker silent this long is removed (workers send a heartbeat every 2 s).
     pub heartbeat_timeout: Duration,
+    /// A client silent this long is dropped, its futures released (clients send a heartbeat
+    /// every 2 s).
+    pub client_timeout: Duration,
     /// Workers that may die while running one task before it errs with `KilledWorker`
     /// (Dask's `allowed-failures`).
     pub allowed_failures: u32,
@@ -83,6 +99,7 @@ impl Default for Config {
             unknown_duration: Duration::from_millis(500),
             bandwidth: 100e6,
             heartbeat_timeout: Duration::from_secs(60),
+            client_timeout: Duration::from_secs(60),
             allowed_failures: 3,
             work_stealing: true,
         }

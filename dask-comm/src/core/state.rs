@@ -179,6 +179,9 @@ pub struct Retirement {
 #[derive(Debug)]
 pub struct ClientState {
     pub name: String,
+    /// When the client was last heard from (`None`: not since it joined; the next tick
+    /// starts its clock).
+    pub last_seen: Option<Instant>,
 }
 
 /// Durations of a prefix's tasks.

@@ -33,7 +33,13 @@ impl Core {
                 last_seen: now,
             },
         );
-        comm.send_worker(id, ToWorker::Welcome { id });
+        comm.send_worker(
+            id,
+            ToWorker::Welcome {
+                id,
+                heartbeat_ms: heartbeat_every(self.cfg.heartbeat_timeout),
+            },
+        );
         self.tell_clients_workers(comm);
         self.reopened(id, comm);
         id
@@ -192,6 +198,7 @@ impl Core {
                 paused,
                 ..
             } => {
+                comm.send_worker(w, ToWorker::Alive);
                 let was = std::mem::replace(&mut worker.paused, paused);
                 (worker.stored, worker.spilled, worker.rss) = (stored, spilled, rss);
                 if was != paused {
@@ -246,6 +253,7 @@ impl Core {
     /// from busy ones, and retirements move on.
     pub fn on_tick(&mut self, now: Instant, comm: &mut impl Comm) {
         self.remove_silent(now, comm);
+        self.remove_silent_clients(now, comm);
         self.balance(comm);
         self.advance_retirements(comm);
     }
@@ -266,9 +274,25 @@ impl Core {
                 ws.retiring = true;
             }
         }
+        let timeout = self.cfg.heartbeat_timeout;
         for w in silent {
-            tracing::warn!(worker = w.0, "no heartbeat: removing the worker");
+            tracing::warn!(worker = w.0, ?timeout, "no heartbeat: removing the worker");
+            let address = self.workers.get(&w).map(|ws| ws.address.clone());
             self.remove_worker(w, true, comm);
+            // Fetches from it would wait for their deadline: its socket is open, it is silent.
+            if let Some(address) = address {
+                for &other in self.workers.keys() {
+                    comm.send_worker(
+                        other,
+                        ToWorker::PeerGone {
+                            address: address.clone(),
+                        },
+                    );
+                }
+            }
+            // Final: the worker is told, its connection closed; a process that thaws later
+            // exits and is started afresh rather than talk to a scheduler that forgot it.
+            comm.drop_worker(w, format!("no heartbeat for more than {timeout:?}"));
         }
     }
 

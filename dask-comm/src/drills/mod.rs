@@ -15,6 +15,11 @@ use bytes::Bytes;
 use dask_graph::{registry, Arg, Graph, Key, Scheduler, Task, Value};
 use rand::{Rng, SeedableRng};
 
+mod freeze;
+pub use freeze::{
+    freeze_scheduler, freeze_worker, run_cli_if_asked, FreezeSchedulerReport, FreezeWorkerReport,
+    Times,
+};
 mod shuffle;
 pub use shuffle::{
     blob_shuffle_graph, shuffle_chaos, shuffle_graph, shuffle_throughput, ShuffleChaosReport,

@@ -383,7 +383,15 @@ fn serve(opts: &LaunchOptions, job: &Job, role: Role, launched: bool) -> Result<
             });
             w.local_directory = opts.local_directory.clone();
             w.name = format!("rank-{}", rank.rank);
-            match runtime()?.block_on(run_worker(w)) {
+            // A worker the scheduler removed (it was silent: stopped, swapping) joins again as
+            // a fresh worker, a bounded number of times.
+            let mut r = runtime()?.block_on(run_worker(w.clone()));
+            for rejoin in 1..=REJOINS {
+                let Err(Error::Removed(why)) = &r else { break };
+                tracing::warn!(%why, rejoin, "the scheduler removed this rank's worker: joining again");
+                r = runtime()?.block_on(run_worker(w.clone()));
+            }
+            match r {
                 // The scheduler removes its file when it stops cleanly: a worker that finds
                 // it gone (it joined late, or the scheduler was signalled) has nothing to do.
                 Err(e) if !file.exists() => {
@@ -395,6 +403,9 @@ fn serve(opts: &LaunchOptions, job: &Job, role: Role, launched: bool) -> Result<
         }
     }
 }
+
+/// Times a launched worker rank joins again after the scheduler removed it.
+const REJOINS: u32 = 10;
 
 fn parse(text: &str) -> Result<Address> {
     Ok(text.parse().map_err(transport::TransportError::from)?)

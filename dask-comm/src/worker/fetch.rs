@@ -66,6 +66,8 @@ pub(crate) struct Fetcher {
     queues: FxHashMap<String, Vec<Key>>,
     busy: FxHashSet<String>,
     pool: FxHashMap<String, Arc<Connection>>,
+    /// The request in flight to each busy peer, and what it asked.
+    inflight: FxHashMap<String, (tokio::task::AbortHandle, Vec<Key>)>,
 }
 
 /// Asks `peer` for `keys` over `conn` (or a new data connection), expected to weigh `nbytes`
@@ -124,6 +126,7 @@ impl Fetcher {
             queues: FxHashMap::default(),
             busy: FxHashSet::default(),
             pool: FxHashMap::default(),
+            inflight: FxHashMap::default(),
         }
     }
 
@@ -181,7 +184,9 @@ impl Fetcher {
                 self.secret.clone(),
                 self.tx.clone(),
             );
-            tokio::spawn(async move {
+            let asked = keys.clone();
+            let p = peer.clone();
+            let task = tokio::spawn(async move {
                 let t0 = std::time::Instant::now();
                 let (conn, result) = get(&peer, conn, &me, &secret, keys.clone(), bytes).await;
                 let _ = tx.send(Fetched {
@@ -192,13 +197,46 @@ impl Fetcher {
                     micros: t0.elapsed().as_micros() as u64,
                 });
             });
+            self.inflight.insert(p, (task.abort_handle(), asked));
         }
+    }
+
+    /// The scheduler removed the worker serving at `peer`: it is asked nothing more, and what
+    /// was queued for it or is in flight to it goes to the next holder (or is reported
+    /// missing) now.
+    pub(crate) fn peer_gone(&mut self, peer: &str) {
+        for w in self.wanted.values_mut() {
+            w.holders.retain(|h| h != peer);
+        }
+        self.pool.remove(peer);
+        let mut asked = self.queues.remove(peer).unwrap_or_default();
+        if let Some((task, keys)) = self.inflight.remove(peer) {
+            // A request that already ended has sent its answer: that one is taken in.
+            if !task.is_finished() {
+                task.abort();
+                asked.extend(keys);
+            }
+        }
+        if asked.is_empty() {
+            return;
+        }
+        tracing::info!(%peer, keys = asked.len(), "a peer was removed: its fetches go elsewhere");
+        let _ = self.tx.send(Fetched {
+            peer: peer.to_string(),
+            conn: None,
+            asked,
+            result: Err(Error::Disconnected(format!(
+                "{peer} was removed by the scheduler"
+            ))),
+            micros: 0,
+        });
     }
 
     /// Takes in what a request brought: the values that arrived, and the keys no holder had
     /// (with the holders tried).
     pub(crate) fn arrived(&mut self, f: Fetched) -> Arrivals {
         self.busy.remove(&f.peer);
+        self.inflight.remove(&f.peer);
         match f.conn {
             Some(c) => {
                 self.pool.insert(f.peer.clone(), c);

@@ -79,6 +79,72 @@ pub struct WorkerOptions {
     /// Answer every task at once without running it or fetching its inputs (to measure the
     /// runtime alone, like RSDS's zero worker). Values are `()`.
     pub zero_work: bool,
+    /// A scheduler that answers no heartbeat for this long is taken for lost: the worker
+    /// ends with [`Error::Disconnected`] (a process exits with [`EXIT_SCHEDULER_LOST`]).
+    /// Default: [`DEFAULT_SCHEDULER_TIMEOUT`], or `DASK_COMM_SCHEDULER_TIMEOUT` (seconds).
+    pub scheduler_timeout: Duration,
+    /// The worker stops (cleanly, removing its folders) once the process with this id is no
+    /// longer its parent: a supervisor's workers do not outlive it, however it ends.
+    pub parent: Option<u32>,
+}
+
+/// How long a worker or client waits for any word from the scheduler (heartbeats are
+/// answered) before it takes the scheduler for lost.
+pub const DEFAULT_SCHEDULER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The scheduler timeout from `DASK_COMM_SCHEDULER_TIMEOUT` (seconds, fractions allowed), or
+/// [`DEFAULT_SCHEDULER_TIMEOUT`].
+pub fn scheduler_timeout_from_env() -> Duration {
+    std::env::var("DASK_COMM_SCHEDULER_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(DEFAULT_SCHEDULER_TIMEOUT)
+}
+
+/// Waits up to [`LAST_WORD`] for messages the scheduler sent before the connection ended:
+/// `Some` when one of them was a removal or a close.
+async fn last_word(rx: &mut mpsc::UnboundedReceiver<Result<Vec<ToWorker>>>) -> Option<Result<()>> {
+    let deadline = tokio::time::Instant::now() + LAST_WORD;
+    while let Ok(Some(Ok(msgs))) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        for m in msgs {
+            match m {
+                ToWorker::Removed { reason } => {
+                    tracing::error!(%reason, "the scheduler removed this worker: it exits to be started afresh");
+                    return Some(Err(Error::Removed(reason)));
+                }
+                ToWorker::Close => return Some(Ok(())),
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
+/// How long a worker that lost its scheduler connection waits for the messages still on
+/// their way in.
+const LAST_WORD: Duration = Duration::from_secs(1);
+
+/// How often a worker with a [`WorkerOptions::parent`] checks that its parent lives.
+const PARENT_CHECK: Duration = Duration::from_millis(250);
+
+/// A worker process's exit code when the scheduler removed it (it was silent past the
+/// heartbeat timeout: stopped, swapping, partitioned): its supervisor (`LocalCluster`, the
+/// nanny, a launcher's rank) starts it again.
+pub const EXIT_REMOVED: i32 = 76;
+/// A worker process's exit code when it lost its scheduler (silent past the scheduler
+/// timeout, or its connection failed): not restarted, there is nothing to join.
+pub const EXIT_SCHEDULER_LOST: i32 = 77;
+
+/// The exit code for a worker that ended with `r`.
+pub fn exit_code(r: &Result<()>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(Error::Removed(_)) => EXIT_REMOVED,
+        Err(Error::Disconnected(_)) => EXIT_SCHEDULER_LOST,
+        Err(_) => 1,
+    }
 }
 
 impl WorkerOptions {
@@ -95,6 +161,8 @@ impl WorkerOptions {
             process_memory: true,
             name: format!("worker-{}", std::process::id()),
             zero_work: false,
+            scheduler_timeout: scheduler_timeout_from_env(),
+            parent: None,
         }
     }
 }
@@ -184,11 +252,33 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
         opts.secret.clone(),
         tokio::runtime::Handle::current(),
     ));
+    let (serve_failed, mut serve_ended) = tokio::sync::oneshot::channel::<String>();
     let serve = {
         let (store, secret) = (Arc::clone(&store), opts.secret.clone());
         let shuffles = Arc::clone(&shuffles);
+        let transfers = Arc::new(tokio::sync::Semaphore::new(serve::TRANSFERS));
         tokio::spawn(async move {
-            while let Ok(conn) = listener.accept().await {
+            let mut backoff = net::ACCEPT_BACKOFF_MIN;
+            loop {
+                let conn = match listener.accept().await {
+                    Ok(c) => {
+                        backoff = net::ACCEPT_BACKOFF_MIN;
+                        c
+                    }
+                    Err(e) if e.is_closed() => {
+                        // A worker whose peers cannot reach it is no worker: it ends.
+                        let _ =
+                            serve_failed.send(format!("the data server's listener closed: {e}"));
+                        return;
+                    }
+                    Err(e) => {
+                        // Out of descriptors (a wide shuffle), say: wait, longer each time.
+                        tracing::warn!(error = %e, ?backoff, "the data server's accept failed: retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(net::ACCEPT_BACKOFF_MAX);
+                        continue;
+                    }
+                };
                 let (store, secret, lost) = (Arc::clone(&store), secret.clone(), lost_tx.clone());
                 tokio::spawn(serve::serve_data(
                     conn,
@@ -196,6 +286,7 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
                     secret,
                     lost,
                     Arc::clone(&shuffles),
+                    Arc::clone(&transfers),
                 ));
             }
         })
@@ -222,10 +313,16 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
         lost_rx,
         shuffles,
     )
-    .run()
+    .run(&mut serve_ended)
     .await;
     serve.abort();
-    let _ = control.close().await;
+    // Bounded: a stopped scheduler does not hold a worker that is leaving.
+    if tokio::time::timeout(LAST_WORD * 3, control.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("closing the scheduler connection timed out");
+    }
     tracing::info!(name = %opts.name, "worker stopped");
     r
 }
@@ -282,6 +379,12 @@ struct Worker {
     fetches: VecDeque<(Fetch, Instant)>,
     /// The process's CPU seconds at the last heartbeat, and when that was.
     cpu_at: (f64, Instant),
+    /// See [`WorkerOptions::scheduler_timeout`].
+    scheduler_timeout: Duration,
+    /// See [`WorkerOptions::parent`].
+    parent: Option<u32>,
+    /// When heartbeats go (at the pace the scheduler's welcome asks).
+    beat: Option<tokio::time::Interval>,
 }
 
 impl Worker {
@@ -337,10 +440,22 @@ impl Worker {
             shuffles,
             fetches: VecDeque::new(),
             cpu_at: (memory::cpu_seconds(), Instant::now()),
+            scheduler_timeout: opts.scheduler_timeout,
+            parent: opts.parent,
+            beat: None,
         }
     }
 
-    async fn run(mut self) -> Result<()> {
+    async fn run(mut self, serve_ended: &mut tokio::sync::oneshot::Receiver<String>) -> Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        // SIGTERM (a supervisor's) ends the worker cleanly: its folders go with it. So does
+        // SIGINT for a worker with no parent to follow.
+        let mut term =
+            signal(SignalKind::terminate()).map_err(|e| Error::os("listening for SIGTERM", e))?;
+        let mut int =
+            signal(SignalKind::interrupt()).map_err(|e| Error::os("listening for SIGINT", e))?;
+        let mut heard = Instant::now();
+        let mut parent_tick = tokio::time::interval(PARENT_CHECK);
         let (from_scheduler, mut scheduler_rx) = mpsc::unbounded_channel();
         let reader = {
             let control = Arc::clone(&self.control);
@@ -356,7 +471,9 @@ impl Worker {
         };
         let (to_scheduler, writer_rx) = mpsc::unbounded_channel();
         let writer = tokio::spawn(net::writer(Arc::clone(&self.control), writer_rx));
-        let mut heartbeat = tokio::time::interval(Duration::from_secs(2));
+        self.beat = Some(tokio::time::interval(
+            Duration::from_secs(2).min(self.scheduler_timeout / 4),
+        ));
         let mut memory_tick = tokio::time::interval(Duration::from_millis(100));
         memory_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stuck_since: Option<Instant> = None;
@@ -364,8 +481,11 @@ impl Worker {
             tokio::select! {
                 msgs = scheduler_rx.recv() => match msgs {
                     Some(Ok(msgs)) => {
-                        if self.on_scheduler(msgs) {
-                            break Ok(());
+                        heard = Instant::now();
+                        match self.on_scheduler(msgs) {
+                            Ok(true) => break Ok(()),
+                            Ok(false) => {}
+                            Err(e) => break Err(e),
                         }
                     }
                     Some(Err(e)) => break match e {
@@ -380,7 +500,40 @@ impl Worker {
                     lock(&self.store).remove(&key);
                     self.out.push(FromWorker::LostKeys { keys: vec![key] });
                 }
-                _ = heartbeat.tick() => self.report = true,
+                _ = self.beat.as_mut().expect("set before the loop").tick() => {
+                    let silent = heard.elapsed();
+                    if silent > self.scheduler_timeout {
+                        tracing::error!(?silent, scheduler = %self.control.peer_addr(), "the scheduler answered no heartbeat: taking it for lost");
+                        break Err(Error::Disconnected(format!(
+                            "the scheduler answered no heartbeat for {silent:?} (the scheduler timeout is {:?})",
+                            self.scheduler_timeout
+                        )));
+                    }
+                    self.report = true;
+                }
+                why = &mut *serve_ended => {
+                    break Err(Error::Unexpected(why.unwrap_or_else(|_| "the data server ended".into())));
+                }
+                _ = parent_tick.tick(), if self.parent.is_some() => {
+                    if self.parent != Some(std::os::unix::process::parent_id()) {
+                        tracing::warn!("the worker's parent is gone: the worker stops");
+                        break Ok(());
+                    }
+                }
+                _ = term.recv() => {
+                    tracing::info!("SIGTERM: the worker stops");
+                    break Ok(());
+                }
+                _ = int.recv() => {
+                    // Ctrl-C reaches the whole process group: a supervised worker leaves it to
+                    // its parent (which stops it, or dies and is noticed), so that the parent's
+                    // clean-up finds its workers and the last one out finds the parent gone.
+                    if self.parent.is_none() {
+                        tracing::info!("SIGINT: the worker stops");
+                        break Ok(());
+                    }
+                    tracing::info!("SIGINT: left to the worker's parent");
+                }
                 _ = memory_tick.tick(), if self.limits.limit > 0 && self.process_memory => {
                     if let Err(e) = self.check_memory(&mut stuck_since) {
                         break Err(e);
@@ -412,17 +565,38 @@ impl Worker {
                 ));
             }
         };
+        // A worker that thaws after a stop finds the connection gone and the clock past the
+        // timeout; the scheduler's last words, still on their way in, say why.
+        let result = match result {
+            Err(Error::Disconnected(why)) => last_word(&mut scheduler_rx)
+                .await
+                .unwrap_or(Err(Error::Disconnected(why))),
+            r => r,
+        };
         reader.abort();
         drop(to_scheduler);
-        let _ = writer.await;
+        let mut writer = writer;
+        if tokio::time::timeout(LAST_WORD * 2, &mut writer)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the last messages to the scheduler were not taken in time");
+            writer.abort();
+        }
         result
     }
 
-    /// Handles the scheduler's messages; true when told to close.
-    fn on_scheduler(&mut self, msgs: Vec<ToWorker>) -> bool {
+    /// Handles the scheduler's messages; true when told to close, an error when removed.
+    fn on_scheduler(&mut self, msgs: Vec<ToWorker>) -> Result<bool> {
         for m in msgs {
             match m {
-                ToWorker::Welcome { id } => tracing::debug!(worker = id.0, "welcomed"),
+                ToWorker::Welcome { id, heartbeat_ms } => {
+                    tracing::debug!(worker = id.0, heartbeat_ms, "welcomed");
+                    // Answers must come often enough for this worker's own timeout too.
+                    let every = Duration::from_millis(heartbeat_ms.clamp(10, 60_000))
+                        .min(self.scheduler_timeout / 4);
+                    self.beat = Some(tokio::time::interval(every));
+                }
                 ToWorker::Compute {
                     key,
                     spec,
@@ -444,10 +618,16 @@ impl Worker {
                     self.out.push(FromWorker::StealResponse { key, id, stolen });
                 }
                 ToWorker::Acquire { keys } => self.acquire(keys),
-                ToWorker::Close => return true,
+                ToWorker::Close => return Ok(true),
+                ToWorker::Alive => {}
+                ToWorker::PeerGone { address } => self.fetcher.peer_gone(&address),
+                ToWorker::Removed { reason } => {
+                    tracing::error!(%reason, "the scheduler removed this worker: it exits to be started afresh");
+                    return Err(Error::Removed(reason));
+                }
             }
         }
-        false
+        Ok(false)
     }
 
     fn compute(

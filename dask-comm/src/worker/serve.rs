@@ -13,6 +13,9 @@ use crate::net;
 use crate::protocol::{DataMsg, Hello, Payload};
 use crate::security::Secret;
 
+/// Requests a data server answers at once (Dask's `distributed.worker.connections.incoming`).
+pub(super) const TRANSFERS: usize = 10;
+
 /// Serves one data connection: values from the store, and values a client puts.
 pub(super) async fn serve_data(
     conn: Connection,
@@ -20,6 +23,7 @@ pub(super) async fn serve_data(
     secret: Secret,
     lost: mpsc::UnboundedSender<Key>,
     shuffles: Arc<shuffle::Shuffles>,
+    transfers: Arc<tokio::sync::Semaphore>,
 ) {
     let peer = conn.peer_addr().clone();
     match net::admit(&conn, &secret).await {
@@ -42,6 +46,11 @@ pub(super) async fn serve_data(
                 tracing::debug!(%peer, error = %e, "data connection ends");
                 return;
             }
+        };
+        // At most [`TRANSFERS`] requests answered at once across the server's connections: each
+        // may read spilled values back into memory. The others wait here, unread.
+        let Ok(_permit) = transfers.acquire().await else {
+            return;
         };
         let mut reply = Vec::new();
         for m in msgs {

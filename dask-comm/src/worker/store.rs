@@ -310,7 +310,20 @@ impl Store {
         let Some(d) = self.disk.get(k) else {
             return Ok(None);
         };
-        let bytes = std::fs::read(&d.path).map_err(|source| SpillError::Io { key: *k, source })?;
+        // A transient failure (out of descriptors in a wide shuffle, an interrupted read) is
+        // tried again, a few times over about 60 ms; a file that is gone is lost at once.
+        let mut pause = std::time::Duration::from_millis(2);
+        let bytes = loop {
+            match std::fs::read(&d.path) {
+                Ok(b) => break b,
+                Err(e) if transient(&e) && pause <= READ_RETRY_PAUSE_MAX => {
+                    tracing::warn!(key = %k, error = %e, ?pause, "reading a spill file failed: trying again");
+                    std::thread::sleep(pause);
+                    pause *= 2;
+                }
+                Err(source) => return Err(SpillError::Io { key: *k, source }),
+            }
+        };
         let corrupt = |reason: String| SpillError::Corrupt { key: *k, reason };
         let payload = parse_spill(Bytes::from(bytes)).map_err(corrupt)?;
         payload
@@ -318,6 +331,19 @@ impl Store {
             .map(Some)
             .map_err(|e| corrupt(e.to_string()))
     }
+}
+
+/// The longest pause between reads of a spill file that failed for a transient reason.
+const READ_RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(32);
+
+/// Whether a failed read may succeed if tried again.
+fn transient(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(e.kind(), Interrupted | WouldBlock | TimedOut | OutOfMemory)
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM | libc::EINTR)
+        )
 }
 
 impl Drop for Store {
@@ -438,6 +464,22 @@ mod tests {
 
     fn bytes_of(v: &Value) -> Vec<u8> {
         v.downcast_ref::<Bytes>().unwrap().to_vec()
+    }
+
+    /// Out of descriptors (a wide shuffle) is tried again; a file that is gone, or a disk
+    /// error, is a loss at once.
+    #[test]
+    fn transient_read_errors_are_told_from_losses() {
+        use std::io::{Error, ErrorKind};
+        for e in [libc::EMFILE, libc::ENFILE, libc::EINTR, libc::EAGAIN] {
+            assert!(transient(&Error::from_raw_os_error(e)), "{e}");
+        }
+        for e in [
+            Error::from(ErrorKind::NotFound),
+            Error::from_raw_os_error(libc::EIO),
+        ] {
+            assert!(!transient(&e), "{e}");
+        }
     }
 
     #[test]

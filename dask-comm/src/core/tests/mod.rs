@@ -24,6 +24,10 @@ struct Rec {
 enum Sent {
     W(WorkerId, ToWorker),
     C(ClientId, ToClient),
+    /// The core dropped the worker (told why, connection closed).
+    DropW(WorkerId, String),
+    /// The core dropped the client.
+    DropC(ClientId, String),
 }
 
 impl Comm for Rec {
@@ -40,6 +44,12 @@ impl Comm for Rec {
         let back: Vec<ToClient> = decode_batch(encode_batch(vec![msg.clone()])).unwrap();
         assert_eq!(back, vec![msg.clone()]);
         self.sent.push(Sent::C(c, msg));
+    }
+    fn drop_worker(&mut self, w: WorkerId, reason: String) {
+        self.sent.push(Sent::DropW(w, reason));
+    }
+    fn drop_client(&mut self, c: ClientId, reason: String) {
+        self.sent.push(Sent::DropC(c, reason));
     }
 }
 
@@ -118,8 +128,9 @@ impl T {
         );
         let sent = self.take();
         assert!(
-            sent.iter()
-                .any(|s| matches!(s, Sent::W(x, ToWorker::Welcome { id }) if *x == w && *id == w)),
+            sent.iter().any(
+                |s| matches!(s, Sent::W(x, ToWorker::Welcome { id, .. }) if *x == w && *id == w)
+            ),
             "{sent:?}"
         );
         // Clients hear about it; other messages (tasks it got) stay for the test.
@@ -676,19 +687,96 @@ fn a_missing_dependency_is_fetched_elsewhere_or_recomputed() {
     assert_eq!(t.computes(), vec![(a, k("y"))]);
 }
 
+/// A worker silent past the heartbeat timeout is removed for good: its work goes elsewhere,
+/// the clients hear, and the core drops it (it is told why and its connection closes), so a
+/// process that thaws later cannot talk to a scheduler that forgot it. Heartbeats are
+/// answered, so a worker can tell a silent scheduler too.
 #[test]
-fn silent_workers_are_removed_on_tick() {
-    let mut t = T::new();
-    let _c = t.client();
+fn silent_workers_are_removed_for_good_on_tick_and_heartbeats_are_answered() {
+    let mut t = T::with(Config {
+        heartbeat_timeout: Duration::from_secs(10),
+        client_timeout: Duration::from_secs(3600),
+        ..Config::default()
+    });
+    let c = t.client();
     let a = t.worker("a", 1);
-    t.core.on_tick(t.now + Duration::from_secs(1), &mut t.rec);
+    let b = t.worker("b", 1);
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    let on = t.computes()[0].0;
+    let other = if on == a { b } else { a };
+    // The other worker keeps beating; the one with the task goes silent.
+    t.core.on_tick(t.now, &mut t.rec);
+    t.now += Duration::from_secs(8);
+    resilience::heartbeat(&mut t, other, false);
+    t.core.on_tick(t.now, &mut t.rec);
     t.nothing();
-    t.core
-        .on_tick(t.now + Duration::from_secs(3600), &mut t.rec);
+    t.now += Duration::from_secs(8);
+    resilience::heartbeat(&mut t, other, false);
+    t.core.on_tick(t.now, &mut t.rec);
     let sent = t.take();
-    assert!(matches!(&sent[..], [Sent::C(_, ToClient::Workers { workers })] if workers.is_empty()));
-    assert!(t.core.workers().is_empty());
-    let _ = a;
+    assert!(
+        sent.iter()
+            .any(|m| matches!(m, Sent::C(_, ToClient::Workers { workers }) if workers.len() == 1)),
+        "{sent:?}"
+    );
+    assert!(
+        sent.iter().any(|m| matches!(m, Sent::W(w, ToWorker::Compute { key, .. }) if *w == other && *key == k("x"))),
+        "the task moves: {sent:?}"
+    );
+    assert!(
+        sent.iter().any(|m| matches!(m, Sent::W(w, ToWorker::PeerGone { address }) if *w == other && address == &format!("tcp://{}", if on == a { "a" } else { "b" }))),
+        "the other worker's fetches from it end now: {sent:?}"
+    );
+    assert!(
+        matches!(sent.last(), Some(Sent::DropW(w, why)) if *w == on && why.contains("no heartbeat")),
+        "dropped last, with why: {sent:?}"
+    );
+    assert_eq!(t.core.workers().len(), 1);
+    // Its late news is ignored; its leaving (the connection closing) changes nothing more.
+    t.core.on_worker_removed(on, &mut t.rec);
+    t.nothing();
+}
+
+/// A client silent past the client timeout is dropped like one that left: its futures are
+/// released (the work nobody else wants is freed) and its connection closes. A client's
+/// heartbeat is answered, and any message restarts its clock.
+#[test]
+fn silent_clients_are_dropped_and_their_keys_released() {
+    let mut t = T::with(Config {
+        client_timeout: Duration::from_secs(10),
+        heartbeat_timeout: Duration::from_secs(3600),
+        ..Config::default()
+    });
+    let quiet = t.client();
+    let chatty = t.client();
+    let a = t.worker("a", 1);
+    t.graph(quiet, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(a, k("x"))]);
+    t.finish(a, "x", 8, 10);
+    let _ = t.take();
+    t.core.on_tick(t.now, &mut t.rec);
+    for _ in 0..2 {
+        t.now += Duration::from_secs(6);
+        t.core.on_client_heard(chatty, t.now);
+        t.core
+            .on_client_message(chatty, FromClient::Heartbeat, &mut t.rec);
+        assert_eq!(t.take(), vec![Sent::C(chatty, ToClient::Alive)]);
+        t.core.on_tick(t.now, &mut t.rec);
+    }
+    let sent = t.take();
+    assert!(
+        sent.contains(&Sent::W(a, ToWorker::Free { keys: vec![k("x")] })),
+        "its key is released: {sent:?}"
+    );
+    assert!(
+        matches!(sent.last(), Some(Sent::DropC(c, why)) if *c == quiet && why.contains("silent")),
+        "{sent:?}"
+    );
+    // The chatty one stays; the quiet one's connection ending later changes nothing.
+    t.core.on_client_removed(quiet, &mut t.rec);
+    t.nothing();
+    t.core.on_tick(t.now, &mut t.rec);
+    t.nothing();
 }
 
 /// The merge shape at scale: 10,000 roots into one sum, over two workers; everything

@@ -30,7 +30,10 @@ fn steal_response(t: &mut T, w: WorkerId, key: &str, id: u64, stolen: bool) {
     );
 }
 
+/// A heartbeat from `w`; the scheduler's answer ([`ToWorker::Alive`], first) is checked and
+/// taken off the record.
 pub(super) fn heartbeat(t: &mut T, w: WorkerId, paused: bool) {
+    let before = t.rec.sent.len();
     t.core.on_worker_message(
         w,
         FromWorker::Heartbeat {
@@ -45,6 +48,12 @@ pub(super) fn heartbeat(t: &mut T, w: WorkerId, paused: bool) {
         t.now,
         &mut t.rec,
     );
+    assert_eq!(
+        t.rec.sent.get(before),
+        Some(&Sent::W(w, ToWorker::Alive)),
+        "a heartbeat is answered"
+    );
+    t.rec.sent.remove(before);
 }
 
 /// The steals sent: victim, key, number; and nothing else.
@@ -315,20 +324,7 @@ fn a_key_released_while_a_peer_fetches_it() {
     let _ = t.take();
     let b = t.worker("b", 1);
     // y needs x; it goes to b, which fetches x from a.
-    t.core.on_worker_message(
-        a,
-        FromWorker::Heartbeat {
-            stored: 0,
-            spilled: 0,
-            rss: 0,
-            executing: 1,
-            paused: true,
-            cpu_milli: 0,
-            fetches: Vec::new(),
-        },
-        t.now,
-        &mut t.rec,
-    );
+    heartbeat(&mut t, a, true);
     t.graph(c, vec![def("y", &["x"], 1)], &["y"]);
     assert_eq!(t.computes(), vec![(b, k("y"))]);
     // The client lets go of both while b fetches.
@@ -710,20 +706,7 @@ fn a_late_result_from_a_worker_the_task_was_taken_from_is_no_copy() {
         vec![Sent::W(a, ToWorker::Free { keys: vec![k("x")] })]
     );
     // a pauses; x, submitted again, goes to b.
-    t.core.on_worker_message(
-        a,
-        FromWorker::Heartbeat {
-            stored: 0,
-            spilled: 0,
-            rss: 0,
-            executing: 0,
-            paused: true,
-            cpu_milli: 0,
-            fetches: Vec::new(),
-        },
-        t.now,
-        &mut t.rec,
-    );
+    heartbeat(&mut t, a, true);
     let b = t.worker("b", 1);
     t.graph(c, vec![def("x", &[], 0)], &["x"]);
     assert_eq!(t.computes(), vec![(b, k("x"))]);
