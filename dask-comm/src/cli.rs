@@ -277,8 +277,8 @@ fn seconds(a: &mut Args, flag: &str) -> Result<Option<Duration>> {
         .map(|t| {
             t.parse::<f64>()
                 .ok()
-                .filter(|s| s.is_finite() && *s > 0.0)
-                .map(Duration::from_secs_f64)
+                .filter(|s| *s > 0.0)
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
                 .ok_or_else(|| Error::Config(format!("{flag} {t:?}: seconds, more than 0")))
         })
         .transpose()
@@ -329,6 +329,7 @@ fn worker(mut a: Args) -> Result<()> {
             .map_err(|e| Error::os(format!("creating {}", d.display()), e))?;
     }
     let mut opts = WorkerOptions::new(scheduler, secret, nthreads);
+    opts.handle_signals = true;
     opts.memory_limit = memory_limit;
     opts.listen = listen;
     opts.zero_work = zero_work;

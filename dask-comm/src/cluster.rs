@@ -188,6 +188,9 @@ struct Supervised {
     children: Vec<(Child, String, Instant)>,
     stopping: bool,
     restarts: u64,
+    /// Worker processes that ended while supervised: process id and exit code (`None`: a
+    /// signal), the latest [`EXITS_KEPT`].
+    exits: std::collections::VecDeque<(u32, Option<i32>)>,
     /// Deaths in a row within a second of starting (a worker that cannot start).
     quick_deaths: u32,
     next_name: usize,
@@ -213,6 +216,9 @@ fn failed_at_start(status: &std::process::ExitStatus, started: Instant) -> bool 
     status.code().is_some_and(|c| c != 0) && started.elapsed() < Duration::from_secs(1)
 }
 
+/// Worker exits [`LocalCluster::worker_exits`] remembers.
+const EXITS_KEPT: usize = 1024;
+
 /// Watches worker processes every 50 ms: one that died abnormally is replaced.
 fn supervise(sup: Arc<Mutex<Supervised>>, spawner: Spawner, restart: bool) {
     loop {
@@ -232,6 +238,10 @@ fn supervise(sup: Arc<Mutex<Supervised>>, spawner: Spawner, restart: bool) {
             };
             let (child, name, started) = s.children.remove(i);
             spawner.clean_after(child.id());
+            if s.exits.len() == EXITS_KEPT {
+                s.exits.pop_front();
+            }
+            s.exits.push_back((child.id(), status.code()));
             if status.success() {
                 tracing::info!(%name, pid = child.id(), "a worker process exited");
                 continue;
@@ -359,12 +369,18 @@ pub fn run_if_worker() {
     let code = crate::worker::exit_code(&r);
     if parent_gone() {
         // The cluster's process died without cleaning up (killed): the last of its workers
-        // to go removes the cluster's folders (spill, certificate).
-        for dir in std::env::var_os(ENV_CLUSTER_DIRS)
-            .map(|d| std::env::split_paths(&d).collect::<Vec<_>>())
-            .unwrap_or_default()
-        {
-            let _ = std::fs::remove_dir_all(dir);
+        // to go removes the cluster's folders. The first is the spill root, where each
+        // worker's own folder goes with it: it can be removed (it is empty) only once every
+        // worker that spills has left; then the others (the certificate's) go too.
+        let dirs: Vec<PathBuf> = std::env::var_os(ENV_CLUSTER_DIRS)
+            .map(|d| std::env::split_paths(&d).collect())
+            .unwrap_or_default();
+        if let Some((root, rest)) = dirs.split_first() {
+            if std::fs::remove_dir(root).is_ok() {
+                for d in rest {
+                    let _ = std::fs::remove_dir_all(d);
+                }
+            }
         }
     }
     std::process::exit(code);
@@ -382,6 +398,7 @@ fn worker_from_env() -> Result<()> {
         .parse()
         .map_err(|_| Error::Config(format!("{ENV_THREADS} is not a number")))?;
     let mut opts = WorkerOptions::new(scheduler, secret, nthreads);
+    opts.handle_signals = true;
     opts.parent = std::env::var(ENV_PARENT)
         .ok()
         .and_then(|p| p.parse::<u32>().ok());
@@ -589,6 +606,22 @@ impl LocalCluster {
                 .children
                 .iter()
                 .map(|(c, _, _)| c.id())
+                .collect(),
+            Workers::InProcess(_) => Vec::new(),
+        }
+    }
+
+    /// Worker processes that ended while the cluster ran (the latest 1,024): process id and
+    /// exit code (`None` for a death by signal), e.g. [`EXIT_REMOVED`](crate::EXIT_REMOVED)
+    /// for one the scheduler removed.
+    pub fn worker_exits(&self) -> Vec<(u32, Option<i32>)> {
+        match &self.workers {
+            Workers::Processes { supervised, .. } => supervised
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .exits
+                .iter()
+                .copied()
                 .collect(),
             Workers::InProcess(_) => Vec::new(),
         }

@@ -81,36 +81,51 @@ fn a_worker_takes_a_silent_scheduler_for_lost() {
 }
 
 /// A worker told it was removed ends with `Removed` (exit code `EXIT_REMOVED`: restarted),
-/// even when the connection closes right after the news.
+/// even when the connection closes right after the news; so does one whose scheduler closes
+/// its connection without a word (dropped: it does not read), while one told to close ends
+/// cleanly.
 #[test]
-fn a_worker_told_it_was_removed_exits_to_be_restarted() {
-    rt().block_on(async {
-        let secret = Secret::generate();
-        let addr = inproc("removed");
-        let mut listener = net::listen(&addr).await.unwrap();
-        let mut opts = WorkerOptions::new(addr.clone(), secret.clone(), 1);
-        opts.listen = Some(inproc("removed-data"));
-        let worker = tokio::spawn(run_worker(opts));
-        let conn = listener.accept().await.unwrap();
-        net::admit(&conn, &secret).await.unwrap();
-        let msgs = vec![
-            ToWorker::Welcome {
+fn a_worker_told_it_was_removed_or_dropped_exits_to_be_restarted() {
+    for case in ["removed", "dropped", "closed"] {
+        rt().block_on(async {
+            let secret = Secret::generate();
+            let addr = inproc(case);
+            let mut listener = net::listen(&addr).await.unwrap();
+            let mut opts = WorkerOptions::new(addr.clone(), secret.clone(), 1);
+            opts.listen = Some(inproc(&format!("{case}-data")));
+            let worker = tokio::spawn(run_worker(opts));
+            let conn = listener.accept().await.unwrap();
+            net::admit(&conn, &secret).await.unwrap();
+            let mut msgs = vec![ToWorker::Welcome {
                 id: WorkerId(0),
-                heartbeat_ms: 2000,
-            },
-            ToWorker::Removed {
-                reason: "no heartbeat for more than 60s".into(),
-            },
-        ];
-        net::send_batch(&conn, msgs).await.unwrap();
-        let _ = conn.close().await;
-        let r = tokio::time::timeout(HANG, worker).await.unwrap().unwrap();
-        assert!(
-            matches!(r, Err(Error::Removed(ref why)) if why.contains("no heartbeat")),
-            "{r:?}"
-        );
-        assert_eq!(exit_code(&r), EXIT_REMOVED);
-    });
+                heartbeat_ms: 20,
+            }];
+            match case {
+                "removed" => msgs.push(ToWorker::Removed {
+                    reason: "no heartbeat for more than 60s".into(),
+                }),
+                "closed" => msgs.push(ToWorker::Close),
+                _ => {}
+            }
+            net::send_batch(&conn, msgs).await.unwrap();
+            if case == "dropped" {
+                // Its first heartbeat, then the close.
+                let _ = net::recv_batch::<FromWorker>(&conn).await;
+            }
+            let _ = conn.close().await;
+            let r = tokio::time::timeout(HANG, worker).await.unwrap().unwrap();
+            match case {
+                "removed" => assert!(
+                    matches!(r, Err(Error::Removed(ref why)) if why.contains("no heartbeat")),
+                    "{r:?}"
+                ),
+                "dropped" => assert!(matches!(r, Err(Error::Removed(_))), "{r:?}"),
+                _ => assert!(r.is_ok(), "{r:?}"),
+            }
+            let code = if case == "closed" { 0 } else { EXIT_REMOVED };
+            assert_eq!(exit_code(&r), code, "{case}");
+        });
+    }
 }
 
 /// A client whose scheduler stops answering fails its calls with `Disconnected` once its

@@ -232,6 +232,12 @@ impl Queued {
         )
     }
 
+    /// What is queued now: messages and payload bytes.
+    pub(crate) fn now(&self) -> (usize, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.messages.load(Relaxed), self.bytes.load(Relaxed))
+    }
+
     fn take<M: Payloads>(&self, msgs: &mut [M]) {
         use std::sync::atomic::Ordering::Relaxed;
         let (n, b) = Self::size(msgs);

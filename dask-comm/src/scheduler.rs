@@ -68,6 +68,8 @@ struct Peer<M> {
     writer: JoinHandle<()>,
     /// Messages and payload bytes queued for the writer and not yet taken by it.
     queued: Arc<net::Queued>,
+    /// Since when the queue has been past the high-water mark, at the ticks that looked.
+    over_since: Option<Instant>,
 }
 
 impl<M: serde::Serialize + crate::protocol::Payloads + Send + 'static> Peer<M> {
@@ -84,21 +86,32 @@ impl<M: serde::Serialize + crate::protocol::Payloads + Send + 'static> Peer<M> {
             conn,
             writer,
             queued,
+            over_since: None,
         }
     }
 
-    /// Queues `msgs`; `Err` with why when the peer's queue is past the high-water mark (it
-    /// does not read: stopped, partitioned, or far slower than the scheduler).
-    fn send(&self, mut msgs: Vec<M>) -> std::result::Result<(), String> {
-        let (n, bytes) = self.queued.add(&mut msgs);
+    /// Queues `msgs`.
+    fn send(&self, mut msgs: Vec<M>) {
+        self.queued.add(&mut msgs);
         let _ = self.tx.send(msgs);
-        if n > PEER_QUEUE_MESSAGES || bytes > PEER_QUEUE_BYTES {
-            return Err(format!(
-                "{n} messages ({bytes} bytes) queued and not taken: past the high-water mark \
-                 ({PEER_QUEUE_MESSAGES} messages or {PEER_QUEUE_BYTES} bytes)"
-            ));
+    }
+
+    /// At a tick: why the peer is to be dropped, when its queue has been past the high-water
+    /// mark for [`QUEUE_GRACE`] (it does not read: stopped, partitioned, or far slower than
+    /// the scheduler). A burst past the mark that the writer drains is no reason.
+    fn stuck(&mut self, now: Instant) -> Option<String> {
+        let (n, bytes) = self.queued.now();
+        if n <= PEER_QUEUE_MESSAGES && bytes <= PEER_QUEUE_BYTES {
+            self.over_since = None;
+            return None;
         }
-        Ok(())
+        let since = *self.over_since.get_or_insert(now);
+        (now.saturating_duration_since(since) >= QUEUE_GRACE).then(|| {
+            format!(
+                "{n} messages ({bytes} bytes) queued and not taken for {QUEUE_GRACE:?}: past \
+                 the high-water mark ({PEER_QUEUE_MESSAGES} messages or {PEER_QUEUE_BYTES} bytes)"
+            )
+        })
     }
 
     /// Ends the peer: what is queued (and `last`, if any) is delivered if the peer reads
@@ -145,6 +158,8 @@ const REMOVED_LINGER: Duration = Duration::from_secs(30);
 const PEER_QUEUE_MESSAGES: usize = 1_000_000;
 /// A peer with more payload bytes than this queued for it is disconnected.
 const PEER_QUEUE_BYTES: u64 = 1 << 30;
+/// How long a peer's queue may stay past the high-water mark before the peer is dropped.
+const QUEUE_GRACE: Duration = Duration::from_secs(5);
 
 /// A running scheduler.
 #[derive(Debug)]
@@ -376,7 +391,9 @@ async fn run(
             biased;
             _ = &mut stopped => break,
             _ = tick.tick() => {
-                core.on_tick(Instant::now(), &mut out);
+                let now = Instant::now();
+                core.on_tick(now, &mut out);
+                drop_stuck(now, &mut core, &mut out, &mut clients, &mut workers);
                 if let Some(why) = watch.as_ref().and_then(|w| w.ended(clients.len())) {
                     tracing::info!("{why}: shutting the cluster down");
                     break;
@@ -419,9 +436,7 @@ async fn run(
     while ends.join_next().await.is_some() {}
 }
 
-/// Hands each peer its messages; ends the peers the core dropped (told why), and
-/// disconnects those whose queue is past the high-water mark (they go through the ordinary
-/// disconnect path: their reader ends, and the core removes them).
+/// Hands each peer its messages, and ends the peers the core dropped (told why).
 fn flush(
     out: &mut Outboxes,
     clients: &mut BTreeMap<ClientId, Peer<ToClient>>,
@@ -429,20 +444,12 @@ fn flush(
 ) {
     for (w, msgs) in std::mem::take(&mut out.workers) {
         if let Some(p) = workers.get(&w) {
-            if let Err(why) = p.send(msgs) {
-                tracing::warn!(worker = w.0, %why, "disconnecting a worker that does not read");
-                let conn = Arc::clone(&p.conn);
-                tokio::spawn(async move { conn.close().await });
-            }
+            p.send(msgs);
         }
     }
     for (c, msgs) in std::mem::take(&mut out.clients) {
         if let Some(p) = clients.get(&c) {
-            if let Err(why) = p.send(msgs) {
-                tracing::warn!(client = c.0, %why, "disconnecting a client that does not read");
-                let conn = Arc::clone(&p.conn);
-                tokio::spawn(async move { conn.close().await });
-            }
+            p.send(msgs);
         }
     }
     for (w, reason) in std::mem::take(&mut out.dropped_workers) {
@@ -456,6 +463,40 @@ fn flush(
             tracing::warn!(client = c.0, %reason, "dropped client: closing its connection");
             tokio::spawn(p.end(Some(ToClient::Removed { reason }), REMOVED_LINGER));
         }
+    }
+}
+
+/// Drops the peers whose queue has stayed past the high-water mark ([`Peer::stuck`]): the core
+/// forgets them (a worker's work is rescheduled, a client's futures released), and they are
+/// told why, so that a worker exits to be restarted when it reads again.
+fn drop_stuck(
+    now: Instant,
+    core: &mut Core,
+    out: &mut Outboxes,
+    clients: &mut BTreeMap<ClientId, Peer<ToClient>>,
+    workers: &mut BTreeMap<WorkerId, Peer<ToWorker>>,
+) {
+    let stuck: Vec<(WorkerId, String)> = workers
+        .iter_mut()
+        .filter_map(|(&w, p)| p.stuck(now).map(|why| (w, why)))
+        .collect();
+    for (w, reason) in stuck {
+        tracing::warn!(worker = w.0, %reason, "dropping a worker that does not read");
+        if let Some(p) = workers.remove(&w) {
+            tokio::spawn(p.end(Some(ToWorker::Removed { reason }), REMOVED_LINGER));
+        }
+        core.on_worker_removed(w, out);
+    }
+    let stuck: Vec<(ClientId, String)> = clients
+        .iter_mut()
+        .filter_map(|(&c, p)| p.stuck(now).map(|why| (c, why)))
+        .collect();
+    for (c, reason) in stuck {
+        tracing::warn!(client = c.0, %reason, "dropping a client that does not read");
+        if let Some(p) = clients.remove(&c) {
+            tokio::spawn(p.end(Some(ToClient::Removed { reason }), REMOVED_LINGER));
+        }
+        core.on_client_removed(c, out);
     }
 }
 

@@ -162,10 +162,11 @@ fn freeze_worker() {
             r.restarts >= trials as u64,
             "every thawed worker was replaced"
         );
-        // Removal needs the timeout to pass; the bound leaves a loaded machine room (the
+        // Removal needs the timeout to pass since the last heartbeat, which came up to an
+        // eighth of it before the stop; the upper bound leaves a loaded machine room (the
         // scheduler checks every 100 ms).
         assert!(
-            r.detected.quantile(0.0) >= timeout,
+            r.detected.quantile(0.0) >= timeout * 3 / 4,
             "removed before the timeout: {}",
             r.detected
         );

@@ -602,12 +602,20 @@ impl Client {
 /// [`Error::Disconnected`]). Ends with the client.
 async fn heartbeats(inner: std::sync::Weak<Inner>, timeout: Duration) {
     let started = Instant::now();
-    let mut every = CLIENT_HEARTBEAT.min(timeout / 4);
+    let floor = Duration::from_millis(10);
+    let mut every = CLIENT_HEARTBEAT.min(timeout / 4).max(floor);
     loop {
+        let slept = Instant::now();
         tokio::time::sleep(every).await;
         let Some(inner) = inner.upgrade() else {
             return;
         };
+        // Woken far later than asked: this process was stopped, and the scheduler's silence
+        // meanwhile proves nothing.
+        if slept.elapsed() > (every * 4).max(crate::worker::STALLED) {
+            tracing::warn!(stalled = ?slept.elapsed(), "this client did not run for a while: the scheduler's silence restarts");
+            inner.lock().heard = Some(Instant::now());
+        }
         let silent = {
             let mut s = inner.lock();
             if s.closed.is_some() {
@@ -615,7 +623,7 @@ async fn heartbeats(inner: std::sync::Weak<Inner>, timeout: Duration) {
             }
             if !s.heartbeat.is_zero() {
                 // Answers must come often enough for this client's own timeout too.
-                every = s.heartbeat.min(timeout / 4);
+                every = s.heartbeat.min(timeout / 4).max(floor);
             }
             let silent = s.heard.unwrap_or(started).elapsed();
             if silent > timeout {

@@ -130,7 +130,12 @@ pub struct Core {
     /// The last assignment number given (see [`TaskState::attempt`]).
     last_attempt: u64,
     stats: Stats,
+    /// When [`Core::on_tick`] last ran.
+    last_tick: Option<Instant>,
 }
+
+/// Ticks this far apart mean the scheduler did not run in between (see [`Core::on_tick`]).
+pub const STALLED: Duration = Duration::from_secs(1);
 
 /// What the core counted since it started (see [`Core::stats`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -220,6 +225,7 @@ impl Core {
             shuffles: FxHashMap::default(),
             last_shuffle_run: 0,
             last_attempt: 0,
+            last_tick: None,
             stats: Stats::default(),
         }
     }

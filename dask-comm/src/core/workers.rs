@@ -251,7 +251,24 @@ impl Core {
 
     /// Time passed: workers silent past the heartbeat timeout are removed, idle workers steal
     /// from busy ones, and retirements move on.
+    ///
+    /// A tick that comes [`STALLED`] or more after the one before means the scheduler itself
+    /// did not run (stopped, swapped out, a very long pass): its peers' news may be waiting
+    /// unread, so their silence is counted afresh from now instead of removing them all.
     pub fn on_tick(&mut self, now: Instant, comm: &mut impl Comm) {
+        let stalled = self
+            .last_tick
+            .is_some_and(|t| now.saturating_duration_since(t) >= STALLED);
+        self.last_tick = Some(now);
+        if stalled {
+            tracing::warn!("the scheduler did not run for a while: its peers' silence restarts");
+            for ws in self.workers.values_mut() {
+                ws.last_seen = ws.last_seen.max(now);
+            }
+            for c in self.clients.values_mut() {
+                c.last_seen = Some(now);
+            }
+        }
         self.remove_silent(now, comm);
         self.remove_silent_clients(now, comm);
         self.balance(comm);
@@ -387,8 +404,14 @@ impl Core {
             .collect();
         for g in gone {
             self.tasks[dep_id].who_has.retain(|&x| x != g);
-            if let Some(ws) = self.workers.get_mut(&g) {
-                ws.has.remove(&dep_id);
+            let counted = self
+                .workers
+                .get_mut(&g)
+                .is_some_and(|ws| ws.has.remove(&dep_id));
+            // A holder that did not answer in time (slow, not gone) may still have the value:
+            // no longer counted, it is told to free it rather than keep it unaccounted.
+            if counted && g != w {
+                comm.send_worker(g, ToWorker::Free { keys: vec![dep] });
             }
         }
         self.unassign(id);

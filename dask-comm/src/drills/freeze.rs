@@ -183,6 +183,23 @@ pub fn freeze_worker(
         })
         .map_err(|e| Error::Unexpected(format!("trial {trial}: the thawed worker stayed: {e}")))?;
         r.exited.0.push(exited.duration_since(thawed));
+        let code = wait_for(Duration::from_secs(30), || {
+            Ok(cluster.worker_exits().iter().any(|&(p, _)| p == victim))
+        })
+        .ok()
+        .and_then(|_| {
+            cluster
+                .worker_exits()
+                .iter()
+                .find(|&&(p, _)| p == victim)
+                .map(|&(_, c)| c)
+        })
+        .flatten();
+        if code != Some(crate::worker::EXIT_REMOVED) {
+            return Err(Error::Unexpected(format!(
+                "trial {trial}: the thawed worker exited with {code:?}, not EXIT_REMOVED"
+            )));
+        }
         wait_for(Duration::from_secs(30), || {
             Ok(cluster.restarts() > restarts_before)
         })

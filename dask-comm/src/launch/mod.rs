@@ -383,6 +383,7 @@ fn serve(opts: &LaunchOptions, job: &Job, role: Role, launched: bool) -> Result<
             });
             w.local_directory = opts.local_directory.clone();
             w.name = format!("rank-{}", rank.rank);
+            w.handle_signals = true;
             // A worker the scheduler removed (it was silent: stopped, swapping) joins again as
             // a fresh worker, a bounded number of times.
             let mut r = runtime()?.block_on(run_worker(w.clone()));

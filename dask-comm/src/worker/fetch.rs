@@ -28,6 +28,9 @@ pub(crate) struct Fetched {
     result: Result<Vec<(Key, Option<Payload>)>>,
     /// How long the request took.
     micros: u64,
+    /// The request's number (0: not a request, made up here): an answer to a request that
+    /// was given up on ([`Fetcher::peer_gone`]) is ignored.
+    request: u64,
 }
 
 impl Fetched {
@@ -66,8 +69,10 @@ pub(crate) struct Fetcher {
     queues: FxHashMap<String, Vec<Key>>,
     busy: FxHashSet<String>,
     pool: FxHashMap<String, Arc<Connection>>,
-    /// The request in flight to each busy peer, and what it asked.
-    inflight: FxHashMap<String, (tokio::task::AbortHandle, Vec<Key>)>,
+    /// The request in flight to each busy peer: its number, its task, and what it asked.
+    inflight: FxHashMap<String, (u64, tokio::task::AbortHandle, Vec<Key>)>,
+    /// The last request number given.
+    requests: u64,
 }
 
 /// Asks `peer` for `keys` over `conn` (or a new data connection), expected to weigh `nbytes`
@@ -127,6 +132,7 @@ impl Fetcher {
             busy: FxHashSet::default(),
             pool: FxHashMap::default(),
             inflight: FxHashMap::default(),
+            requests: 0,
         }
     }
 
@@ -152,6 +158,7 @@ impl Fetcher {
                     asked: vec![key],
                     result: Err(Error::Unexpected("no holder".into())),
                     micros: 0,
+                    request: 0,
                 });
             }
         }
@@ -186,6 +193,8 @@ impl Fetcher {
             );
             let asked = keys.clone();
             let p = peer.clone();
+            self.requests += 1;
+            let request = self.requests;
             let task = tokio::spawn(async move {
                 let t0 = std::time::Instant::now();
                 let (conn, result) = get(&peer, conn, &me, &secret, keys.clone(), bytes).await;
@@ -195,9 +204,11 @@ impl Fetcher {
                     asked: keys,
                     result,
                     micros: t0.elapsed().as_micros() as u64,
+                    request,
                 });
             });
-            self.inflight.insert(p, (task.abort_handle(), asked));
+            self.inflight
+                .insert(p, (request, task.abort_handle(), asked));
         }
     }
 
@@ -210,12 +221,10 @@ impl Fetcher {
         }
         self.pool.remove(peer);
         let mut asked = self.queues.remove(peer).unwrap_or_default();
-        if let Some((task, keys)) = self.inflight.remove(peer) {
-            // A request that already ended has sent its answer: that one is taken in.
-            if !task.is_finished() {
-                task.abort();
-                asked.extend(keys);
-            }
+        if let Some((_, task, keys)) = self.inflight.remove(peer) {
+            // Given up on: if its answer is already on its way, it is ignored on arrival.
+            task.abort();
+            asked.extend(keys);
         }
         if asked.is_empty() {
             return;
@@ -229,14 +238,28 @@ impl Fetcher {
                 "{peer} was removed by the scheduler"
             ))),
             micros: 0,
+            request: 0,
         });
     }
 
     /// Takes in what a request brought: the values that arrived, and the keys no holder had
     /// (with the holders tried).
     pub(crate) fn arrived(&mut self, f: Fetched) -> Arrivals {
+        if f.request != 0 {
+            match self.inflight.get(&f.peer) {
+                Some((current, ..)) if *current == f.request => {
+                    self.inflight.remove(&f.peer);
+                }
+                // The answer to a request given up on: what it asked went elsewhere.
+                _ => {
+                    return Arrivals {
+                        values: Vec::new(),
+                        missing: Vec::new(),
+                    }
+                }
+            }
+        }
         self.busy.remove(&f.peer);
-        self.inflight.remove(&f.peer);
         match f.conn {
             Some(c) => {
                 self.pool.insert(f.peer.clone(), c);

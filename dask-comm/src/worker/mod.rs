@@ -86,6 +86,11 @@ pub struct WorkerOptions {
     /// The worker stops (cleanly, removing its folders) once the process with this id is no
     /// longer its parent: a supervisor's workers do not outlive it, however it ends.
     pub parent: Option<u32>,
+    /// The worker is its process's own: SIGTERM stops it cleanly (and SIGINT, unless it has
+    /// a parent to follow). Off for workers inside another program, whose signals are that
+    /// program's (default: off; the worker processes of `LocalCluster`, the nanny, the
+    /// command line and the launchers set it).
+    pub handle_signals: bool,
 }
 
 /// How long a worker or client waits for any word from the scheduler (heartbeats are
@@ -98,8 +103,8 @@ pub fn scheduler_timeout_from_env() -> Duration {
     std::env::var("DASK_COMM_SCHEDULER_TIMEOUT")
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map(Duration::from_secs_f64)
+        .filter(|s| *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
         .unwrap_or(DEFAULT_SCHEDULER_TIMEOUT)
 }
 
@@ -120,6 +125,18 @@ async fn last_word(rx: &mut mpsc::UnboundedReceiver<Result<Vec<ToWorker>>>) -> O
         }
     }
     None
+}
+
+/// A heartbeat tick this much later than due (or four periods, if more) means the process was
+/// stopped: silence is counted afresh.
+pub(crate) const STALLED: Duration = Duration::from_secs(1);
+
+/// The next delivery of `signal`, or never when there is none.
+async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match signal {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// How long a worker that lost its scheduler connection waits for the messages still on
@@ -163,6 +180,7 @@ impl WorkerOptions {
             zero_work: false,
             scheduler_timeout: scheduler_timeout_from_env(),
             parent: None,
+            handle_signals: false,
         }
     }
 }
@@ -383,6 +401,8 @@ struct Worker {
     scheduler_timeout: Duration,
     /// See [`WorkerOptions::parent`].
     parent: Option<u32>,
+    /// See [`WorkerOptions::handle_signals`].
+    handle_signals: bool,
     /// When heartbeats go (at the pace the scheduler's welcome asks).
     beat: Option<tokio::time::Interval>,
 }
@@ -442,6 +462,7 @@ impl Worker {
             cpu_at: (memory::cpu_seconds(), Instant::now()),
             scheduler_timeout: opts.scheduler_timeout,
             parent: opts.parent,
+            handle_signals: opts.handle_signals,
             beat: None,
         }
     }
@@ -450,10 +471,20 @@ impl Worker {
         use tokio::signal::unix::{signal, SignalKind};
         // SIGTERM (a supervisor's) ends the worker cleanly: its folders go with it. So does
         // SIGINT for a worker with no parent to follow.
-        let mut term =
-            signal(SignalKind::terminate()).map_err(|e| Error::os("listening for SIGTERM", e))?;
-        let mut int =
-            signal(SignalKind::interrupt()).map_err(|e| Error::os("listening for SIGINT", e))?;
+        let listen =
+            |kind: SignalKind, name: &str| -> Result<Option<tokio::signal::unix::Signal>> {
+                if !self.handle_signals {
+                    return Ok(None);
+                }
+                signal(kind)
+                    .map(Some)
+                    .map_err(|e| Error::os(format!("listening for {name}"), e))
+            };
+        let mut term = listen(SignalKind::terminate(), "SIGTERM")?;
+        let mut int = listen(SignalKind::interrupt(), "SIGINT")?;
+        // When the last heartbeat tick came: a tick far later than its pace means this process
+        // itself was stopped, and the scheduler's silence meanwhile proves nothing.
+        let mut last_tick = Instant::now();
         let mut heard = Instant::now();
         let mut parent_tick = tokio::time::interval(PARENT_CHECK);
         let (from_scheduler, mut scheduler_rx) = mpsc::unbounded_channel();
@@ -472,7 +503,9 @@ impl Worker {
         let (to_scheduler, writer_rx) = mpsc::unbounded_channel();
         let writer = tokio::spawn(net::writer(Arc::clone(&self.control), writer_rx));
         self.beat = Some(tokio::time::interval(
-            Duration::from_secs(2).min(self.scheduler_timeout / 4),
+            Duration::from_secs(2)
+                .min(self.scheduler_timeout / 4)
+                .max(Duration::from_millis(10)),
         ));
         let mut memory_tick = tokio::time::interval(Duration::from_millis(100));
         memory_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -489,7 +522,17 @@ impl Worker {
                         }
                     }
                     Some(Err(e)) => break match e {
+                        // Closed by the scheduler without a `Close`: it dropped this worker.
+                        Error::Transport(transport::TransportError::Closed(
+                            transport::CloseReason::PeerClosed,
+                        )) => Err(Error::Removed(
+                            "the scheduler closed this worker's connection".into(),
+                        )),
                         Error::Transport(t) if t.is_closed() => Ok(()),
+                        // Reset or failed (the scheduler was killed): lost, not restarted.
+                        Error::Transport(t) => Err(Error::Disconnected(format!(
+                            "the scheduler connection failed: {t}"
+                        ))),
                         e => Err(e),
                     },
                     None => break Ok(()),
@@ -501,6 +544,12 @@ impl Worker {
                     self.out.push(FromWorker::LostKeys { keys: vec![key] });
                 }
                 _ = self.beat.as_mut().expect("set before the loop").tick() => {
+                    let pace = self.beat.as_ref().map_or(Duration::ZERO, |b| b.period());
+                    if last_tick.elapsed() > (pace * 4).max(STALLED) {
+                        tracing::warn!(stalled = ?last_tick.elapsed(), "this worker did not run for a while: the scheduler's silence restarts");
+                        heard = Instant::now();
+                    }
+                    last_tick = Instant::now();
                     let silent = heard.elapsed();
                     if silent > self.scheduler_timeout {
                         tracing::error!(?silent, scheduler = %self.control.peer_addr(), "the scheduler answered no heartbeat: taking it for lost");
@@ -520,11 +569,11 @@ impl Worker {
                         break Ok(());
                     }
                 }
-                _ = term.recv() => {
+                Some(()) = recv(&mut term) => {
                     tracing::info!("SIGTERM: the worker stops");
                     break Ok(());
                 }
-                _ = int.recv() => {
+                Some(()) = recv(&mut int) => {
                     // Ctrl-C reaches the whole process group: a supervised worker leaves it to
                     // its parent (which stops it, or dies and is noticed), so that the parent's
                     // clean-up finds its workers and the last one out finds the parent gone.
@@ -594,7 +643,8 @@ impl Worker {
                     tracing::debug!(worker = id.0, heartbeat_ms, "welcomed");
                     // Answers must come often enough for this worker's own timeout too.
                     let every = Duration::from_millis(heartbeat_ms.clamp(10, 60_000))
-                        .min(self.scheduler_timeout / 4);
+                        .min(self.scheduler_timeout / 4)
+                        .max(Duration::from_millis(10));
                     self.beat = Some(tokio::time::interval(every));
                 }
                 ToWorker::Compute {

@@ -8,7 +8,7 @@ use dask_graph::Key;
 use tokio::sync::mpsc;
 use transport::Connection;
 
-use super::{lock, shuffle, Store};
+use super::{lock, shuffle, store, Store};
 use crate::net;
 use crate::protocol::{DataMsg, Hello, Payload};
 use crate::security::Secret;
@@ -49,26 +49,51 @@ pub(super) async fn serve_data(
         };
         // At most [`TRANSFERS`] requests answered at once across the server's connections: each
         // may read spilled values back into memory. The others wait here, unread.
-        let Ok(_permit) = transfers.acquire().await else {
+        let Ok(permit) = transfers.acquire().await else {
             return;
         };
         let mut reply = Vec::new();
         for m in msgs {
             match m {
                 DataMsg::Get { keys } => {
-                    let values = {
+                    // Where each value is, under the store's lock; spilled ones are read after,
+                    // off this thread and without the lock, so a slow disk holds up neither
+                    // the worker nor the other connections.
+                    let located: Vec<(Key, store::Located)> = {
                         let store = lock(&store);
-                        keys.into_iter()
-                            .map(|k| match store.peek(&k) {
-                                Ok(v) => (k, v),
-                                Err(e) => {
-                                    tracing::warn!(%peer, error = %e, "a value asked for is lost");
-                                    let _ = lost.send(k);
-                                    (k, None)
-                                }
-                            })
-                            .collect::<Vec<_>>()
+                        keys.into_iter().map(|k| (k, store.locate(&k))).collect()
                     };
+                    let mut values = Vec::with_capacity(located.len());
+                    for (k, at) in located {
+                        let v = match at {
+                            store::Located::Memory(v) => Some(v),
+                            store::Located::Absent => None,
+                            store::Located::Disk(path) => {
+                                let read = {
+                                    let path = path.clone();
+                                    tokio::task::spawn_blocking(move || {
+                                        store::read_spill(&k, &path)
+                                    })
+                                    .await
+                                };
+                                match read {
+                                    Ok(Ok(v)) => Some(v),
+                                    Ok(Err(e)) if lock(&store).spilled_at(&k, &path) => {
+                                        tracing::warn!(%peer, error = %e, "a value asked for is lost");
+                                        let _ = lost.send(k);
+                                        None
+                                    }
+                                    // Released (its file removed) while it was being read.
+                                    Ok(Err(_)) => None,
+                                    Err(e) => {
+                                        tracing::warn!(%peer, error = %e, "reading a spilled value panicked");
+                                        None
+                                    }
+                                }
+                            }
+                        };
+                        values.push((k, v));
+                    }
                     let values = values
                         .into_iter()
                         .map(|(k, v)| {
@@ -120,6 +145,8 @@ pub(super) async fn serve_data(
                 }
             }
         }
+        // Not held while the reply goes: a requester that stops reading must not hold a slot.
+        drop(permit);
         if net::send_batch(&conn, reply).await.is_err() {
             return;
         }

@@ -307,30 +307,59 @@ impl Store {
     }
 
     fn read_back(&self, k: &Key) -> Result<Option<Value>, SpillError> {
-        let Some(d) = self.disk.get(k) else {
-            return Ok(None);
-        };
-        // A transient failure (out of descriptors in a wide shuffle, an interrupted read) is
-        // tried again, a few times over about 60 ms; a file that is gone is lost at once.
-        let mut pause = std::time::Duration::from_millis(2);
-        let bytes = loop {
-            match std::fs::read(&d.path) {
-                Ok(b) => break b,
-                Err(e) if transient(&e) && pause <= READ_RETRY_PAUSE_MAX => {
-                    tracing::warn!(key = %k, error = %e, ?pause, "reading a spill file failed: trying again");
-                    std::thread::sleep(pause);
-                    pause *= 2;
-                }
-                Err(source) => return Err(SpillError::Io { key: *k, source }),
-            }
-        };
-        let corrupt = |reason: String| SpillError::Corrupt { key: *k, reason };
-        let payload = parse_spill(Bytes::from(bytes)).map_err(corrupt)?;
-        payload
-            .to_value()
-            .map(Some)
-            .map_err(|e| corrupt(e.to_string()))
+        match self.disk.get(k) {
+            Some(d) => read_spill(k, &d.path).map(Some),
+            None => Ok(None),
+        }
     }
+
+    /// Where `k`'s value is, for a reader that reads a spilled one without holding the store
+    /// (see [`read_spill`]).
+    pub fn locate(&self, k: &Key) -> Located {
+        if let Some(e) = self.memory.get(k) {
+            return Located::Memory(e.value.clone());
+        }
+        match self.disk.get(k) {
+            Some(d) => Located::Disk(d.path.clone()),
+            None => Located::Absent,
+        }
+    }
+
+    /// Whether `k`'s value is still spilled at `path` (a read of it that failed found a loss,
+    /// not a key released meanwhile).
+    pub fn spilled_at(&self, k: &Key, path: &Path) -> bool {
+        self.disk.get(k).is_some_and(|d| d.path == path)
+    }
+}
+
+/// Where a value is ([`Store::locate`]).
+pub(crate) enum Located {
+    /// In memory.
+    Memory(Value),
+    /// Spilled to this file.
+    Disk(PathBuf),
+    /// Not here.
+    Absent,
+}
+
+/// Reads `k`'s value from its spill file at `path`. A transient failure (out of descriptors
+/// in a wide shuffle, an interrupted read) is tried again, a few times over about 60 ms.
+pub(crate) fn read_spill(k: &Key, path: &Path) -> Result<Value, SpillError> {
+    let mut pause = std::time::Duration::from_millis(2);
+    let bytes = loop {
+        match std::fs::read(path) {
+            Ok(b) => break b,
+            Err(e) if transient(&e) && pause <= READ_RETRY_PAUSE_MAX => {
+                tracing::warn!(key = %k, error = %e, ?pause, "reading a spill file failed: trying again");
+                std::thread::sleep(pause);
+                pause *= 2;
+            }
+            Err(source) => return Err(SpillError::Io { key: *k, source }),
+        }
+    };
+    let corrupt = |reason: String| SpillError::Corrupt { key: *k, reason };
+    let payload = parse_spill(Bytes::from(bytes)).map_err(corrupt)?;
+    payload.to_value().map_err(|e| corrupt(e.to_string()))
 }
 
 /// The longest pause between reads of a spill file that failed for a transient reason.

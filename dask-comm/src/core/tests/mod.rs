@@ -687,6 +687,63 @@ fn a_missing_dependency_is_fetched_elsewhere_or_recomputed() {
     assert_eq!(t.computes(), vec![(a, k("y"))]);
 }
 
+/// A holder another worker could not fetch from in time (slow, not gone) stops being counted
+/// and is told to free its copy, so that nothing it holds is left unaccounted; the value is
+/// computed again.
+#[test]
+fn a_holder_that_did_not_answer_in_time_is_told_to_free_its_copy() {
+    let mut t = T::new();
+    let c = t.client();
+    let a = t.worker("a", 1);
+    t.graph(c, vec![def("x", &[], 0)], &["x"]);
+    assert_eq!(t.computes(), vec![(a, k("x"))]);
+    t.finish(a, "x", 8, 10);
+    let _ = t.take();
+    let b = t.worker("b", 1);
+    // a is busy: y goes to b, which fetches x from a.
+    t.core.on_worker_message(
+        a,
+        FromWorker::Heartbeat {
+            stored: 0,
+            spilled: 0,
+            rss: 0,
+            executing: 0,
+            paused: true,
+            cpu_milli: 0,
+            fetches: Vec::new(),
+        },
+        t.now,
+        &mut t.rec,
+    );
+    assert_eq!(t.take(), vec![Sent::W(a, ToWorker::Alive)]);
+    t.graph(c, vec![def("y", &["x"], 1)], &["y"]);
+    assert_eq!(t.computes(), vec![(b, k("y"))]);
+    t.core.on_worker_message(
+        b,
+        FromWorker::MissingDep {
+            key: k("y"),
+            dep: k("x"),
+            tried: vec![t.addr(a)],
+            attempt: t.attempt(b, "y"),
+        },
+        t.now,
+        &mut t.rec,
+    );
+    let sent = t.take();
+    assert_eq!(
+        sent.first(),
+        Some(&Sent::W(a, ToWorker::Free { keys: vec![k("x")] })),
+        "{sent:?}"
+    );
+    assert!(
+        sent.iter().any(
+            |m| matches!(m, Sent::W(w, ToWorker::Compute { key, .. }) if *w == b && *key == k("x"))
+        ),
+        "recomputed where it runs: {sent:?}"
+    );
+    assert!(!t.core.who_has(&k("x")).contains(&a));
+}
+
 /// A worker silent past the heartbeat timeout is removed for good: its work goes elsewhere,
 /// the clients hear, and the core drops it (it is told why and its connection closes), so a
 /// process that thaws later cannot talk to a scheduler that forgot it. Heartbeats are
@@ -706,13 +763,10 @@ fn silent_workers_are_removed_for_good_on_tick_and_heartbeats_are_answered() {
     let other = if on == a { b } else { a };
     // The other worker keeps beating; the one with the task goes silent.
     t.core.on_tick(t.now, &mut t.rec);
-    t.now += Duration::from_secs(8);
+    ticks(&mut t, 8);
     resilience::heartbeat(&mut t, other, false);
-    t.core.on_tick(t.now, &mut t.rec);
     t.nothing();
-    t.now += Duration::from_secs(8);
-    resilience::heartbeat(&mut t, other, false);
-    t.core.on_tick(t.now, &mut t.rec);
+    ticks(&mut t, 8);
     let sent = t.take();
     assert!(
         sent.iter()
@@ -737,6 +791,47 @@ fn silent_workers_are_removed_for_good_on_tick_and_heartbeats_are_answered() {
     t.nothing();
 }
 
+/// Ticks every 100 ms for `secs` seconds (the scheduler's pace).
+fn ticks(t: &mut T, secs: u64) {
+    for _ in 0..secs * 10 {
+        t.now += Duration::from_millis(100);
+        t.core.on_tick(t.now, &mut t.rec);
+    }
+}
+
+/// A scheduler that did not run for longer than the heartbeat timeout (stopped, swapped out)
+/// does not remove its workers and clients on its first tick back: their heartbeats may be
+/// waiting unread. Their silence counts from then, and a worker still silent a timeout later
+/// is removed.
+#[test]
+fn a_scheduler_that_did_not_run_counts_silence_afresh() {
+    let mut t = T::with(Config {
+        heartbeat_timeout: Duration::from_secs(10),
+        client_timeout: Duration::from_secs(10),
+        ..Config::default()
+    });
+    let c = t.client();
+    let a = t.worker("a", 1);
+    t.core.on_tick(t.now, &mut t.rec);
+    t.now += Duration::from_secs(30);
+    t.core.on_tick(t.now, &mut t.rec);
+    t.nothing();
+    assert_eq!(t.core.workers().len(), 1);
+    // Then the ordinary clock: the client speaks, the worker does not.
+    ticks(&mut t, 5);
+    t.core.on_client_heard(c, t.now);
+    ticks(&mut t, 6);
+    let sent = t.take();
+    assert!(
+        matches!(sent.last(), Some(Sent::DropW(w, _)) if *w == a),
+        "{sent:?}"
+    );
+    assert!(
+        !sent.iter().any(|m| matches!(m, Sent::DropC(..))),
+        "{sent:?}"
+    );
+}
+
 /// A client silent past the client timeout is dropped like one that left: its futures are
 /// released (the work nobody else wants is freed) and its connection closes. A client's
 /// heartbeat is answered, and any message restarts its clock.
@@ -756,12 +851,13 @@ fn silent_clients_are_dropped_and_their_keys_released() {
     let _ = t.take();
     t.core.on_tick(t.now, &mut t.rec);
     for _ in 0..2 {
-        t.now += Duration::from_secs(6);
+        ticks(&mut t, 6);
+        let sent = t.take();
         t.core.on_client_heard(chatty, t.now);
         t.core
             .on_client_message(chatty, FromClient::Heartbeat, &mut t.rec);
         assert_eq!(t.take(), vec![Sent::C(chatty, ToClient::Alive)]);
-        t.core.on_tick(t.now, &mut t.rec);
+        t.rec.sent = sent;
     }
     let sent = t.take();
     assert!(
