@@ -142,11 +142,21 @@ fn freeze_trials() -> usize {
         .unwrap_or(10)
 }
 
+/// The protocols the freeze drills run over: `DASK_COMM_FREEZE_PROTOCOLS` (`tcp,ucx` unless
+/// told).
+fn freeze_protocols() -> Vec<dask_comm::Protocol> {
+    std::env::var("DASK_COMM_FREEZE_PROTOCOLS")
+        .unwrap_or_else(|_| "tcp,ucx".into())
+        .split(',')
+        .map(|p| p.trim().parse().expect("tcp or ucx"))
+        .collect()
+}
+
 /// Workers stopped with SIGSTOP mid-computation, over tcp:// and ucx://: removed after the
 /// heartbeat timeout, the answer exact, the thawed process exits (removed) and is replaced.
 fn freeze_worker() {
     let timeout = Duration::from_secs(2);
-    for protocol in [dask_comm::Protocol::Tcp, dask_comm::Protocol::Ucx] {
+    for protocol in freeze_protocols() {
         let trials = freeze_trials();
         let r = drills::freeze_worker(protocol, trials, 1450, timeout, 11, Duration::from_secs(60))
             .unwrap();
@@ -178,7 +188,7 @@ fn freeze_worker() {
 /// workers exit with EXIT_SCHEDULER_LOST and the client's gather fails, each within a bound.
 fn freeze_scheduler() {
     let timeout = Duration::from_secs(2);
-    for protocol in [dask_comm::Protocol::Tcp, dask_comm::Protocol::Ucx] {
+    for protocol in freeze_protocols() {
         let trials = freeze_trials();
         let r =
             drills::freeze_scheduler(protocol, trials, timeout, Duration::from_secs(30)).unwrap();

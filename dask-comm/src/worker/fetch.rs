@@ -221,8 +221,14 @@ impl Fetcher {
         }
         self.pool.remove(peer);
         let mut asked = self.queues.remove(peer).unwrap_or_default();
-        if let Some((_, task, keys)) = self.inflight.remove(peer) {
-            // Given up on: if its answer is already on its way, it is ignored on arrival.
+        // A request that already ended has sent its answer: that one is taken in. One still
+        // going is given up on (if its answer is sent meanwhile, it is ignored on arrival).
+        if self
+            .inflight
+            .get(peer)
+            .is_some_and(|(_, task, _)| !task.is_finished())
+        {
+            let (_, task, keys) = self.inflight.remove(peer).expect("present");
             task.abort();
             asked.extend(keys);
         }
