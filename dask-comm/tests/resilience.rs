@@ -223,9 +223,30 @@ fn freeze_scheduler() {
     }
 }
 
+/// A client process stopped with SIGSTOP mid-gather, over tcp:// and ucx://: the scheduler
+/// drops it after the client timeout while serving another client, and the continued client
+/// hears it was dropped.
+fn freeze_client() {
+    let timeout = Duration::from_secs(2);
+    for protocol in freeze_protocols() {
+        let trials = freeze_trials();
+        let r = drills::freeze_client(protocol, trials, timeout, Duration::from_secs(30)).unwrap();
+        println!(
+            "  {protocol:?}: {} trials, client timeout {timeout:?}, {} graphs served meanwhile",
+            r.trials, r.served
+        );
+        println!("    dropped after the stop: {}", r.dropped);
+        assert_eq!(r.trials, trials);
+        assert!(r.served >= trials, "another client was served");
+        assert!(r.dropped.quantile(0.0) >= timeout / 2, "{}", r.dropped);
+        assert!(r.dropped.max() < timeout * 5, "{}", r.dropped);
+    }
+}
+
 fn main() {
     drills::register();
     drills::run_cli_if_asked();
+    drills::run_client_if_asked();
     dask_comm::run_if_worker();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -247,6 +268,11 @@ fn main() {
             "freeze_worker",
             "workers stopped with SIGSTOP, 10 trials per protocol",
             freeze_worker,
+        )
+        .drill(
+            "freeze_client",
+            "client processes stopped with SIGSTOP mid-gather, 10 trials per protocol",
+            freeze_client,
         )
         .drill(
             "freeze_scheduler",

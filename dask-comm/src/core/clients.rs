@@ -66,6 +66,7 @@ impl Core {
                 ?timeout,
                 "a client was silent past the client timeout: dropping it"
             );
+            self.stats.clients_dropped += 1;
             self.on_client_removed(c, comm);
             comm.drop_client(c, format!("silent for more than {timeout:?}"));
         }

@@ -158,6 +158,8 @@ pub struct Stats {
     pub killed_worker: u64,
     /// Shuffles started again (an owner lost, or shuffle data missing).
     pub shuffle_restarts: u64,
+    /// Clients dropped for silence past the client timeout.
+    pub clients_dropped: u64,
     /// Tasks each worker finished, by worker name.
     pub finished_by: BTreeMap<String, u64>,
 }

@@ -383,6 +383,173 @@ pub fn freeze_scheduler(
     result.map(|()| r)
 }
 
+/// What [`freeze_client`] saw.
+#[derive(Debug, Clone)]
+pub struct FreezeClientReport {
+    /// Trials run.
+    pub trials: usize,
+    /// From the stop to the scheduler dropping the client.
+    pub dropped: Times,
+    /// Graphs another client computed while one was stopped (each answer checked).
+    pub served: usize,
+    /// The client timeout the scheduler ran with.
+    pub client_timeout: Duration,
+}
+
+/// `trials` trials on 2 worker processes over `protocol`, the scheduler's client timeout
+/// `client_timeout`: a client in another process (this program re-executed: its `main` must
+/// call [`run_client_if_asked`]) gathers results in a loop and is stopped with `SIGSTOP`
+/// mid-gather; the scheduler must drop it within `limit` while a client here computes graphs
+/// (answers checked); continued with `SIGCONT`, the stopped client's calls fail, saying it was
+/// dropped, and it exits with 0.
+pub fn freeze_client(
+    protocol: Protocol,
+    trials: usize,
+    client_timeout: Duration,
+    limit: Duration,
+) -> Result<FreezeClientReport> {
+    use std::io::BufRead;
+    let cluster = LocalCluster::with(ClusterOptions {
+        workers: 2,
+        threads_per_worker: 1,
+        protocol,
+        scheduler: Config {
+            client_timeout,
+            ..Config::default()
+        },
+        ..Default::default()
+    })?;
+    let client = cluster.client()?;
+    client.wait_for_workers_blocking(2, limit)?;
+    let bin = std::env::current_exe().map_err(|e| Error::os("finding this program", e))?;
+    let mut r = FreezeClientReport {
+        trials: 0,
+        dropped: Times::default(),
+        served: 0,
+        client_timeout,
+    };
+    let (g, key) = chaos_graph("client-sync", 200, 4);
+    let answer = int(&dask_graph::Scheduler::get(&dask_graph::Sync, g, &[key])?[0])?;
+    for trial in 0..trials {
+        let mut child = Reaped(
+            Command::new(&bin)
+                .env(ENV_CLIENT, "1")
+                .env(ENV_CLIENT_ADDRESS, cluster.address().to_string())
+                .env(ENV_CLIENT_SECRET, cluster.secret().to_hex())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| Error::os("starting the client process", e))?,
+        );
+        let mut line = String::new();
+        let out = child.0.stdout.take().expect("piped");
+        std::io::BufReader::new(out)
+            .read_line(&mut line)
+            .map_err(|e| Error::os("reading the client's first line", e))?;
+        if line.trim() != "GATHERING" {
+            return Err(Error::Unexpected(format!(
+                "trial {trial}: the client process said {line:?}"
+            )));
+        }
+        let before = cluster.scheduler_stats()?.0.clients_dropped;
+        std::thread::sleep(Duration::from_millis(50));
+        signal(child.0.id(), libc::SIGSTOP)?;
+        let stopped = Instant::now();
+        // The cluster serves this client meanwhile.
+        let mut dropped = None;
+        while dropped.is_none() {
+            let (g, key) = chaos_graph(&format!("client-{trial}-{}", r.served), 200, 4);
+            let got = compute_within(&client, g, key, limit)?;
+            if got != answer {
+                return Err(Error::Unexpected(format!(
+                    "trial {trial}: {got}, Sync says {answer}"
+                )));
+            }
+            r.served += 1;
+            if cluster.scheduler_stats()?.0.clients_dropped > before {
+                dropped = Some(stopped.elapsed());
+            } else if stopped.elapsed() > limit {
+                return Err(Error::Timeout(format!(
+                    "trial {trial}: the stopped client was not dropped within {limit:?}"
+                )));
+            }
+        }
+        r.dropped.0.extend(dropped);
+        signal(child.0.id(), libc::SIGCONT)?;
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = child
+                .0
+                .try_wait()
+                .map_err(|e| Error::os("waiting for the client", e))?
+            {
+                break s;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout(format!(
+                    "trial {trial}: the continued client did not end"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        if !status.success() {
+            return Err(Error::Unexpected(format!(
+                "trial {trial}: the continued client ended with {status} (not told it was dropped?)"
+            )));
+        }
+        r.trials += 1;
+    }
+    Ok(r)
+}
+
+/// Set for the client processes [`freeze_client`] starts, with the scheduler's address and
+/// the secret.
+const ENV_CLIENT: &str = "DASK_COMM_DRILL_CLIENT";
+const ENV_CLIENT_ADDRESS: &str = "DASK_COMM_DRILL_CLIENT_ADDRESS";
+const ENV_CLIENT_SECRET: &str = "DASK_COMM_DRILL_CLIENT_SECRET";
+
+/// If this process was started by [`freeze_client`], runs its client and exits: it connects,
+/// prints `GATHERING`, and persists and gathers graphs until a call fails; it exits with 0
+/// when the failure says the scheduler dropped it, 1 otherwise.
+pub fn run_client_if_asked() {
+    if std::env::var_os(ENV_CLIENT).is_none() {
+        return;
+    }
+    let run = || -> Result<String> {
+        let var = |k: &str| {
+            std::env::var(k).map_err(|_| Error::Config(format!("a drill client without {k}")))
+        };
+        let address: transport::Address = var(ENV_CLIENT_ADDRESS)?
+            .parse()
+            .map_err(transport::TransportError::from)?;
+        let secret = crate::security::Secret::from_hex(&var(ENV_CLIENT_SECRET)?)?;
+        let client = Client::connect_blocking(&address, secret)?;
+        println!("GATHERING");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        for round in 0.. {
+            let (g, key) = chaos_graph(&format!("frozen-{round}"), 400, 4);
+            let fs = client.persist_blocking(g, &[key])?;
+            if let Err(e) = client.gather_blocking(&fs) {
+                return Ok(e.to_string());
+            }
+        }
+        unreachable!("the loop ends with an error")
+    };
+    let code = match run() {
+        Ok(why) if why.contains("dropped by the scheduler") => 0,
+        Ok(why) => {
+            eprintln!("drill client: the gather failed, but not because it was dropped: {why}");
+            1
+        }
+        Err(e) => {
+            eprintln!("drill client: {e}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
 /// Set for the processes [`freeze_scheduler`] starts: they run the command line.
 const ENV_CLI: &str = "DASK_COMM_DRILL_CLI";
 

@@ -17,8 +17,8 @@ use rand::{Rng, SeedableRng};
 
 mod freeze;
 pub use freeze::{
-    freeze_scheduler, freeze_worker, run_cli_if_asked, FreezeSchedulerReport, FreezeWorkerReport,
-    Times,
+    freeze_client, freeze_scheduler, freeze_worker, run_cli_if_asked, run_client_if_asked,
+    FreezeClientReport, FreezeSchedulerReport, FreezeWorkerReport, Times,
 };
 mod shuffle;
 pub use shuffle::{
