@@ -367,6 +367,14 @@ pub fn run_if_worker() {
         eprintln!("dask-comm worker: {e}");
     }
     let code = crate::worker::exit_code(&r);
+    // A parent that dies closes its sockets before its children are handed to another: a
+    // worker that lost its scheduler with its parent gives the parent a moment to be gone.
+    if code != 0 && std::env::var_os(ENV_CLUSTER_DIRS).is_some() {
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while !parent_gone() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     if parent_gone() {
         // The cluster's process died without cleaning up (killed): the last of its workers
         // to go removes the cluster's folders. The first is the spill root, where each

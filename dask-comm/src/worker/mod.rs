@@ -323,6 +323,7 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     .await?;
     let control = Arc::new(control);
     tracing::info!(name = %opts.name, %address, scheduler = %opts.scheduler, nthreads = opts.nthreads, "worker started");
+    let spill = Arc::clone(&store);
     let r = Worker::new(
         &opts,
         address,
@@ -334,6 +335,9 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     .run(&mut serve_ended)
     .await;
     serve.abort();
+    // The spill folder goes now: the task threads may hold the store past the process's
+    // exit, which runs no destructors.
+    lock(&spill).clear_disk();
     // Bounded: a stopped scheduler does not hold a worker that is leaving.
     if tokio::time::timeout(LAST_WORD * 3, control.close())
         .await
@@ -528,8 +532,12 @@ impl Worker {
                         )) => Err(Error::Removed(
                             "the scheduler closed this worker's connection".into(),
                         )),
-                        Error::Transport(t) if t.is_closed() => Ok(()),
-                        // Reset or failed (the scheduler was killed): lost, not restarted.
+                        // Closed here (the worker is leaving).
+                        Error::Transport(transport::TransportError::Closed(
+                            transport::CloseReason::Local,
+                        )) => Ok(()),
+                        // Failed, reset or refused (the scheduler was killed, the network
+                        // broke): lost, not restarted.
                         Error::Transport(t) => Err(Error::Disconnected(format!(
                             "the scheduler connection failed: {t}"
                         ))),

@@ -701,21 +701,7 @@ fn a_holder_that_did_not_answer_in_time_is_told_to_free_its_copy() {
     let _ = t.take();
     let b = t.worker("b", 1);
     // a is busy: y goes to b, which fetches x from a.
-    t.core.on_worker_message(
-        a,
-        FromWorker::Heartbeat {
-            stored: 0,
-            spilled: 0,
-            rss: 0,
-            executing: 0,
-            paused: true,
-            cpu_milli: 0,
-            fetches: Vec::new(),
-        },
-        t.now,
-        &mut t.rec,
-    );
-    assert_eq!(t.take(), vec![Sent::W(a, ToWorker::Alive)]);
+    resilience::heartbeat(&mut t, a, true);
     t.graph(c, vec![def("y", &["x"], 1)], &["y"]);
     assert_eq!(t.computes(), vec![(b, k("y"))]);
     t.core.on_worker_message(
