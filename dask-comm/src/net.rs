@@ -177,7 +177,7 @@ pub(crate) async fn writer<M: Serialize + Payloads>(
     conn: Arc<Connection>,
     rx: mpsc::UnboundedReceiver<Vec<M>>,
 ) {
-    writer_counted(conn, rx, Arc::default()).await
+    writer_counted(conn, rx, None).await
 }
 
 /// [`writer`], taking from `queued` what it takes from `rx` (the sender counts in with
@@ -185,13 +185,15 @@ pub(crate) async fn writer<M: Serialize + Payloads>(
 pub(crate) async fn writer_counted<M: Serialize + Payloads>(
     conn: Arc<Connection>,
     mut rx: mpsc::UnboundedReceiver<Vec<M>>,
-    queued: Arc<Queued>,
+    queued: Option<Arc<Queued>>,
 ) {
     while let Some(mut batch) = rx.recv().await {
         while let Ok(more) = rx.try_recv() {
             batch.extend(more);
         }
-        queued.take(&mut batch);
+        if let Some(q) = &queued {
+            q.take(&mut batch);
+        }
         for part in split(batch, BATCH_FRAMES, BATCH_BYTES) {
             if let Err(e) = send_batch(&conn, part).await {
                 // A message the transport refuses (one value past its 4 GiB), or a connection
@@ -241,22 +243,37 @@ impl Queued {
     fn take<M: Payloads>(&self, msgs: &mut [M]) {
         use std::sync::atomic::Ordering::Relaxed;
         let (n, b) = Self::size(msgs);
-        // The writer may take what was counted in by a sender that never counted (a plain
-        // `writer`): saturate at zero rather than wrap.
-        let _ = self
-            .messages
-            .fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(n)));
-        let _ = self
-            .bytes
-            .fetch_update(Relaxed, Relaxed, |q| Some(q.saturating_sub(b)));
+        self.messages.fetch_sub(n, Relaxed);
+        self.bytes.fetch_sub(b, Relaxed);
     }
 }
 
-/// The first wait after an accept fails (out of descriptors, say), doubled on each failure in
-/// a row up to [`ACCEPT_BACKOFF_MAX`].
-pub(crate) const ACCEPT_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(10);
-/// The longest wait between accepts that fail.
-pub(crate) const ACCEPT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+/// The next connection on `listener` (named `what` in logs). An accept that fails for a reason
+/// that may pass (out of descriptors or memory, say) is tried again after a wait, 10 ms doubled
+/// on each failure in a row up to 1 s, rather than end the loop or spin on the error; only a
+/// closed listener ends it.
+pub(crate) async fn accept(
+    listener: &mut transport::Listener,
+    what: &str,
+) -> std::result::Result<Connection, transport::TransportError> {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(10);
+    const LONGEST: std::time::Duration = std::time::Duration::from_secs(1);
+    let mut backoff = FIRST;
+    loop {
+        match listener.accept().await {
+            Ok(c) => return Ok(c),
+            Err(e) if e.is_closed() => {
+                tracing::warn!(error = %e, "{what}'s listener closed");
+                return Err(e);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, ?backoff, "{what}: accepting a connection failed, retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(LONGEST);
+            }
+        }
+    }
+}
 
 const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// The most frames of their own (payload frames of [`PACK_BELOW`] bytes or more, and one per

@@ -79,7 +79,7 @@ impl<M: serde::Serialize + crate::protocol::Payloads + Send + 'static> Peer<M> {
         let writer = tokio::spawn(net::writer_counted(
             Arc::clone(&conn),
             rx,
-            Arc::clone(&queued),
+            Some(Arc::clone(&queued)),
         ));
         Peer {
             tx,
@@ -186,26 +186,7 @@ impl SchedulerServer {
         let accept_events = events.clone();
         let accept_secret = secret.clone();
         let acceptor = tokio::spawn(async move {
-            let mut backoff = net::ACCEPT_BACKOFF_MIN;
-            loop {
-                let conn = match listener.accept().await {
-                    Ok(c) => {
-                        backoff = net::ACCEPT_BACKOFF_MIN;
-                        c
-                    }
-                    Err(e) => {
-                        if e.is_closed() {
-                            tracing::warn!(error = %e, "the scheduler's listener closed");
-                            return;
-                        }
-                        // Out of descriptors or memory: wait before trying again, longer each
-                        // time, rather than spin on the error.
-                        tracing::warn!(error = %e, ?backoff, "accepting a connection failed: retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(net::ACCEPT_BACKOFF_MAX);
-                        continue;
-                    }
-                };
+            while let Ok(conn) = net::accept(&mut listener, "the scheduler").await {
                 let (events, secret) = (accept_events.clone(), accept_secret.clone());
                 tokio::spawn(async move {
                     let peer = conn.peer_addr().clone();

@@ -165,6 +165,22 @@ impl Limits {
     }
 }
 
+/// The process's CPU use since `last` (CPU seconds, and when), in thousandths of a core; `last`
+/// becomes now.
+pub(crate) fn cpu_share_since(
+    last: &mut (f64, std::time::Instant),
+    now: std::time::Instant,
+) -> u32 {
+    let cpu = cpu_seconds();
+    let (was, at) = std::mem::replace(last, (cpu, now));
+    let wall = now.duration_since(at).as_secs_f64();
+    if wall > 0.0 {
+        ((cpu - was).max(0.0) / wall * 1000.0) as u32
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

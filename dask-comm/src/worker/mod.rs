@@ -21,7 +21,9 @@
 
 mod exec;
 pub(crate) mod fetch;
+mod liveness;
 pub mod memory;
+mod options;
 mod serve;
 pub mod shuffle;
 pub(crate) mod store;
@@ -29,190 +31,39 @@ pub(crate) mod store;
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, VecDeque};
-use std::path::PathBuf;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dask_graph::{Key, Value};
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::mpsc;
-use transport::{Address, Connection};
+use transport::Connection;
 
 use crate::error::{Error, Result};
 use crate::net;
 use crate::protocol::{Dep, Fetch, FromWorker, Hello, Payload, Priority, ToWorker, FETCHES_KEPT};
-use crate::security::Secret;
+
 use exec::{Done, Executor};
 use fetch::{Fetched, Fetcher};
-use memory::{Limits, MemoryThresholds, Verdict};
+pub(crate) use liveness::STALLED;
+pub use liveness::{
+    exit_code, scheduler_timeout_from_env, DEFAULT_SCHEDULER_TIMEOUT, EXIT_REMOVED,
+    EXIT_SCHEDULER_LOST,
+};
+use liveness::{last_word, recv, LAST_WORD, PARENT_CHECK};
+use memory::{Limits, Verdict};
+pub use options::WorkerOptions;
 
 /// Tasks handed to the threads (queued there or running) hold at most this fraction of the
 /// memory limit in values read back from disk, beyond one task per thread.
 pub const READ_BACK_SHARE: u64 = 10;
-
-/// How a worker runs.
-#[derive(Debug, Clone)]
-pub struct WorkerOptions {
-    /// The scheduler's address.
-    pub scheduler: Address,
-    /// The cluster's secret.
-    pub secret: Secret,
-    /// Where this worker serves data (default: loopback, port chosen by the system, in the
-    /// scheduler's scheme).
-    pub listen: Option<Address>,
-    /// Threads that run tasks.
-    pub nthreads: usize,
-    /// Memory limit in bytes (0: none): the store spills, and the worker pauses and exits,
-    /// at fractions of it (see [`memory`]).
-    pub memory_limit: u64,
-    /// The fractions of the memory limit where the worker spills, pauses and exits.
-    pub thresholds: MemoryThresholds,
-    /// Where spilled values go (a folder of their own is made there, and removed when the
-    /// worker stops; default: the system's temporary directory).
-    pub local_directory: Option<PathBuf>,
-    /// The process is this worker's alone: its RSS is checked against the spill, pause and
-    /// terminate thresholds (default). Off for workers sharing a process (then only the
-    /// `target` applies, to the bytes of values).
-    pub process_memory: bool,
-    /// A name for logs.
-    pub name: String,
-    /// Answer every task at once without running it or fetching its inputs (to measure the
-    /// runtime alone, like RSDS's zero worker). Values are `()`.
-    pub zero_work: bool,
-    /// A scheduler that answers no heartbeat for this long is taken for lost: the worker
-    /// ends with [`Error::Disconnected`] (a process exits with [`EXIT_SCHEDULER_LOST`]).
-    /// Default: [`DEFAULT_SCHEDULER_TIMEOUT`], or `DASK_COMM_SCHEDULER_TIMEOUT` (seconds).
-    pub scheduler_timeout: Duration,
-    /// The worker stops (cleanly, removing its folders) once the process with this id is no
-    /// longer its parent: a supervisor's workers do not outlive it, however it ends.
-    pub parent: Option<u32>,
-    /// The worker is its process's own: SIGTERM stops it cleanly (and SIGINT, unless it has
-    /// a parent to follow). Off for workers inside another program, whose signals are that
-    /// program's (default: off; the worker processes of `LocalCluster`, the nanny, the
-    /// command line and the launchers set it).
-    pub handle_signals: bool,
-}
-
-/// How long a worker or client waits for any word from the scheduler (heartbeats are
-/// answered) before it takes the scheduler for lost.
-pub const DEFAULT_SCHEDULER_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The scheduler timeout from `DASK_COMM_SCHEDULER_TIMEOUT` (seconds, fractions allowed), or
-/// [`DEFAULT_SCHEDULER_TIMEOUT`].
-pub fn scheduler_timeout_from_env() -> Duration {
-    std::env::var("DASK_COMM_SCHEDULER_TIMEOUT")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| *s > 0.0)
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
-        .unwrap_or(DEFAULT_SCHEDULER_TIMEOUT)
-}
-
-/// Waits up to [`LAST_WORD`] for messages the scheduler sent before the connection ended:
-/// `Some` when one of them was a removal or a close.
-async fn last_word(rx: &mut mpsc::UnboundedReceiver<Result<Vec<ToWorker>>>) -> Option<Result<()>> {
-    let deadline = tokio::time::Instant::now() + LAST_WORD;
-    while let Ok(Some(Ok(msgs))) = tokio::time::timeout_at(deadline, rx.recv()).await {
-        for m in msgs {
-            match m {
-                ToWorker::Removed { reason } => {
-                    tracing::error!(%reason, "the scheduler removed this worker: it exits to be started afresh");
-                    return Some(Err(Error::Removed(reason)));
-                }
-                ToWorker::Close => return Some(Ok(())),
-                _ => {}
-            }
-        }
-    }
-    None
-}
-
-/// A heartbeat tick this much later than due (or four periods, if more) means the process was
-/// stopped: silence is counted afresh.
-pub(crate) const STALLED: Duration = Duration::from_secs(1);
-
-/// The next delivery of `signal`, or never when there is none.
-async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
-    match signal {
-        Some(s) => s.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// How long a worker that lost its scheduler connection waits for the messages still on
-/// their way in.
-const LAST_WORD: Duration = Duration::from_secs(1);
-
-/// How often a worker with a [`WorkerOptions::parent`] checks that its parent lives.
-const PARENT_CHECK: Duration = Duration::from_millis(250);
-
-/// A worker process's exit code when the scheduler removed it (it was silent past the
-/// heartbeat timeout: stopped, swapping, partitioned): its supervisor (`LocalCluster`, the
-/// nanny, a launcher's rank) starts it again.
-pub const EXIT_REMOVED: i32 = 76;
-/// A worker process's exit code when it lost its scheduler (silent past the scheduler
-/// timeout, or its connection failed): not restarted, there is nothing to join.
-pub const EXIT_SCHEDULER_LOST: i32 = 77;
-
-/// The exit code for a worker that ended with `r`.
-pub fn exit_code(r: &Result<()>) -> i32 {
-    match r {
-        Ok(()) => 0,
-        Err(Error::Removed(_)) => EXIT_REMOVED,
-        Err(Error::Disconnected(_)) => EXIT_SCHEDULER_LOST,
-        Err(_) => 1,
-    }
-}
-
-impl WorkerOptions {
-    /// Options for a worker of `scheduler` with `nthreads` threads.
-    pub fn new(scheduler: Address, secret: Secret, nthreads: usize) -> WorkerOptions {
-        WorkerOptions {
-            scheduler,
-            secret,
-            listen: None,
-            nthreads,
-            memory_limit: 0,
-            thresholds: MemoryThresholds::default(),
-            local_directory: None,
-            process_memory: true,
-            name: format!("worker-{}", std::process::id()),
-            zero_work: false,
-            scheduler_timeout: scheduler_timeout_from_env(),
-            parent: None,
-            handle_signals: false,
-        }
-    }
-}
 
 /// Values the worker holds, shared with its data server.
 pub(crate) type Store = Arc<Mutex<store::Store>>;
 
 fn lock(store: &Store) -> std::sync::MutexGuard<'_, store::Store> {
     store.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn default_listen(scheduler: &Address) -> Address {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    match scheduler {
-        Address::Inproc(name) => Address::Inproc(format!(
-            "{name}-worker-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        )),
-        Address::Tcp { .. } => Address::Tcp {
-            host: "127.0.0.1".into(),
-            port: 0,
-        },
-        Address::Ucx { .. } => Address::Ucx {
-            host: "127.0.0.1".into(),
-            port: 0,
-        },
-        Address::Tls { .. } => Address::Tls {
-            host: "127.0.0.1".into(),
-            port: 0,
-        },
-    }
 }
 
 /// A task the scheduler sent, not yet finished.
@@ -239,7 +90,7 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     let listen = opts
         .listen
         .clone()
-        .unwrap_or_else(|| default_listen(&opts.scheduler));
+        .unwrap_or_else(|| options::default_listen(&opts.scheduler));
     let limits = Limits {
         limit: opts.memory_limit,
         at: opts.thresholds,
@@ -260,7 +111,7 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     } else {
         store::Store::in_memory_only()
     };
-    let mut listener = net::listen(&listen).await?;
+    let listener = net::listen(&listen).await?;
     let address = listener.local_addr().to_string();
     let store: Store = Arc::new(Mutex::new(store));
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
@@ -274,39 +125,10 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     let serve = {
         let (store, secret) = (Arc::clone(&store), opts.secret.clone());
         let shuffles = Arc::clone(&shuffles);
-        let transfers = Arc::new(tokio::sync::Semaphore::new(serve::TRANSFERS));
         tokio::spawn(async move {
-            let mut backoff = net::ACCEPT_BACKOFF_MIN;
-            loop {
-                let conn = match listener.accept().await {
-                    Ok(c) => {
-                        backoff = net::ACCEPT_BACKOFF_MIN;
-                        c
-                    }
-                    Err(e) if e.is_closed() => {
-                        // A worker whose peers cannot reach it is no worker: it ends.
-                        let _ =
-                            serve_failed.send(format!("the data server's listener closed: {e}"));
-                        return;
-                    }
-                    Err(e) => {
-                        // Out of descriptors (a wide shuffle), say: wait, longer each time.
-                        tracing::warn!(error = %e, ?backoff, "the data server's accept failed: retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(net::ACCEPT_BACKOFF_MAX);
-                        continue;
-                    }
-                };
-                let (store, secret, lost) = (Arc::clone(&store), secret.clone(), lost_tx.clone());
-                tokio::spawn(serve::serve_data(
-                    conn,
-                    store,
-                    secret,
-                    lost,
-                    Arc::clone(&shuffles),
-                    Arc::clone(&transfers),
-                ));
-            }
+            let why = serve::serve(listener, store, secret, lost_tx, shuffles).await;
+            // A worker whose peers cannot reach it is no worker: it ends.
+            let _ = serve_failed.send(why);
         })
     };
     let control = net::dial(
@@ -952,14 +774,7 @@ impl Worker {
     /// How the worker is doing.
     fn heartbeat(&mut self) -> FromWorker {
         let now = Instant::now();
-        let cpu = memory::cpu_seconds();
-        let (was, at) = std::mem::replace(&mut self.cpu_at, (cpu, now));
-        let wall = now.duration_since(at).as_secs_f64();
-        let cpu_milli = if wall > 0.0 {
-            ((cpu - was).max(0.0) / wall * 1000.0) as u32
-        } else {
-            0
-        };
+        let cpu_milli = memory::cpu_share_since(&mut self.cpu_at, now);
         let fetches = self
             .fetches
             .drain(..)

@@ -13,8 +13,34 @@ use crate::net;
 use crate::protocol::{DataMsg, Hello, Payload};
 use crate::security::Secret;
 
+/// Serves data connections on `listener` until it closes; says why it ended.
+pub(super) async fn serve(
+    mut listener: transport::Listener,
+    store: Store,
+    secret: Secret,
+    lost: mpsc::UnboundedSender<Key>,
+    shuffles: Arc<shuffle::Shuffles>,
+) -> String {
+    let transfers = Arc::new(tokio::sync::Semaphore::new(TRANSFERS));
+    loop {
+        match net::accept(&mut listener, "the data server").await {
+            Ok(conn) => {
+                tokio::spawn(serve_data(
+                    conn,
+                    Arc::clone(&store),
+                    secret.clone(),
+                    lost.clone(),
+                    Arc::clone(&shuffles),
+                    Arc::clone(&transfers),
+                ));
+            }
+            Err(e) => return format!("the data server's listener closed: {e}"),
+        }
+    }
+}
+
 /// Requests a data server answers at once (Dask's `distributed.worker.connections.incoming`).
-pub(super) const TRANSFERS: usize = 10;
+const TRANSFERS: usize = 10;
 
 /// Serves one data connection: values from the store, and values a client puts.
 pub(super) async fn serve_data(

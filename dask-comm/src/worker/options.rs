@@ -1,0 +1,99 @@
+//! How a worker runs: [`WorkerOptions`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use transport::Address;
+
+use super::liveness::scheduler_timeout_from_env;
+use super::memory::MemoryThresholds;
+use crate::security::Secret;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// The scheduler's address.
+    pub scheduler: Address,
+    /// The cluster's secret.
+    pub secret: Secret,
+    /// Where this worker serves data (default: loopback, port chosen by the system, in the
+    /// scheduler's scheme).
+    pub listen: Option<Address>,
+    /// Threads that run tasks.
+    pub nthreads: usize,
+    /// Memory limit in bytes (0: none): the store spills, and the worker pauses and exits,
+    /// at fractions of it (see [`memory`]).
+    pub memory_limit: u64,
+    /// The fractions of the memory limit where the worker spills, pauses and exits.
+    pub thresholds: MemoryThresholds,
+    /// Where spilled values go (a folder of their own is made there, and removed when the
+    /// worker stops; default: the system's temporary directory).
+    pub local_directory: Option<PathBuf>,
+    /// The process is this worker's alone: its RSS is checked against the spill, pause and
+    /// terminate thresholds (default). Off for workers sharing a process (then only the
+    /// `target` applies, to the bytes of values).
+    pub process_memory: bool,
+    /// A name for logs.
+    pub name: String,
+    /// Answer every task at once without running it or fetching its inputs (to measure the
+    /// runtime alone, like RSDS's zero worker). Values are `()`.
+    pub zero_work: bool,
+    /// A scheduler that answers no heartbeat for this long is taken for lost: the worker
+    /// ends with [`Error::Disconnected`] (a process exits with [`EXIT_SCHEDULER_LOST`]).
+    /// Default: [`DEFAULT_SCHEDULER_TIMEOUT`], or `DASK_COMM_SCHEDULER_TIMEOUT` (seconds).
+    pub scheduler_timeout: Duration,
+    /// The worker stops (cleanly, removing its folders) once the process with this id is no
+    /// longer its parent: a supervisor's workers do not outlive it, however it ends.
+    pub parent: Option<u32>,
+    /// The worker is its process's own: SIGTERM stops it cleanly (and SIGINT, unless it has
+    /// a parent to follow). Off for workers inside another program, whose signals are that
+    /// program's (default: off; the worker processes of `LocalCluster`, the nanny, the
+    /// command line and the launchers set it).
+    pub handle_signals: bool,
+}
+
+impl WorkerOptions {
+    /// Options for a worker of `scheduler` with `nthreads` threads.
+    pub fn new(scheduler: Address, secret: Secret, nthreads: usize) -> WorkerOptions {
+        WorkerOptions {
+            scheduler,
+            secret,
+            listen: None,
+            nthreads,
+            memory_limit: 0,
+            thresholds: MemoryThresholds::default(),
+            local_directory: None,
+            process_memory: true,
+            name: format!("worker-{}", std::process::id()),
+            zero_work: false,
+            scheduler_timeout: scheduler_timeout_from_env(),
+            parent: None,
+            handle_signals: false,
+        }
+    }
+}
+
+/// Where a worker of `scheduler` serves data unless told: loopback, a port the system picks,
+/// in the scheduler's scheme.
+pub(super) fn default_listen(scheduler: &Address) -> Address {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    match scheduler {
+        Address::Inproc(name) => Address::Inproc(format!(
+            "{name}-worker-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        )),
+        Address::Tcp { .. } => Address::Tcp {
+            host: "127.0.0.1".into(),
+            port: 0,
+        },
+        Address::Ucx { .. } => Address::Ucx {
+            host: "127.0.0.1".into(),
+            port: 0,
+        },
+        Address::Tls { .. } => Address::Tls {
+            host: "127.0.0.1".into(),
+            port: 0,
+        },
+    }
+}
