@@ -1,5 +1,6 @@
 //! The worker's threads that run tasks: a queue by priority, and `nthreads` threads taking
-//! from it. A task's spec is decoded on the thread that runs it.
+//! from it. A task's spec is decoded on the thread that runs it, and its spilled inputs are
+//! read back there too, without the store's lock (off the worker's runtime).
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -13,13 +14,17 @@ use tokio::sync::mpsc;
 
 use crate::protocol::{Payload, Priority};
 
-/// A task ready to run: its spec and its inputs' values.
+use super::store::{self, Located, SpillError};
+use super::{lock, Store};
+
+/// A task ready to run: its spec and where its inputs' values are (in memory, or spilled:
+/// never [`Located::Absent`]).
 pub(super) struct Job {
     pub key: Key,
     /// The assignment it runs for.
     pub attempt: u64,
     pub spec: Payload,
-    pub inputs: FxHashMap<Key, Value>,
+    pub inputs: FxHashMap<Key, Located>,
     pub priority: Priority,
     pub seq: u64,
 }
@@ -47,10 +52,18 @@ pub(super) struct Done {
     pub key: Key,
     /// The assignment it ran for.
     pub attempt: u64,
-    pub result: Result<Value, Box<TaskFailure>>,
+    pub result: Outcome,
     pub micros: u64,
     /// The thread that ran it.
     pub thread: u32,
+}
+
+/// How a task ended.
+pub(super) enum Outcome {
+    /// It ran: its value, or its failure.
+    Ran(Result<Value, Box<TaskFailure>>),
+    /// It did not run: an input's spill file was lost (the store no longer has the input).
+    InputLost(Key, SpillError),
 }
 
 struct Queue {
@@ -71,12 +84,13 @@ pub(super) struct Executor {
 }
 
 impl Executor {
-    /// Starts `n` threads, with `shuffles` installed on each; each finished task is reported
-    /// on `done`.
+    /// Starts `n` threads, with `shuffles` installed on each, reading spilled inputs from
+    /// `store`; each finished task is reported on `done`.
     pub fn start(
         n: usize,
         done: mpsc::UnboundedSender<Done>,
         shuffles: Arc<dyn dask_graph::shuffle::ShuffleService>,
+        store: Store,
     ) -> Executor {
         let queue = Arc::new((
             Mutex::new(Queue {
@@ -90,12 +104,12 @@ impl Executor {
         let threads = (0..n.max(1))
             .map(|i| {
                 let (q, done, r) = (Arc::clone(&queue), done.clone(), Arc::clone(&running));
-                let shuffles = Arc::clone(&shuffles);
+                let (shuffles, store) = (Arc::clone(&shuffles), Arc::clone(&store));
                 std::thread::Builder::new()
                     .name(format!("dask-worker-{i}"))
                     .spawn(move || {
                         dask_graph::shuffle::install(Some(shuffles));
-                        run(i as u32, &q, &r, &done)
+                        run(i as u32, &q, &r, &done, &store)
                     })
                     .expect("spawning a worker thread")
             })
@@ -114,7 +128,7 @@ impl Executor {
         key: Key,
         attempt: u64,
         spec: Payload,
-        inputs: FxHashMap<Key, Value>,
+        inputs: FxHashMap<Key, Located>,
         priority: Priority,
     ) {
         self.seq += 1;
@@ -176,10 +190,11 @@ fn run(
     queue: &(Mutex<Queue>, Condvar),
     running: &AtomicUsize,
     done: &mpsc::UnboundedSender<Done>,
+    store: &Store,
 ) {
     let (lock, cv) = queue;
     loop {
-        let job = {
+        let mut job = {
             let mut q = lock.lock().unwrap_or_else(|e| e.into_inner());
             loop {
                 if q.closed {
@@ -196,7 +211,11 @@ fn run(
         };
         let (key, attempt) = (job.key, job.attempt);
         let t0 = Instant::now();
-        let result = execute(&job);
+        super::spiller::wait_for_room(store);
+        let result = match read_inputs(store, std::mem::take(&mut job.inputs)) {
+            Ok(inputs) => Outcome::Ran(execute(&job, &inputs)),
+            Err((dep, e)) => Outcome::InputLost(dep, e),
+        };
         let micros = t0.elapsed().as_micros() as u64;
         drop(job);
         running.fetch_sub(1, AtomicOrdering::Relaxed);
@@ -215,7 +234,45 @@ fn run(
     }
 }
 
-fn execute(job: &Job) -> Result<Value, Box<TaskFailure>> {
+/// The inputs' values, spilled ones read back (and kept in memory again). An input whose
+/// file cannot be read is looked up again (another task may have read it back meanwhile)
+/// and, if it is still that file's, is lost: the store forgets it.
+fn read_inputs(
+    store: &Store,
+    inputs: FxHashMap<Key, Located>,
+) -> Result<FxHashMap<Key, Value>, (Key, SpillError)> {
+    let mut values = FxHashMap::default();
+    values.reserve(inputs.len());
+    for (k, mut at) in inputs {
+        // Bounded: each turn follows a move of the value the store made meanwhile.
+        let mut turns = 0;
+        let v = loop {
+            turns += 1;
+            match at {
+                Located::Memory(v) => break v,
+                Located::Absent => return Err((k, SpillError::Gone { key: k })),
+                Located::Disk(path) => match store::read_spill(&k, &path) {
+                    Ok(v) => {
+                        lock(store).unspilled(k, &path, v.clone());
+                        break v;
+                    }
+                    Err(e) => {
+                        let mut s = lock(store);
+                        if s.spilled_at(&k, &path) || turns >= 4 {
+                            s.remove(&k);
+                            return Err((k, e));
+                        }
+                        at = s.use_value(&k);
+                    }
+                },
+            }
+        };
+        values.insert(k, v);
+    }
+    Ok(values)
+}
+
+fn execute(job: &Job, inputs: &FxHashMap<Key, Value>) -> Result<Value, Box<TaskFailure>> {
     let node = crate::spec::decode(&job.spec).map_err(|e| {
         Box::new(TaskFailure::new(
             job.key,
@@ -226,6 +283,6 @@ fn execute(job: &Job) -> Result<Value, Box<TaskFailure>> {
     })?;
     match node {
         Node::Value(v) => Ok(v),
-        Node::Task(t) => dask_graph::run(&t, job.key, &|k| job.inputs.get(k).cloned()),
+        Node::Task(t) => dask_graph::run(&t, job.key, &|k| inputs.get(k).cloned()),
     }
 }

@@ -23,7 +23,7 @@ use dask_graph::{Key, Name, ShuffleId, Value};
 use rustc_hash::FxHashMap;
 use transport::{Address, Connection};
 
-use super::{lock, Store};
+use super::{lock, store, Store};
 use crate::net;
 use crate::protocol::{DataMsg, Hello, Payload, ShuffleRun, Transfer, TRANSFER_LOG};
 use crate::security::Secret;
@@ -340,26 +340,51 @@ impl ShuffleService for Shuffles {
     fn receive(&self, id: ShuffleId, part: u32, inputs: u32) -> Result<Vec<Value>, ShuffleError> {
         let run = self.run(id)?;
         let name = piece_name(id);
-        let mut store = lock(&self.store);
         let keys: Vec<Key> = (0..inputs)
             .map(|i| piece_key(name, run.run, part, i))
             .collect();
+        // Where each piece is, under the store's lock (in memory: `Ok`, spilled: the file);
+        // spilled ones are read after, without it.
+        let mut located: Vec<Result<Value, std::path::PathBuf>> = Vec::with_capacity(keys.len());
+        {
+            let store = lock(&self.store);
+            for (input, k) in (0..inputs).zip(&keys) {
+                located.push(match store.locate(k) {
+                    store::Located::Absent => {
+                        return Err(ShuffleError::Missing { id, part, input })
+                    }
+                    store::Located::Memory(v) => Ok(v),
+                    store::Located::Disk(path) => Err(path),
+                });
+            }
+        }
         let mut out = Vec::with_capacity(keys.len());
-        for (input, k) in (0..inputs).zip(&keys) {
-            match store.peek(k) {
-                Ok(Some(v)) => out.push(v),
-                Ok(None) => return Err(ShuffleError::Missing { id, part, input }),
+        for ((input, k), at) in (0..inputs).zip(&keys).zip(located) {
+            let path = match at {
+                Ok(v) => {
+                    out.push(v);
+                    continue;
+                }
+                Err(path) => path,
+            };
+            match store::read_spill(k, &path) {
+                Ok(v) => out.push(v),
                 Err(e) => {
                     tracing::warn!(shuffle = %id, error = %e, "a shuffle piece is lost");
-                    store.remove(k);
+                    let mut store = lock(&self.store);
+                    if store.spilled_at(k, &path) {
+                        store.remove(k);
+                    }
                     return Err(ShuffleError::Missing { id, part, input });
                 }
             }
         }
-        for k in &keys {
-            store.remove(k);
+        {
+            let mut store = lock(&self.store);
+            for k in &keys {
+                store.remove(k);
+            }
         }
-        drop(store);
         // Pieces from peers are decoded here, on the task's thread.
         out.into_iter()
             .map(|v| match v.downcast_ref::<Piece>() {

@@ -2,9 +2,13 @@
 //!
 //! Bytes in memory are counted with each value's `nbytes` (its `Data` size). Above the
 //! *target* (a fraction of the memory limit) the least-recently-used values are written to
-//! disk, through `Data`'s encoding, one file per key; a spilled value comes back when a task
-//! here needs it (and stays in memory again), and is read from disk without coming back when
-//! a peer asks for it. A spill file is removed when its key is released, and the directory
+//! disk, through `Data`'s encoding, one file per key. The store only decides: it picks the
+//! value to spill ([`Store::next_spill`]) and takes the outcome ([`Store::spill_written`]);
+//! the writing is done by the worker's spill thread (`spiller`) without the store's lock, and
+//! reading back by whoever needs the value, also without it ([`Store::locate`], [`read_spill`]).
+//! A value being written stays in memory, readable, until its file is complete. A spilled
+//! value comes back when a task here needs it (and stays in memory again,
+//! [`Store::unspilled`]), and is read from disk without coming back when a peer asks for it. A spill file is removed when its key is released, and the directory
 //! when the store is dropped. A spill file that is gone or does not check (a checksum over
 //! its bytes) is a [`SpillError`] for that key only: the worker reports the key lost and the
 //! scheduler finds or recomputes it.
@@ -31,6 +35,12 @@ pub enum SpillError {
         /// The error.
         source: std::io::Error,
     },
+    /// The value was released while a reader waited for it.
+    #[error("the value of {key} is no longer here")]
+    Gone {
+        /// The key.
+        key: Key,
+    },
     /// The file's bytes do not check or do not decode.
     #[error("the spill file of {key} is corrupt: {reason}")]
     Corrupt {
@@ -49,6 +59,8 @@ struct InMemory {
     used: u64,
     /// Its encoding failed once: it stays in memory.
     pinned: bool,
+    /// Its spill file is being written (it is out of `lru` meanwhile).
+    writing: bool,
 }
 
 struct OnDisk {
@@ -63,8 +75,16 @@ pub(crate) struct Store {
     /// Uses of values in memory, oldest first; an entry whose tick is not its value's last
     /// use is stale and skipped (amortised O(1) per use, compacted when mostly stale).
     lru: VecDeque<(u64, Key)>,
-    /// Values in memory that may be spilled (not pinned).
+    /// Values in memory that may be spilled (not pinned, not being written).
     spillable: usize,
+    /// Bytes of the values being written, and since when the oldest write has been going.
+    writing: u64,
+    write_started: Option<std::time::Instant>,
+    stall_told: bool,
+    /// The last write failed.
+    failing: bool,
+    /// The directory is gone (the worker is stopping): nothing more spills.
+    closed: bool,
     clock: u64,
     in_memory: u64,
     on_disk: u64,
@@ -88,6 +108,11 @@ impl Store {
             disk: FxHashMap::default(),
             lru: VecDeque::new(),
             spillable: 0,
+            writing: 0,
+            write_started: None,
+            stall_told: false,
+            failing: false,
+            closed: false,
             clock: 0,
             in_memory: 0,
             on_disk: 0,
@@ -129,13 +154,51 @@ impl Store {
         self.disk.len()
     }
 
-    /// Values that could still be spilled.
+    /// Values whose spilling would free memory: those that could be, and one being written,
+    /// unless that write has been going for [`STALLED_WRITE`] (a stalled disk frees nothing).
     pub fn spillable(&self) -> usize {
-        if self.dir.is_some() {
-            self.spillable
-        } else {
-            0
+        if self.dir.is_none() || self.stalled().is_some() {
+            return 0;
         }
+        self.spillable + usize::from(self.write_started.is_some())
+    }
+
+    /// Whether the store is so far over its target that new values should wait for the
+    /// spill thread: more than a tenth of the target over it, with spilling making progress
+    /// (something left to spill, the last write not failed, none stalled).
+    pub fn behind(&self) -> bool {
+        self.over_target()
+            && self.in_memory - self.writing > self.target
+            && !self.failing
+            && self.spillable() > 0
+    }
+
+    /// Whether values ever spill here (a directory and a target).
+    pub fn spillable_ever(&self) -> bool {
+        self.dir.is_some() && self.target > 0
+    }
+
+    /// The write in progress stalled (see [`Store::stalled`]), told once per write.
+    pub fn stall_to_tell(&mut self) -> Option<std::time::Duration> {
+        let d = self.stalled().filter(|_| !self.stall_told)?;
+        self.stall_told = true;
+        Some(d)
+    }
+
+    /// How long the write in progress has been going, when that is past [`STALLED_WRITE`].
+    pub fn stalled(&self) -> Option<std::time::Duration> {
+        self.write_started
+            .map(|t| t.elapsed())
+            .filter(|&d| d >= STALLED_WRITE)
+    }
+
+    /// Whether values should be spilled now: more bytes in memory than the target, counting
+    /// out those being written.
+    pub fn over_target(&self) -> bool {
+        self.dir.is_some()
+            && !self.closed
+            && self.target > 0
+            && self.in_memory - self.writing > self.target
     }
 
     /// Records a use (only where values may spill), compacting when most entries are stale.
@@ -170,48 +233,45 @@ impl Store {
                 nbytes,
                 used,
                 pinned: false,
+                writing: false,
             },
         );
         self.in_memory += nbytes;
-        self.spill_to_target();
     }
 
     /// Spills above `target` bytes in memory from now on (at least 1: a store that spills
-    /// keeps spilling), spilling at once down to it. A store that never spills stays so.
+    /// keeps spilling). A store that never spills stays so.
     pub fn set_target(&mut self, target: u64) {
         if self.target == 0 {
             return;
         }
         self.target = target.max(1);
-        self.spill_to_target();
     }
 
-    /// A value for a task here: from memory, or read back from disk (and kept in memory
-    /// again). `Ok(None)`: not here.
-    pub fn get(&mut self, k: &Key) -> Result<Option<Value>, SpillError> {
+    /// Where a task here finds `k`'s value, counting it as used: in memory, or a spill file
+    /// the task reads without the store's lock (then gives it back with
+    /// [`Store::unspilled`]).
+    pub fn use_value(&mut self, k: &Key) -> Located {
         if let Some(e) = self.memory.get_mut(k) {
             let used = self.clock + 1;
             self.clock = used;
             e.used = used;
-            let (pinned, value) = (e.pinned, e.value.clone());
-            if !pinned {
+            let (pinned, writing, value) = (e.pinned, e.writing, e.value.clone());
+            if !pinned && !writing {
                 self.note_use(used, *k);
             }
-            return Ok(Some(value));
+            return Located::Memory(value);
         }
-        let Some(v) = self.read_back(k)? else {
-            return Ok(None);
-        };
-        self.remove(k);
-        self.insert(*k, v.clone());
-        Ok(Some(v))
+        self.locate(k)
     }
 
-    /// A value for a peer: from memory, or read from disk (left there).
-    pub fn peek(&self, k: &Key) -> Result<Option<Value>, SpillError> {
-        match self.memory.get(k) {
-            Some(e) => Ok(Some(e.value.clone())),
-            None => self.read_back(k),
+    /// `k`'s value, read back from `path` for a task here, stays in memory again (its file
+    /// goes) if it is still the value spilled there and fits under the target; otherwise it
+    /// stays on disk (keeping it would only spill another value).
+    pub fn unspilled(&mut self, k: Key, path: &Path, value: Value) {
+        let fits = self.in_memory + value.nbytes() as u64 <= self.target;
+        if fits && self.spilled_at(&k, path) {
+            self.insert(k, value);
         }
     }
 
@@ -225,11 +285,13 @@ impl Store {
             .collect()
     }
 
-    /// Forgets a key (its spill file too).
+    /// Forgets a key (its spill file too; one being written goes when the write ends).
     pub fn remove(&mut self, k: &Key) {
         if let Some(e) = self.memory.remove(k) {
             self.in_memory -= e.nbytes;
-            if !e.pinned {
+            if e.writing {
+                self.writing -= e.nbytes;
+            } else if !e.pinned {
                 self.spillable -= 1;
             }
         }
@@ -241,28 +303,19 @@ impl Store {
         }
     }
 
-    /// Spills least-recently-used values until the bytes in memory are at most the target.
-    pub fn spill_to_target(&mut self) {
-        if self.target == 0 {
-            return;
+    /// The next value to spill, when the store is over its target: the least recently used
+    /// one that is not pinned, encoded, with the file to write it to. It stays in memory,
+    /// readable, until [`Store::spill_written`] takes the outcome. One write at a time.
+    pub fn next_spill(&mut self) -> Option<SpillJob> {
+        if !self.over_target() || self.write_started.is_some() {
+            return None;
         }
-        while self.in_memory > self.target {
-            if !self.spill_one() {
-                break;
-            }
-        }
-    }
-
-    /// Spills the least-recently-used value; false when none can be.
-    pub fn spill_one(&mut self) -> bool {
-        let Some(dir) = self.dir.clone() else {
-            return false;
-        };
+        let dir = self.dir.clone()?;
         while let Some((tick, k)) = self.lru.pop_front() {
             let Some(e) = self.memory.get_mut(&k) else {
                 continue; // stale: removed
             };
-            if e.used != tick || e.pinned {
+            if e.used != tick || e.pinned || e.writing {
                 continue; // stale: used since, or pinned
             }
             let payload = match Payload::from_value(&e.value) {
@@ -274,43 +327,84 @@ impl Store {
                     continue;
                 }
             };
-            self.files += 1;
-            let path = dir.join(format!("{}.spill", self.files));
-            if let Err(err) = write_spill(&path, &payload) {
-                tracing::warn!(key = %k, path = %path.display(), error = %err, "spilling failed: the value stays in memory");
-                let _ = std::fs::remove_file(&path);
-                e.pinned = true;
-                self.spillable -= 1;
-                continue;
-            }
-            let e = self.memory.remove(&k).expect("present");
-            self.in_memory -= e.nbytes;
+            e.writing = true;
             self.spillable -= 1;
-            self.on_disk += e.nbytes;
-            self.disk.insert(
-                k,
-                OnDisk {
-                    path,
-                    nbytes: e.nbytes,
-                },
-            );
-            return true;
+            self.writing += e.nbytes;
+            self.write_started = Some(std::time::Instant::now());
+            self.stall_told = false;
+            self.files += 1;
+            return Some(SpillJob {
+                key: k,
+                used: tick,
+                path: dir.join(format!("{}.spill", self.files)),
+                payload,
+            });
         }
-        false
+        None
     }
 
-    /// Removes the spill directory now (before the process exits without destructors).
+    /// Takes the outcome of writing `job`: the value leaves memory when its file is
+    /// complete and it is still the value written (not released, replaced or used since);
+    /// otherwise the file goes. A failed write leaves the value in memory, to be tried again.
+    pub fn spill_written(&mut self, job: SpillJob, written: std::io::Result<()>) -> Written {
+        self.write_started = None;
+        self.failing = written.is_err();
+        let SpillJob {
+            key, used, path, ..
+        } = job;
+        let current = self.memory.get_mut(&key).filter(|e| e.writing);
+        let Some(e) = current else {
+            remove_file(&key, &path);
+            return Written::Dropped;
+        };
+        e.writing = false;
+        self.writing -= e.nbytes;
+        self.spillable += 1;
+        let (nbytes, now_used) = (e.nbytes, e.used);
+        if let Err(err) = written {
+            remove_file(&key, &path);
+            let tick = self.tick();
+            self.memory.get_mut(&key).expect("present").used = tick;
+            self.note_use(tick, key);
+            return Written::Failed(err);
+        }
+        if self.closed || now_used != used {
+            // Used while it was written (it is recent again), or the store is closing.
+            remove_file(&key, &path);
+            self.note_use(now_used, key);
+            return Written::Dropped;
+        }
+        self.memory.remove(&key);
+        self.spillable -= 1;
+        self.in_memory -= nbytes;
+        self.on_disk += nbytes;
+        self.disk.insert(key, OnDisk { path, nbytes });
+        Written::Spilled
+    }
+
+    /// Spills down to the target here and now (what the spill thread does, for tests).
+    #[cfg(test)]
+    pub fn spill_to_target(&mut self) {
+        while let Some(job) = self.next_spill() {
+            let r = write_spill(&job.path, &job.payload);
+            if let Written::Failed(e) = self.spill_written(job, r) {
+                panic!("spilling failed: {e}");
+            }
+        }
+    }
+
+    /// Removes the spill directory now (before the process exits without destructors);
+    /// nothing spills after.
     pub fn clear_disk(&mut self) {
+        self.closed = true;
         if let Some(d) = &self.dir {
             let _ = std::fs::remove_dir_all(d);
         }
     }
 
-    fn read_back(&self, k: &Key) -> Result<Option<Value>, SpillError> {
-        match self.disk.get(k) {
-            Some(d) => read_spill(k, &d.path).map(Some),
-            None => Ok(None),
-        }
+    /// Whether the store is closed ([`Store::clear_disk`]).
+    pub fn closed(&self) -> bool {
+        self.closed
     }
 
     /// Where `k`'s value is, for a reader that reads a spilled one without holding the store
@@ -329,6 +423,45 @@ impl Store {
     /// not a key released meanwhile).
     pub fn spilled_at(&self, k: &Key, path: &Path) -> bool {
         self.disk.get(k).is_some_and(|d| d.path == path)
+    }
+}
+
+/// A value to write to its spill file ([`Store::next_spill`]).
+pub(crate) struct SpillJob {
+    pub key: Key,
+    /// Its last use when it was picked.
+    used: u64,
+    pub path: PathBuf,
+    pub payload: Payload,
+}
+
+impl SpillJob {
+    /// Writes the file (blocking; without the store's lock).
+    pub fn write(&self) -> std::io::Result<()> {
+        write_spill(&self.path, &self.payload)
+    }
+}
+
+/// What became of a [`SpillJob`].
+#[derive(Debug)]
+pub(crate) enum Written {
+    /// The value is on disk now.
+    Spilled,
+    /// The value changed meanwhile (released, replaced or used): it was not spilled.
+    Dropped,
+    /// The file could not be written: the value stays in memory.
+    Failed(std::io::Error),
+}
+
+/// A write to the spill directory going for this long is stalled: spilling no longer counts
+/// as a way to free memory (the worker resumes from a pause and warns).
+pub const STALLED_WRITE: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn remove_file(k: &Key, path: &Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::debug!(key = %k, error = %e, "removing a spill file");
+        }
     }
 }
 
@@ -491,6 +624,29 @@ mod tests {
         Value::new(Bytes::from(vec![i; 1000]))
     }
 
+    /// What a task's thread does: the value, read back and kept in memory if it was spilled.
+    fn get(s: &mut Store, k: &Key) -> Result<Option<Value>, SpillError> {
+        match s.use_value(k) {
+            Located::Memory(v) => Ok(Some(v)),
+            Located::Absent => Ok(None),
+            Located::Disk(path) => {
+                let v = read_spill(k, &path)?;
+                s.unspilled(*k, &path, v.clone());
+                s.spill_to_target();
+                Ok(Some(v))
+            }
+        }
+    }
+
+    /// What a peer's read does: the value, left on disk if it was spilled.
+    fn peek(s: &Store, k: &Key) -> Result<Option<Value>, SpillError> {
+        match s.locate(k) {
+            Located::Memory(v) => Ok(Some(v)),
+            Located::Absent => Ok(None),
+            Located::Disk(path) => read_spill(k, &path).map(Some),
+        }
+    }
+
     fn bytes_of(v: &Value) -> Vec<u8> {
         v.downcast_ref::<Bytes>().unwrap().to_vec()
     }
@@ -518,15 +674,30 @@ mod tests {
         for i in 0..3 {
             s.insert(k(i), val(i as u8));
         }
+        assert!(s.over_target());
+        s.spill_to_target();
+        assert!(!s.over_target());
         // 3000 bytes > 2500: the oldest went to disk.
         assert_eq!((s.memory_bytes(), s.disk_bytes()), (2000, 1000));
         assert_eq!(s.spilled_keys(), 1);
         assert!(s.contains(&k(0)));
-        // Used now: k(1) is the oldest in memory; reading k(0) back spills it.
-        assert_eq!(bytes_of(&s.get(&k(0)).unwrap().unwrap()), vec![0; 1000]);
+        // Read back with no room under the target: it stays on disk.
+        assert_eq!(
+            bytes_of(&get(&mut s, &k(0)).unwrap().unwrap()),
+            vec![0; 1000]
+        );
+        assert!(s.disk.contains_key(&k(0)));
+        // With room, it comes back (its file goes), and k(1), the oldest now, spills.
+        s.set_target(3000);
+        assert_eq!(
+            bytes_of(&get(&mut s, &k(0)).unwrap().unwrap()),
+            vec![0; 1000]
+        );
+        s.set_target(2500);
+        s.spill_to_target();
         assert!(s.memory.contains_key(&k(0)) && s.disk.contains_key(&k(1)));
         // A peer's read leaves the value on disk.
-        assert_eq!(bytes_of(&s.peek(&k(1)).unwrap().unwrap()), vec![1; 1000]);
+        assert_eq!(bytes_of(&peek(&s, &k(1)).unwrap().unwrap()), vec![1; 1000]);
         assert!(s.disk.contains_key(&k(1)));
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
         s.remove(&k(1));
@@ -535,7 +706,7 @@ mod tests {
             0,
             "released: file gone"
         );
-        assert!(s.get(&k(9)).unwrap().is_none());
+        assert!(get(&mut s, &k(9)).unwrap().is_none());
         drop(s);
         assert!(!d.exists(), "the directory goes with the store");
     }
@@ -549,14 +720,17 @@ mod tests {
         }
         assert_eq!(s.memory_bytes(), 4000);
         s.set_target(1500);
+        s.spill_to_target();
         assert_eq!((s.memory_bytes(), s.disk_bytes()), (1000, 3000));
         s.insert(k(4), val(4));
+        s.spill_to_target();
         assert_eq!(
             s.memory_bytes(),
             1000,
             "inserts spill down to the new target"
         );
         s.set_target(0);
+        s.spill_to_target();
         assert_eq!(
             s.memory_bytes(),
             0,
@@ -565,6 +739,7 @@ mod tests {
         let mut never = Store::in_memory_only();
         never.set_target(10);
         never.insert(k(0), val(0));
+        assert!(!never.over_target() && never.next_spill().is_none());
         assert_eq!(
             never.memory_bytes(),
             1000,
@@ -578,6 +753,7 @@ mod tests {
         let mut s = Store::new(Some(d.clone()), 1).unwrap();
         s.insert(k(0), val(7));
         s.insert(k(1), val(8));
+        s.spill_to_target();
         assert_eq!(s.spilled_keys(), 2);
         let path0 = s.disk[&k(0)].path.clone();
         let mut bytes = std::fs::read(&path0).unwrap();
@@ -585,10 +761,16 @@ mod tests {
         bytes[last] ^= 1;
         std::fs::write(&path0, bytes).unwrap();
         std::fs::remove_file(&s.disk[&k(1)].path).unwrap();
-        assert!(matches!(s.get(&k(0)), Err(SpillError::Corrupt { .. })));
-        assert!(matches!(s.peek(&k(1)), Err(SpillError::Io { .. })));
+        assert!(matches!(
+            get(&mut s, &k(0)),
+            Err(SpillError::Corrupt { .. })
+        ));
+        assert!(matches!(peek(&s, &k(1)), Err(SpillError::Io { .. })));
         std::fs::write(&path0, b"short").unwrap();
-        assert!(matches!(s.get(&k(0)), Err(SpillError::Corrupt { .. })));
+        assert!(matches!(
+            get(&mut s, &k(0)),
+            Err(SpillError::Corrupt { .. })
+        ));
         s.remove(&k(0));
         s.remove(&k(1));
         assert_eq!((s.memory_bytes(), s.disk_bytes()), (0, 0));
@@ -614,8 +796,95 @@ mod tests {
         }
         let mut s = Store::new(Some(dir("opaque")), 100).unwrap();
         s.insert(k(0), Value::new(Opaque));
+        s.spill_to_target();
         assert_eq!((s.memory_bytes(), s.spilled_keys()), (5000, 0));
         assert_eq!(s.spillable(), 0);
-        assert!(s.get(&k(0)).unwrap().is_some());
+        assert!(get(&mut s, &k(0)).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_value_being_written_stays_readable_and_a_change_meanwhile_keeps_it_in_memory() {
+        let d = dir("writing");
+        let mut s = Store::new(Some(d.clone()), 1500).unwrap();
+        s.insert(k(0), val(0));
+        s.insert(k(1), val(1));
+        let job = s.next_spill().expect("over target");
+        assert_eq!(job.key, k(0), "the least recently used");
+        assert!(s.next_spill().is_none(), "one write at a time");
+        assert!(!s.over_target(), "the bytes being written count out");
+        assert_eq!(s.spillable(), 2, "one free to spill, one being written");
+        // Readable while written, and reading it makes it recent: the spill is dropped.
+        assert!(matches!(s.use_value(&k(0)), Located::Memory(_)));
+        let r = job.write();
+        assert!(matches!(s.spill_written(job, r), Written::Dropped));
+        assert_eq!((s.memory_bytes(), s.disk_bytes()), (2000, 0));
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0, "its file went");
+        // Now k(1) is the oldest; released while written: its file goes too.
+        let job = s.next_spill().unwrap();
+        assert_eq!(job.key, k(1));
+        s.remove(&k(1));
+        let r = job.write();
+        assert!(matches!(s.spill_written(job, r), Written::Dropped));
+        assert_eq!((s.memory_bytes(), s.disk_bytes()), (1000, 0));
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
+        assert!(s.next_spill().is_none(), "at the target now");
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_value_in_memory_to_be_tried_again() {
+        let mut s = Store::new(Some(dir("failed")), 500).unwrap();
+        s.insert(k(0), val(0));
+        let job = s.next_spill().unwrap();
+        let failed = Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        assert!(matches!(s.spill_written(job, failed), Written::Failed(_)));
+        assert_eq!((s.memory_bytes(), s.disk_bytes()), (1000, 0));
+        assert!(s.over_target());
+        s.spill_to_target();
+        assert_eq!((s.memory_bytes(), s.disk_bytes()), (0, 1000), "tried again");
+    }
+
+    #[test]
+    fn a_stalled_write_no_longer_counts_as_a_way_to_free_memory() {
+        let mut s = Store::new(Some(dir("stalled")), 500).unwrap();
+        s.insert(k(0), val(0));
+        s.insert(k(1), val(1));
+        let job = s.next_spill().unwrap();
+        assert_eq!(s.spillable(), 2);
+        assert!(s.stall_to_tell().is_none());
+        s.write_started = Some(std::time::Instant::now() - STALLED_WRITE);
+        assert_eq!(s.spillable(), 0);
+        assert!(s.stall_to_tell().is_some());
+        assert!(s.stall_to_tell().is_none(), "told once");
+        let r = job.write();
+        assert!(matches!(s.spill_written(job, r), Written::Spilled));
+        assert_eq!(s.spillable(), 1);
+    }
+
+    #[test]
+    fn a_task_reading_back_a_value_keeps_it_only_if_it_is_still_that_file_and_fits() {
+        let mut s = Store::new(Some(dir("unspill")), 1).unwrap();
+        s.insert(k(0), val(0));
+        s.spill_to_target();
+        let Located::Disk(path) = s.use_value(&k(0)) else {
+            panic!("spilled")
+        };
+        let v = read_spill(&k(0), &path).unwrap();
+        s.remove(&k(0));
+        s.unspilled(k(0), &path, v.clone());
+        assert!(!s.contains(&k(0)), "released meanwhile: not brought back");
+        s.insert(k(0), val(0));
+        s.spill_to_target();
+        let Located::Disk(path) = s.locate(&k(0)) else {
+            panic!("spilled")
+        };
+        s.unspilled(k(0), &path, v.clone());
+        assert!(
+            matches!(s.locate(&k(0)), Located::Disk(_)),
+            "no room: left on disk"
+        );
+        s.set_target(1000);
+        s.unspilled(k(0), &path, v);
+        assert!(matches!(s.locate(&k(0)), Located::Memory(_)));
+        assert!(!path.exists(), "its file went");
     }
 }
