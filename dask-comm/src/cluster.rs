@@ -117,6 +117,9 @@ pub struct ClusterOptions {
     /// Serve the scheduler's dashboard (`None`: no dashboard; see
     /// [`LocalCluster::dashboard_address`]).
     pub dashboard: Option<crate::dashboard::At>,
+    /// Environment variables for the worker processes, on top of this process's (UCX's
+    /// `UCX_*` settings, `RUST_LOG`, ...).
+    pub worker_env: Vec<(String, String)>,
 }
 
 impl Default for ClusterOptions {
@@ -131,6 +134,7 @@ impl Default for ClusterOptions {
             restart: true,
             scheduler: Config::default(),
             dashboard: None,
+            worker_env: Vec::new(),
         }
     }
 }
@@ -362,6 +366,14 @@ pub fn run_if_worker() {
     if std::env::var_os(ENV_ROLE).is_none() {
         return;
     }
+    // A worker's warnings (a stalled spill directory, refused connections, …) go to its
+    // standard error, which it shares with the cluster's process; `RUST_LOG` tunes them.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     let r = worker_from_env();
     if let Err(e) = &r {
         eprintln!("dask-comm worker: {e}");
@@ -506,6 +518,11 @@ impl LocalCluster {
                 (ENV_LOCAL_DIR.into(), local_dir.clone().into()),
                 (ENV_PARENT.into(), std::process::id().to_string().into()),
             ];
+            env.extend(
+                opts.worker_env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), std::ffi::OsString::from(v))),
+            );
             let mut dirs = vec![local_dir.clone()];
             if let Some(dir) = &tls_dir {
                 env.push((crate::net::ENV_TLS_DIR.into(), dir.0.clone().into()));

@@ -251,10 +251,12 @@ impl Queued {
 /// The next connection on `listener` (named `what` in logs). An accept that fails for a reason
 /// that may pass (out of descriptors or memory, say) is tried again after a wait, 10 ms doubled
 /// on each failure in a row up to 1 s, rather than end the loop or spin on the error; only a
-/// closed listener ends it.
+/// closed listener ends it. Out of descriptors, `full` is called first: when it freed some
+/// (true), the next try comes after the shortest wait.
 pub(crate) async fn accept(
     listener: &mut transport::Listener,
     what: &str,
+    full: &mut (dyn FnMut() -> bool + Send),
 ) -> std::result::Result<Connection, transport::TransportError> {
     const FIRST: std::time::Duration = std::time::Duration::from_millis(10);
     const LONGEST: std::time::Duration = std::time::Duration::from_secs(1);
@@ -267,12 +269,21 @@ pub(crate) async fn accept(
                 return Err(e);
             }
             Err(e) => {
+                if out_of_descriptors(&e) && full() {
+                    backoff = FIRST;
+                }
                 tracing::warn!(error = %e, ?backoff, "{what}: accepting a connection failed, retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(LONGEST);
             }
         }
     }
+}
+
+/// Whether `e` says the process (or the system) is out of file descriptors.
+fn out_of_descriptors(e: &transport::TransportError) -> bool {
+    matches!(e, transport::TransportError::Io(io)
+        if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)))
 }
 
 const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);

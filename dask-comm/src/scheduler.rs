@@ -186,7 +186,7 @@ impl SchedulerServer {
         let accept_events = events.clone();
         let accept_secret = secret.clone();
         let acceptor = tokio::spawn(async move {
-            while let Ok(conn) = net::accept(&mut listener, "the scheduler").await {
+            while let Ok(conn) = net::accept(&mut listener, "the scheduler", &mut || false).await {
                 let (events, secret) = (accept_events.clone(), accept_secret.clone());
                 tokio::spawn(async move {
                     let peer = conn.peer_addr().clone();
@@ -566,7 +566,8 @@ fn handle(
             workers.insert(id, peer);
         }
         Event::Joined(conn, Hello::Data { .. }) => {
-            tracing::warn!(peer = %conn.peer_addr(), "a data connection to the scheduler: refused");
+            // A worker checking that its scheduler lives (or a misdirected peer).
+            tracing::info!(peer = %conn.peer_addr(), "a data connection to the scheduler: closed");
             tokio::spawn(async move { conn.close().await });
         }
         Event::Client(c, msgs) => {

@@ -142,6 +142,15 @@ fn freeze_trials() -> usize {
         .unwrap_or(10)
 }
 
+/// Trials per starvation drill (`stalled_spill`, `fd_limit`) and protocol:
+/// `DASK_COMM_STARVE_TRIALS` (CI runs 5; the figures in `docs/resilience.md` are from 50).
+fn starve_trials() -> usize {
+    std::env::var("DASK_COMM_STARVE_TRIALS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(5)
+}
+
 /// The protocols the freeze drills run over: `DASK_COMM_FREEZE_PROTOCOLS` (`tcp,ucx` unless
 /// told).
 fn freeze_protocols() -> Vec<dask_comm::Protocol> {
@@ -154,6 +163,74 @@ fn freeze_protocols() -> Vec<dask_comm::Protocol> {
 
 /// Workers stopped with SIGSTOP mid-computation, over tcp:// and ucx://: removed after the
 /// heartbeat timeout, the answer exact, the thawed process exits (removed) and is replaced.
+/// A worker whose spill directory stalls (its next spill file a FIFO no one reads) while it
+/// holds more than its target, over tcp:// and ucx://: the answer exact, the worker not
+/// removed (its runtime, heartbeats and data server do not wait for the disk).
+fn stalled_spill() {
+    for protocol in freeze_protocols() {
+        let trials = starve_trials();
+        let r = drills::stalled_spill(
+            protocol,
+            trials,
+            96 << 20,
+            1 << 20,
+            13,
+            Duration::from_secs(120),
+        )
+        .unwrap();
+        println!(
+            "  {protocol:?}: {} trials, undisturbed {:.2} s, memory exits {}",
+            r.trials,
+            r.undisturbed.as_secs_f64(),
+            r.memory_exits
+        );
+        println!(
+            "    spill thread blocked after the persist: {}",
+            r.stalled_after
+        );
+        println!("    answer after the stall:                 {}", r.answered);
+        assert_eq!(r.trials, trials);
+        assert_eq!(r.removed_while_stalled, 0, "no stalled worker was removed");
+    }
+}
+
+/// A worker's descriptor limit filled by a flood of connections to its data server during a
+/// shuffle, over tcp:// and ucx://: the answer exact, no worker lost, and the data server
+/// admits a new connection with the flood still there (or the worker, its transport broken,
+/// was replaced: UCX's listener does not survive `EMFILE`).
+fn fd_limit() {
+    for protocol in freeze_protocols() {
+        let trials = starve_trials();
+        let r = drills::fd_limit(
+            protocol,
+            drills::FdLimitDrill {
+                trials,
+                inputs: 24,
+                parts: 24,
+                headroom: 8,
+                flood: 64,
+                hold: Duration::from_secs(1),
+            },
+            17,
+            Duration::from_secs(120),
+        )
+        .unwrap();
+        println!(
+            "  {protocol:?}: {} trials ({} with the descriptor table full), {} victims replaced, shuffle restarts {}, undisturbed {:.2} s",
+            r.trials,
+            r.filled,
+            r.replaced,
+            r.shuffle_restarts,
+            r.undisturbed.as_secs_f64()
+        );
+        println!("    answer after the flood:          {}", r.answered);
+        println!("    new connection under the flood:  {}", r.recovered);
+        assert_eq!(r.trials, trials);
+        assert_eq!(r.filled, trials, "every flood filled the table");
+        assert_eq!(r.removed, 0, "no flooded worker was removed");
+    }
+}
+
 fn freeze_worker() {
     let timeout = Duration::from_secs(2);
     for protocol in freeze_protocols() {
@@ -278,6 +355,16 @@ fn main() {
             "freeze_scheduler",
             "schedulers stopped with SIGSTOP, 10 trials per protocol",
             freeze_scheduler,
+        )
+        .drill(
+            "stalled_spill",
+            "spill directories stalled under memory pressure, 5 trials per protocol",
+            stalled_spill,
+        )
+        .drill(
+            "fd_limit",
+            "data servers flooded to their descriptor limit mid-shuffle, 5 trials per protocol",
+            fd_limit,
         )
         .drill(
             "shuffle_chaos",

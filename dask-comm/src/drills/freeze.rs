@@ -573,7 +573,7 @@ impl Drop for Reaped {
 }
 
 /// Polls `done` every 10 ms until it holds (returns when) or `limit` passes (an error).
-fn wait_for(limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<Instant> {
+pub(super) fn wait_for(limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<Instant> {
     let deadline = Instant::now() + limit;
     loop {
         if done()? {
@@ -586,7 +586,7 @@ fn wait_for(limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<I
     }
 }
 
-fn signal(pid: u32, sig: libc::c_int) -> Result<()> {
+pub(super) fn signal(pid: u32, sig: libc::c_int) -> Result<()> {
     // SAFETY: kill only sends a signal to another process; no memory is shared.
     if unsafe { libc::kill(pid as libc::pid_t, sig) } == 0 {
         Ok(())

@@ -20,6 +20,8 @@ pub use freeze::{
     freeze_client, freeze_scheduler, freeze_worker, run_cli_if_asked, run_client_if_asked,
     FreezeClientReport, FreezeSchedulerReport, FreezeWorkerReport, Times,
 };
+mod starve;
+pub use starve::{fd_limit, stalled_spill, FdLimitDrill, FdLimitReport, StalledSpillReport};
 mod shuffle;
 pub use shuffle::{
     blob_shuffle_graph, shuffle_chaos, shuffle_graph, shuffle_throughput, ShuffleChaosReport,

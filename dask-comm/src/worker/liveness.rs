@@ -57,6 +57,41 @@ pub(super) async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) -> Op
     }
 }
 
+/// What a worker whose scheduler connection failed makes of it: whether the scheduler may
+/// live (this worker was cut off on its side: out of descriptors, its transport broken) or
+/// is gone. The probe is a plain TCP connection to the scheduler's port (`ucx://` and
+/// `tls://` listen on TCP too), which the scheduler's kernel answers whatever state this
+/// process's transport is in: refused (nothing listens: the scheduler is gone) or timed out
+/// (the host or the network is gone) means gone; connected means it lives; any other error
+/// is this side's (no descriptor to connect with), and the scheduler may live.
+pub(super) async fn scheduler_may_live(address: &transport::Address) -> bool {
+    let (host, port) = match address {
+        transport::Address::Tcp { host, port }
+        | transport::Address::Tls { host, port }
+        | transport::Address::Ucx { host, port } => (host.clone(), *port),
+        transport::Address::Inproc(_) => return false,
+    };
+    let probe = tokio::net::TcpStream::connect((host.as_str(), port));
+    match tokio::time::timeout(PROBE_LIMIT, probe).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            tracing::info!(%address, "the scheduler's port refuses connections: it is gone");
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(%address, error = %e, "probing the scheduler failed on this side");
+            true
+        }
+        Err(_) => {
+            tracing::info!(%address, "the scheduler's port does not answer: it is gone");
+            false
+        }
+    }
+}
+
+/// How long a probe of the scheduler ([`scheduler_may_live`]) waits.
+pub(super) const PROBE_LIMIT: Duration = Duration::from_secs(3);
+
 /// How long a worker that lost its scheduler connection waits for the messages still on
 /// their way in.
 pub(super) const LAST_WORD: Duration = Duration::from_secs(1);
@@ -65,11 +100,14 @@ pub(super) const LAST_WORD: Duration = Duration::from_secs(1);
 pub(super) const PARENT_CHECK: Duration = Duration::from_millis(250);
 
 /// A worker process's exit code when the scheduler removed it (it was silent past the
-/// heartbeat timeout: stopped, swapping, partitioned): its supervisor (`LocalCluster`, the
-/// nanny, a launcher's rank) starts it again.
+/// heartbeat timeout: stopped, swapping, partitioned), or its scheduler connection failed
+/// while the scheduler still answers new ones (cut off on this side: out of descriptors, a
+/// transport failure): its supervisor (`LocalCluster`, the nanny, a launcher's rank) starts
+/// it again.
 pub const EXIT_REMOVED: i32 = 76;
 /// A worker process's exit code when it lost its scheduler (silent past the scheduler
-/// timeout, or its connection failed): not restarted, there is nothing to join.
+/// timeout, or its connection failed and a new one is not answered): not restarted, there
+/// is nothing to join.
 pub const EXIT_SCHEDULER_LOST: i32 = 77;
 
 /// The exit code for a worker that ended with `r`.

@@ -234,6 +234,9 @@ struct Worker {
     cpu_at: (f64, Instant),
     /// See [`WorkerOptions::scheduler_timeout`].
     scheduler_timeout: Duration,
+    /// The scheduler's address (to tell a lost scheduler from a lost connection,
+    /// [`liveness::scheduler_may_live`]).
+    scheduler: transport::Address,
     /// See [`WorkerOptions::parent`].
     parent: Option<u32>,
     /// See [`WorkerOptions::handle_signals`].
@@ -298,6 +301,7 @@ impl Worker {
             fetches: VecDeque::new(),
             cpu_at: (memory::cpu_seconds(), Instant::now()),
             scheduler_timeout: opts.scheduler_timeout,
+            scheduler: opts.scheduler.clone(),
             parent: opts.parent,
             handle_signals: opts.handle_signals,
             beat: None,
@@ -347,6 +351,7 @@ impl Worker {
         let mut memory_tick = tokio::time::interval(Duration::from_millis(100));
         memory_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut memory_watch = MemoryWatch::default();
+        let mut connection_failed = false;
         let result = loop {
             tokio::select! {
                 msgs = scheduler_rx.recv() => match msgs {
@@ -370,10 +375,13 @@ impl Worker {
                             transport::CloseReason::Local,
                         )) => Ok(()),
                         // Failed, reset or refused (the scheduler was killed, the network
-                        // broke): lost, not restarted.
-                        Error::Transport(t) => Err(Error::Disconnected(format!(
-                            "the scheduler connection failed: {t}"
-                        ))),
+                        // broke): lost, not restarted, unless the scheduler may live (below).
+                        Error::Transport(t) => {
+                            connection_failed = true;
+                            Err(Error::Disconnected(format!(
+                                "the scheduler connection failed: {t}"
+                            )))
+                        }
                         e => Err(e),
                     },
                     None => break Ok(()),
@@ -461,6 +469,21 @@ impl Worker {
             Err(Error::Disconnected(why)) => last_word(&mut scheduler_rx)
                 .await
                 .unwrap_or(Err(Error::Disconnected(why))),
+            r => r,
+        };
+        // A connection can fail on this side alone (out of descriptors, its transport
+        // broken): if the scheduler may live, this worker was only cut off, and starts
+        // afresh rather than leave the cluster for good. (Silence is not probed: a stopped
+        // scheduler's kernel still accepts connections.)
+        let result = match result {
+            Err(Error::Disconnected(why))
+                if connection_failed && liveness::scheduler_may_live(&self.scheduler).await =>
+            {
+                tracing::error!(%why, "the scheduler connection failed but the scheduler may live: the worker exits to be started afresh");
+                Err(Error::Removed(format!(
+                    "{why}; the scheduler's port still answers: cut off, not lost"
+                )))
+            }
             r => r,
         };
         reader.abort();

@@ -2,7 +2,10 @@
 //! from the store (values asked for), into it (values a client puts) and into the shuffle
 //! service (pieces a peer delivers).
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use dask_graph::Key;
 use tokio::sync::mpsc;
@@ -14,6 +17,11 @@ use crate::protocol::{DataMsg, Hello, Payload};
 use crate::security::Secret;
 
 /// Serves data connections on `listener` until it closes; says why it ended.
+///
+/// A connection holds a descriptor from its accept; one that has not passed the secret
+/// challenge within [`SHED_AFTER`] when the process runs out of descriptors is closed, so
+/// that a burst of silent connections (a flood, peers that hung) does not keep the workers'
+/// own connections waiting for the challenge's 10 s limit each.
 pub(super) async fn serve(
     mut listener: transport::Listener,
     store: Store,
@@ -22,22 +30,71 @@ pub(super) async fn serve(
     shuffles: Arc<shuffle::Shuffles>,
 ) -> String {
     let transfers = Arc::new(tokio::sync::Semaphore::new(TRANSFERS));
+    // Connections not yet admitted, oldest first.
+    let mut admitting: VecDeque<Admitting> = VecDeque::new();
     loop {
-        match net::accept(&mut listener, "the data server").await {
+        let mut shed = || {
+            let mut closed = 0;
+            while admitting
+                .front()
+                .is_some_and(|a| a.since.elapsed() >= SHED_AFTER || a.done())
+            {
+                let a = admitting.pop_front().expect("checked above");
+                if !a.done() {
+                    a.task.abort();
+                    closed += 1;
+                }
+            }
+            if closed > 0 {
+                tracing::warn!(
+                    closed,
+                    "out of descriptors: closed connections still short of the challenge"
+                );
+            }
+            closed > 0
+        };
+        match net::accept(&mut listener, "the data server", &mut shed).await {
             Ok(conn) => {
-                tokio::spawn(serve_data(
+                while admitting.front().is_some_and(Admitting::done) {
+                    admitting.pop_front();
+                }
+                let admitted = Arc::new(AtomicBool::new(false));
+                let task = tokio::spawn(serve_data(
                     conn,
                     Arc::clone(&store),
                     secret.clone(),
                     lost.clone(),
                     Arc::clone(&shuffles),
                     Arc::clone(&transfers),
+                    Arc::clone(&admitted),
                 ));
+                admitting.push_back(Admitting {
+                    since: Instant::now(),
+                    task: task.abort_handle(),
+                    admitted,
+                });
             }
             Err(e) => return format!("the data server's listener closed: {e}"),
         }
     }
 }
+
+/// A connection served, from its accept until it is admitted.
+struct Admitting {
+    since: Instant,
+    task: tokio::task::AbortHandle,
+    admitted: Arc<AtomicBool>,
+}
+
+impl Admitting {
+    fn done(&self) -> bool {
+        self.admitted.load(Ordering::Relaxed) || self.task.is_finished()
+    }
+}
+
+/// A connection still short of the challenge this long when descriptors run out is closed.
+/// (The challenge takes a round trip or two; a loaded host, a few hundred milliseconds.)
+const SHED_AFTER: Duration = Duration::from_millis(250);
 
 /// Requests a data server answers at once (Dask's `distributed.worker.connections.incoming`).
 const TRANSFERS: usize = 10;
@@ -50,10 +107,11 @@ pub(super) async fn serve_data(
     lost: mpsc::UnboundedSender<Key>,
     shuffles: Arc<shuffle::Shuffles>,
     transfers: Arc<tokio::sync::Semaphore>,
+    admitted: Arc<AtomicBool>,
 ) {
     let peer = conn.peer_addr().clone();
     match net::admit(&conn, &secret).await {
-        Ok(Hello::Data { .. }) => {}
+        Ok(Hello::Data { .. }) => admitted.store(true, Ordering::Relaxed),
         Ok(other) => {
             tracing::warn!(%peer, ?other, "not a data connection: closed");
             let _ = conn.close().await;

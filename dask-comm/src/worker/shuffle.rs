@@ -220,6 +220,12 @@ impl Shuffles {
     }
 }
 
+/// Connects to a peer this many times before its pieces count as undeliverable, pausing
+/// [`DIAL_RETRY_FIRST`] doubled each time up to [`DIAL_RETRY_MAX`] (about 5 s in all).
+const DIAL_TRIES: u32 = 6;
+const DIAL_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(150);
+const DIAL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Sends `batches` (each one `Put`) to `address` one after another, each acknowledged before
 /// the next; the connection is kept for the next transfer unless something failed.
 async fn deliver(
@@ -238,9 +244,23 @@ async fn deliver(
         None => {
             let addr: Address = address.parse().map_err(|e| format!("{e}"))?;
             tracing::debug!(peer = %address, "shuffle connection");
-            net::dial(&addr, &secret, Hello::Data { name: me })
-                .await
-                .map_err(|e| e.to_string())?
+            // Nothing is sent before the connection is up, so a failed connect is tried
+            // again (a peer, or this process, briefly out of descriptors), as Dask's P2P
+            // retries its sends, rather than restart the whole shuffle at once.
+            let mut pause = DIAL_RETRY_FIRST;
+            let mut tries = 1;
+            loop {
+                match net::dial(&addr, &secret, Hello::Data { name: me.clone() }).await {
+                    Ok(c) => break c,
+                    Err(e) if tries < DIAL_TRIES => {
+                        tracing::warn!(peer = %address, error = %e, ?pause, "shuffle connection failed: trying again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(DIAL_RETRY_MAX);
+                        tries += 1;
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
         }
     };
     for values in batches {
