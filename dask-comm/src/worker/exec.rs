@@ -210,8 +210,8 @@ fn run(
             }
         };
         let (key, attempt) = (job.key, job.attempt);
-        let t0 = Instant::now();
         super::spiller::wait_for_room(store);
+        let t0 = Instant::now();
         let result = match read_inputs(store, std::mem::take(&mut job.inputs)) {
             Ok(inputs) => Outcome::Ran(execute(&job, &inputs)),
             Err((dep, e)) => Outcome::InputLost(dep, e),
@@ -234,9 +234,9 @@ fn run(
     }
 }
 
-/// The inputs' values, spilled ones read back (and kept in memory again). An input whose
-/// file cannot be read is looked up again (another task may have read it back meanwhile)
-/// and, if it is still that file's, is lost: the store forgets it.
+/// The inputs' values, spilled ones read back (and kept in memory again if they fit). An
+/// input whose file cannot be read is looked up again (another task may have read it back
+/// meanwhile) and, if it is still that file's, is lost: the store forgets it.
 fn read_inputs(
     store: &Store,
     inputs: FxHashMap<Key, Located>,
@@ -258,8 +258,11 @@ fn read_inputs(
                     }
                     Err(e) => {
                         let mut s = lock(store);
-                        if s.spilled_at(&k, &path) || turns >= 4 {
+                        if s.spilled_at(&k, &path) {
                             s.remove(&k);
+                            return Err((k, e));
+                        }
+                        if turns >= 4 {
                             return Err((k, e));
                         }
                         at = s.use_value(&k);

@@ -12,9 +12,10 @@
 //! started (work stealing) and ask for copies of values (a retiring worker's).
 //!
 //! A task whose inputs are all here waits in a queue of its own, by priority, until the
-//! threads can take it. A task handed to the threads holds its inputs' values, read back from
-//! disk if they were spilled: the scheduler may send hundreds of tasks at once, and reading
-//! all their inputs back would take the worker past its limit. So a task whose inputs must be
+//! threads can take it. A task handed to the threads reads its spilled inputs back when it
+//! starts (on its thread, see [`exec`]) and holds them while it runs: the scheduler may send
+//! hundreds of tasks at once, and reading all their inputs back would take the worker past
+//! its limit. So a task whose inputs must be
 //! read back goes to the threads only while the tasks there hold less than
 //! 1/[`READ_BACK_SHARE`] of the memory limit in values read back (or fewer tasks are there
 //! than threads); a task whose inputs are all in memory goes at once.
@@ -24,6 +25,7 @@ pub(crate) mod fetch;
 mod liveness;
 pub mod memory;
 mod options;
+mod pressure;
 mod serve;
 pub mod shuffle;
 mod spiller;
@@ -53,27 +55,15 @@ pub use liveness::{
     EXIT_SCHEDULER_LOST,
 };
 use liveness::{last_word, recv, LAST_WORD, PARENT_CHECK};
-use memory::{Limits, Verdict};
+use memory::Limits;
 pub use options::WorkerOptions;
 
 /// Tasks handed to the threads (queued there or running) hold at most this fraction of the
 /// memory limit in values read back from disk, beyond one task per thread.
 pub const READ_BACK_SHARE: u64 = 10;
 
+use pressure::MemoryWatch;
 pub(crate) use spiller::{lock, Store};
-
-/// Past `terminate`, how long the spill thread has to bring memory down before the worker
-/// exits (when it has values left to write).
-pub const TERMINATE_GRACE: Duration = Duration::from_secs(1);
-
-/// What the memory check remembers between checks.
-#[derive(Default)]
-struct MemoryWatch {
-    /// Paused with nothing to spill and nothing running, since.
-    stuck_since: Option<Instant>,
-    /// Past `terminate` with values left to spill, since.
-    terminate_since: Option<Instant>,
-}
 
 /// A task the scheduler sent, not yet finished.
 struct Pending {
@@ -828,86 +818,6 @@ impl Worker {
             cpu_milli,
             fetches,
         }
-    }
-
-    /// The memory check (see [`memory`]): spill past `spill`, pause past `pause`, exit past
-    /// `terminate`. Spilling is the spill thread's (see [`spiller`]): this sets the store's
-    /// target and wakes it; past `terminate` while it still has values to write, the worker
-    /// gives it [`TERMINATE_GRACE`] before exiting.
-    fn check_memory(&mut self, watch: &mut MemoryWatch) -> Result<()> {
-        let mut rss = memory::rss();
-        if rss > self.limits.spill() {
-            // Values read back for tasks, and those spilled, were freed on other threads:
-            // hand their memory back before judging.
-            memory::trim();
-            rss = memory::rss();
-        }
-        let spillable = {
-            // Until the next check, values may grow to the store's target on top of the
-            // process's own memory: bound them by what that memory leaves of the target, so
-            // that the process, not only its values, stays near it. (Bounding values alone
-            // by `target` and the process only past `spill`, as Dask does, measured 0.80-1.04
-            // of the limit at peak in the spill drill, against 0.63 this way.)
-            let mut store = lock(&self.store);
-            let unmanaged = rss.saturating_sub(store.memory_bytes());
-            store.set_target(self.limits.target().saturating_sub(unmanaged));
-            if let Some(stalled) = store.stall_to_tell() {
-                tracing::warn!(
-                    ?stalled,
-                    "writing to the spill directory is stalled: values stay in memory meanwhile"
-                );
-            }
-            store.spillable()
-        };
-        let verdict = self.limits.verdict(rss);
-        let terminate = verdict == Verdict::Terminate
-            && (spillable == 0
-                || watch
-                    .terminate_since
-                    .get_or_insert_with(Instant::now)
-                    .elapsed()
-                    >= TERMINATE_GRACE);
-        if verdict != Verdict::Terminate {
-            watch.terminate_since = None;
-        }
-        if terminate {
-            tracing::error!(
-                rss,
-                limit = self.limits.limit,
-                "memory past the terminate threshold: exiting to be restarted"
-            );
-            // The store's directory goes with it: exit skips destructors.
-            lock(&self.store).clear_disk();
-            std::process::exit(memory::EXIT_MEMORY);
-        }
-        let mut pause = matches!(verdict, Verdict::Pause | Verdict::Terminate);
-        if pause && spillable == 0 && self.executor.running() == 0 {
-            // Pausing frees nothing here: nothing to spill, nothing running.
-            let since = *watch.stuck_since.get_or_insert_with(Instant::now);
-            if since.elapsed() > Duration::from_secs(2) {
-                if self.paused {
-                    tracing::warn!(
-                        rss,
-                        "paused with nothing to spill and nothing running: resuming"
-                    );
-                }
-                pause = false;
-            }
-        } else {
-            watch.stuck_since = None;
-        }
-        if pause != self.paused {
-            self.paused = pause;
-            self.executor.set_paused(pause);
-            self.report = true;
-            tracing::info!(
-                paused = pause,
-                rss,
-                limit = self.limits.limit,
-                "memory pause"
-            );
-        }
-        Ok(())
     }
 
     fn free(&mut self, keys: Vec<Key>) {

@@ -2,9 +2,10 @@
 //!
 //! Writing a value to disk can take long (a large value, a slow or stalled disk), so neither
 //! the worker's runtime nor the store's lock waits for it: whoever changes the store through
-//! [`lock`] wakes the spill thread when the store is over its target, and that thread takes
-//! one value at a time from the store ([`store::Store::next_spill`]), writes it without the
-//! lock, and gives the outcome back. A failed write leaves the value in memory and is tried
+//! [`lock`] wakes the spill thread when the store is over its target (or has spill files to
+//! delete), and that thread takes one value at a time from the store
+//! ([`store::Store::next_spill`]), writes it without the lock, and gives the outcome back;
+//! it deletes released spill files without the lock too. A failed write leaves the value in memory and is tried
 //! again after a pause (doubling, up to [`RETRY_MAX`]); a write that stalls past
 //! [`store::STALLED_WRITE`] stops counting as a way to free memory, and is reported once.
 //!
@@ -82,7 +83,7 @@ impl DerefMut for Guard<'_> {
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        if self.guard.over_target() {
+        if self.guard.over_target() || self.guard.has_doomed() {
             self.wake.notify_one();
         }
     }
@@ -117,6 +118,15 @@ fn run(weak: Weak<Shared>) {
             loop {
                 if s.closed() || Arc::strong_count(&shared) == 1 {
                     return;
+                }
+                if s.has_doomed() {
+                    let doomed = s.take_doomed();
+                    drop(s);
+                    for p in &doomed {
+                        store::delete_file(p);
+                    }
+                    s = shared.store.lock().unwrap_or_else(|e| e.into_inner());
+                    continue;
                 }
                 if let Some(job) = s.next_spill() {
                     break job;

@@ -85,6 +85,8 @@ pub(crate) struct Store {
     failing: bool,
     /// The directory is gone (the worker is stopping): nothing more spills.
     closed: bool,
+    /// Spill files to delete ([`Store::take_doomed`]).
+    doomed: Vec<PathBuf>,
     clock: u64,
     in_memory: u64,
     on_disk: u64,
@@ -113,6 +115,7 @@ impl Store {
             stall_told: false,
             failing: false,
             closed: false,
+            doomed: Vec::new(),
             clock: 0,
             in_memory: 0,
             on_disk: 0,
@@ -297,9 +300,26 @@ impl Store {
         }
         if let Some(d) = self.disk.remove(k) {
             self.on_disk -= d.nbytes;
-            if let Err(e) = std::fs::remove_file(&d.path) {
-                tracing::debug!(key = %k, error = %e, "removing a spill file");
-            }
+            self.doomed.push(d.path);
+        }
+    }
+
+    /// Spill files to delete (released, or written for nothing), taken by the spill thread,
+    /// which deletes them without the lock (an unlink waits for a stalled disk too).
+    pub fn take_doomed(&mut self) -> Vec<PathBuf> {
+        std::mem::take(&mut self.doomed)
+    }
+
+    /// Whether spill files wait to be deleted.
+    pub fn has_doomed(&self) -> bool {
+        !self.doomed.is_empty()
+    }
+
+    /// Deletes the doomed files here and now (what the spill thread does, for tests).
+    #[cfg(test)]
+    pub fn delete_doomed(&mut self) {
+        for p in self.take_doomed() {
+            delete_file(&p);
         }
     }
 
@@ -354,7 +374,7 @@ impl Store {
         } = job;
         let current = self.memory.get_mut(&key).filter(|e| e.writing);
         let Some(e) = current else {
-            remove_file(&key, &path);
+            self.doomed.push(path);
             return Written::Dropped;
         };
         e.writing = false;
@@ -362,7 +382,7 @@ impl Store {
         self.spillable += 1;
         let (nbytes, now_used) = (e.nbytes, e.used);
         if let Err(err) = written {
-            remove_file(&key, &path);
+            self.doomed.push(path);
             let tick = self.tick();
             self.memory.get_mut(&key).expect("present").used = tick;
             self.note_use(tick, key);
@@ -370,7 +390,7 @@ impl Store {
         }
         if self.closed || now_used != used {
             // Used while it was written (it is recent again), or the store is closing.
-            remove_file(&key, &path);
+            self.doomed.push(path);
             self.note_use(now_used, key);
             return Written::Dropped;
         }
@@ -457,10 +477,11 @@ pub(crate) enum Written {
 /// as a way to free memory (the worker resumes from a pause and warns).
 pub const STALLED_WRITE: std::time::Duration = std::time::Duration::from_secs(2);
 
-fn remove_file(k: &Key, path: &Path) {
+/// Deletes a spill file (one already gone is no error).
+pub(crate) fn delete_file(path: &Path) {
     if let Err(e) = std::fs::remove_file(path) {
         if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::debug!(key = %k, error = %e, "removing a spill file");
+            tracing::debug!(path = %path.display(), error = %e, "removing a spill file");
         }
     }
 }
@@ -699,8 +720,16 @@ mod tests {
         // A peer's read leaves the value on disk.
         assert_eq!(bytes_of(&peek(&s, &k(1)).unwrap().unwrap()), vec![1; 1000]);
         assert!(s.disk.contains_key(&k(1)));
+        s.delete_doomed(); // k(0)'s old file, from before it came back
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
         s.remove(&k(1));
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            1,
+            "deleted by the spill thread"
+        );
+        assert!(s.has_doomed());
+        s.delete_doomed();
         assert_eq!(
             std::fs::read_dir(&d).unwrap().count(),
             0,
@@ -818,6 +847,7 @@ mod tests {
         let r = job.write();
         assert!(matches!(s.spill_written(job, r), Written::Dropped));
         assert_eq!((s.memory_bytes(), s.disk_bytes()), (2000, 0));
+        s.delete_doomed();
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0, "its file went");
         // Now k(1) is the oldest; released while written: its file goes too.
         let job = s.next_spill().unwrap();
@@ -826,6 +856,7 @@ mod tests {
         let r = job.write();
         assert!(matches!(s.spill_written(job, r), Written::Dropped));
         assert_eq!((s.memory_bytes(), s.disk_bytes()), (1000, 0));
+        s.delete_doomed();
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
         assert!(s.next_spill().is_none(), "at the target now");
     }
@@ -885,6 +916,7 @@ mod tests {
         s.set_target(1000);
         s.unspilled(k(0), &path, v);
         assert!(matches!(s.locate(&k(0)), Located::Memory(_)));
+        s.delete_doomed();
         assert!(!path.exists(), "its file went");
     }
 }
