@@ -178,6 +178,8 @@ pub fn main() -> i32 {
         )
         .with_writer(std::io::stderr)
         .try_init();
+    // The scheduler's and the workers' processes are this program's own.
+    crate::worker::raise_descriptor_limit();
     let mut words: Vec<String> = std::env::args().skip(1).collect();
     if words.is_empty() {
         eprintln!("{USAGE}");

@@ -407,6 +407,7 @@ pub fn run_if_worker() {
 }
 
 fn worker_from_env() -> Result<()> {
+    crate::worker::raise_descriptor_limit();
     let var = |k: &str| {
         std::env::var(k).map_err(|_| Error::Config(format!("worker process without {k}")))
     };

@@ -56,6 +56,7 @@ pub use liveness::{
 };
 use liveness::{last_word, recv, LAST_WORD, PARENT_CHECK};
 use memory::Limits;
+pub(crate) use options::raise_descriptor_limit;
 pub use options::WorkerOptions;
 
 /// Tasks handed to the threads (queued there or running) hold at most this fraction of the

@@ -97,3 +97,52 @@ pub(super) fn default_listen(scheduler: &Address) -> Address {
         },
     }
 }
+
+/// Raises this process's soft limit on open descriptors to its hard limit (as Go's runtime
+/// does at start): a wide shuffle holds a few descriptors per peer, and the common soft
+/// default of 1,024 is what a worker runs out of, while UCX's listener does not survive
+/// running out (see `docs/resilience.md`). For the processes `dask-comm` owns (its command
+/// line, `LocalCluster`'s workers), never a host program's. Returns the limit now in force.
+pub(crate) fn raise_descriptor_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a live `rlimit` for the call's duration.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    if lim.rlim_cur >= lim.rlim_max {
+        return Some(lim.rlim_cur);
+    }
+    let raised = libc::rlimit {
+        rlim_cur: lim.rlim_max,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: `raised` is a live `rlimit` for the call's duration.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        tracing::debug!(soft = lim.rlim_cur, hard = lim.rlim_max, error = %std::io::Error::last_os_error(), "raising the descriptor limit");
+        return Some(lim.rlim_cur);
+    }
+    tracing::debug!(
+        from = lim.rlim_cur,
+        to = lim.rlim_max,
+        "raised the descriptor limit"
+    );
+    Some(lim.rlim_max)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_descriptor_limit_is_raised_to_the_hard_one() {
+        let now = super::raise_descriptor_limit().expect("getrlimit works here");
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a live `rlimit` for the call's duration.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!((now, lim.rlim_cur), (lim.rlim_max, lim.rlim_max));
+    }
+}
