@@ -9,18 +9,17 @@
 //! | `terminate` | 0.95 | process RSS | exit with [`EXIT_MEMORY`]; the supervisor restarts it |
 //!
 //! RSS is read from `/proc/self/statm` every 100 ms, and at each reading the values' target
-//! becomes what the process's own memory (RSS less the values) leaves of `target`: values
-//! spill until the whole process is back at `target`, whatever its RSS, so `spill` is not
-//! what starts spilling (Dask's split, values alone up to `spill`, peaked at 0.80-1.04 of the
-//! limit in the spill drill, against 0.63 this way). Writing is the spill thread's
+//! becomes what the process's own memory (RSS less the values) leaves of `target`: values spill
+//! until the whole process is back at `target`, whatever its RSS, so `spill` is not what starts
+//! spilling (Dask's split, values alone up to `spill`, peaked at 77 MiB of a 96 MiB limit in
+//! the spill drill while values were made, against 60 this way). Writing is the spill thread's
 //! (`spiller`): task threads wait before starting a task while it is behind. After spilling,
-//! and at each check past `spill`, freed memory is handed
-//! back to the system (`malloc_trim`), and large values are allocated with `mmap` (threshold
-//! fixed at 1 MiB) so that freeing them lowers RSS at once: otherwise glibc keeps freed heap
-//! memory, RSS stays high after the values left, and the worker pauses for nothing (Dask's
-//! "stuck at the pause threshold"). A worker paused with nothing left to spill and nothing
-//! running could never resume; it resumes with a warning instead (only `terminate` can help
-//! then).
+//! and at each check past `spill`, freed memory is handed back to the system (`malloc_trim`),
+//! and large values are allocated with `mmap` (threshold fixed at 1 MiB) so that freeing them
+//! lowers RSS at once: otherwise glibc keeps freed heap memory, RSS stays high after the values
+//! left, and the worker pauses for nothing (Dask's "stuck at the pause threshold"). A worker
+//! paused with nothing left to spill and nothing running could never resume; it resumes with a
+//! warning instead (only `terminate` can help then).
 
 /// The exit status of a worker that went past its `terminate` threshold (`EX_TEMPFAIL`):
 /// supervisors restart it.

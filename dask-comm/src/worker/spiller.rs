@@ -10,9 +10,9 @@
 //! [`store::STALLED_WRITE`] stops counting as a way to free memory, and is reported once.
 //!
 //! Tasks produce values faster than a disk takes them, so the spill thread pushes back: a
-//! task thread waits before starting its next task while the store is more than a tenth of
-//! its target over it ([`wait_for_room`]), as long as spilling makes progress (values left
-//! to write, the last write not failed, none stalled).
+//! task thread waits before starting its next task while the store is over its target
+//! ([`wait_for_room`]), as long as spilling makes progress (values left to write, the last
+//! write not failed, none stalled).
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};

@@ -166,14 +166,11 @@ impl Store {
         self.spillable + usize::from(self.write_started.is_some())
     }
 
-    /// Whether the store is so far over its target that new values should wait for the
-    /// spill thread: more than a tenth of the target over it, with spilling making progress
-    /// (something left to spill, the last write not failed, none stalled).
+    /// Whether new values should wait for the spill thread: the store is over its target
+    /// and spilling makes progress (something left to spill, the last write not failed,
+    /// none stalled).
     pub fn behind(&self) -> bool {
-        self.over_target()
-            && self.in_memory - self.writing > self.target
-            && !self.failing
-            && self.spillable() > 0
+        self.over_target() && !self.failing && self.spillable() > 0
     }
 
     /// Whether values ever spill here (a directory and a target).
