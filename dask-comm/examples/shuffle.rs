@@ -45,12 +45,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // One round to open the connections.
         drills::shuffle_throughput(&client, 2, 2, 1024, 1)?;
         for r in drills::shuffle_throughput(&client, 8, 8, size, rounds)? {
+            let pairs: Vec<String> = r.pairs.iter().map(|p| p.to_json()).collect();
             println!(
-                "{{\"protocol\":\"{protocol:?}\",\"size\":{size},\"seconds\":{:.6},\"moved_mb\":{:.3},\"deliveries\":{},\"pair_mb_s\":{:.1}}}",
+                "{{\"protocol\":\"{protocol:?}\",\"size\":{size},\"seconds\":{:.6},\"moved_mb\":{:.3},\"deliveries\":{},\"pair_mb_s\":{:.1},\"pairs\":[{}]}}",
                 r.seconds,
                 r.moved as f64 / 1e6,
                 r.deliveries,
-                r.pair_mb_s
+                r.pair_mb_s,
+                pairs.join(",")
             );
         }
     }

@@ -46,6 +46,7 @@ mod runtime;
 mod scheduler;
 pub mod security;
 pub mod spec;
+pub mod transfers;
 mod worker;
 
 #[cfg(test)]

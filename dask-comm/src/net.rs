@@ -23,7 +23,9 @@ pub(crate) fn limits() -> Limits {
 
 /// Before the first `ucx://` use in this process: the progress mode, from
 /// `DASK_COMM_UCX_PROGRESS` (`polling`, `blocking`, `thread`), blocking by default (a cluster's
-/// processes share the machine's cores: spinning progress starves them). A program that
+/// processes share the machine's cores: spinning progress starves them); the shared-memory
+/// ring each connection offers for large frames on one host, from `DASK_COMM_UCX_RING`
+/// (bytes, `0` for none; [`transport::DEFAULT_SAME_HOST_RING`] by default). A program that
 /// configured `transport::configure_ucx` itself keeps its choice.
 pub(crate) fn prepare(addr: &Address) {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -35,10 +37,21 @@ pub(crate) fn prepare(addr: &Address) {
             .ok()
             .and_then(|m| m.parse().ok())
             .unwrap_or(ucx::ProgressMode::Blocking);
-        let _ = transport::configure_ucx(transport::UcxIntent {
+        let same_host_ring = match std::env::var("DASK_COMM_UCX_RING") {
+            Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+                tracing::warn!(value = %v, "DASK_COMM_UCX_RING is not a number of bytes: using the default");
+                transport::DEFAULT_SAME_HOST_RING
+            }),
+            Err(_) => transport::DEFAULT_SAME_HOST_RING,
+        };
+        let chosen = transport::configure_ucx(transport::UcxIntent {
             progress,
+            same_host_ring,
             ..Default::default()
         });
+        if let Err(e) = chosen {
+            tracing::warn!(error = %e, "the UCX configuration was not applied");
+        }
     });
 }
 

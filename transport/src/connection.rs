@@ -408,6 +408,17 @@ impl Connection {
         false
     }
 
+    /// `ucx://`: whether large host frames travel through shared-memory rings, (sending,
+    /// receiving) (see [`UcxIntent::same_host_ring`](crate::UcxIntent::same_host_ring));
+    /// `(false, false)` on other schemes.
+    pub fn ucx_rings(&self) -> (bool, bool) {
+        #[cfg(feature = "ucx")]
+        if let ConnInner::Ucx(c) = &*self.inner {
+            return c.rings();
+        }
+        (false, false)
+    }
+
     /// `ucx://`: UCX's description of the endpoint the connection uses, its lanes and their
     /// transports (`ucp_ep_print_info`); `None` on other schemes or once it is closed.
     pub fn ucx_lanes(&self) -> Option<String> {

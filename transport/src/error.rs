@@ -223,6 +223,40 @@ pub enum ProtocolError {
         /// Bytes that arrived.
         got: usize,
     },
+    /// `ucx://`: a message of the shared-memory ring exchange (after connecting) that is not
+    /// one (docs/transport.md, "Which lane carries what on one host").
+    #[error("a {got}-byte message in the ucx:// ring exchange")]
+    RingOffer {
+        /// Bytes that arrived.
+        got: usize,
+    },
+    /// `ucx://`: a ring message's plan that does not name one offset per ring frame.
+    #[error("a {got}-byte ring plan for {want} bytes of offsets")]
+    RingPlanSize {
+        /// Bytes that arrived.
+        got: usize,
+        /// Bytes the header implies.
+        want: usize,
+    },
+    /// `ucx://`: a ring frame placed outside the ring.
+    #[error("a {len}-byte ring frame at offset {offset} of a {size}-byte ring")]
+    RingPlan {
+        /// Where the plan put it.
+        offset: u64,
+        /// Its bytes.
+        len: u64,
+        /// The ring's bytes.
+        size: u64,
+    },
+    /// `ucx://`: the receiver counted ring frames copied out that were never placed (or
+    /// fewer than it had counted).
+    #[error("{count} ring frames counted copied out of {placed} placed")]
+    RingCount {
+        /// What the receiver counted.
+        count: u64,
+        /// Frames placed.
+        placed: u64,
+    },
 }
 
 /// Why an outgoing message was refused before sending (see [`TransportError::Refused`]).

@@ -79,7 +79,7 @@ pub(crate) use connection::{CloseState, ConnInner};
 pub use error::{CloseReason, Failure, InprocError, ProtocolError, Refusal, TransportError};
 pub use message::{Frame, Message};
 #[cfg(feature = "ucx")]
-pub use ucx_config::{configure_ucx, UcxIntent};
+pub use ucx_config::{configure_ucx, UcxIntent, DEFAULT_SAME_HOST_RING};
 
 /// The UCX tag a `ucx://` connection's headers and frames travel on. For peers that speak the
 /// wire format with `ucx-rs` (or UCXX) directly: a message's first UCX message is at most
@@ -88,9 +88,18 @@ pub use ucx_config::{configure_ucx, UcxIntent};
 /// `UCX_FIRST_MAX`, split there), then one UCX message per frame; a message of 0 bytes has no
 /// frame messages. A sender may have [`Options::credit_bytes`] of messages the receiving
 /// application has not taken (each counted as [`ucx_charge`]); the receiver grants them back
-/// on [`UCX_CREDIT_TAG`] every [`UCX_GRANT_EVERY`] bytes.
+/// on [`UCX_CREDIT_TAG`] every [`UCX_GRANT_EVERY`] bytes. Before anything else (and before
+/// the secret's challenge) each side sends a ring offer on [`UCX_RING_OFFER_TAG`] and a
+/// verdict on [`UCX_RING_VERDICT_TAG`] for the peer's offer; a peer that has no ring and
+/// takes none sends `[0]` on each (docs/transport.md, "Which lane carries what on one host").
 #[cfg(feature = "ucx")]
 pub const UCX_TAG: ucx::Tag = ucx_backend::TAG;
+/// The tag of a `ucx://` connection's ring offer (see [`UCX_TAG`]).
+#[cfg(feature = "ucx")]
+pub const UCX_RING_OFFER_TAG: ucx::Tag = ucx_backend::ring_exchange::RING_OFFER_TAG;
+/// The tag of a `ucx://` connection's verdict on the peer's ring offer (see [`UCX_TAG`]).
+#[cfg(feature = "ucx")]
+pub const UCX_RING_VERDICT_TAG: ucx::Tag = ucx_backend::ring_exchange::RING_VERDICT_TAG;
 /// The most bytes in the first UCX message of a `ucx://` message (its receive is posted ahead):
 /// 64 KiB of frames and 1 KiB of header, so a message of up to 64 KiB crosses as one UCX
 /// message (one transfer, one wake-up; across hosts, a second UCX message cost 1.2-1.4× at
@@ -103,6 +112,10 @@ pub const UCX_CREDIT_TAG: ucx::Tag = ucx_backend::CREDIT_TAG;
 pub const UCX_GRANT_EVERY: u64 = 256 << 10;
 /// The most one message counts against a `ucx://` credit window.
 pub const UCX_CHARGE_CAP: u64 = 512 << 10;
+/// The smallest [`UcxIntent::same_host_ring`] (other than 0) and the largest.
+pub const UCX_RING_MIN: u64 = 1 << 20;
+/// See [`UCX_RING_MIN`].
+pub const UCX_RING_MAX: u64 = 1 << 36;
 
 /// What one message of `len` bytes counts against a `ucx://` credit window: its bytes plus 64
 /// (so empty messages count too), at most [`UCX_CHARGE_CAP`] (rendezvous frames wait for the
@@ -310,8 +323,8 @@ impl ListenerInner {
 }
 
 /// Sets an accepted connection up: the TLS handshake (within `opts.connect_timeout`), the
-/// `ucx://` lanes exchange with [`Options::ucx_direct`] ([`ucx_lanes`]), then the challenge if
-/// `opts` has a secret.
+/// `ucx://` lanes exchange with [`Options::ucx_direct`] ([`ucx_lanes`]) and the ring exchange
+/// (`ucx_backend::ring_exchange`), then the challenge if `opts` has a secret.
 #[cfg_attr(not(feature = "tls"), allow(clippy::infallible_destructuring_match))]
 fn set_up(accepted: Accepted, opts: Options) -> SetUp {
     Box::pin(async move {
@@ -333,6 +346,15 @@ fn set_up(accepted: Accepted, opts: Options) -> SetUp {
             let deadline = std::time::Instant::now() + opts.connect_timeout;
             let settled = ucx_lanes::settle(c, ucx_lanes::Role::Acceptor, &opts, deadline).await;
             if let Err(e) = settled {
+                let _ = conn.close().await;
+                return Err((conn.peer_addr().clone(), e));
+            }
+        }
+        #[cfg(feature = "ucx")]
+        if let ConnInner::Ucx(c) = &*conn.inner {
+            let deadline = std::time::Instant::now() + opts.connect_timeout;
+            let size = ucx_config::chosen().ring_bytes();
+            if let Err(e) = ucx_backend::ring_exchange::exchange(c, size, deadline).await {
                 let _ = conn.close().await;
                 return Err((conn.peer_addr().clone(), e));
             }
@@ -503,6 +525,16 @@ pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> 
             return Err(e);
         }
     }
+    #[cfg(feature = "ucx")]
+    if let ConnInner::Ucx(c) = &*conn.inner {
+        let deadline = started + opts.connect_timeout;
+        let size = ucx_config::chosen().ring_bytes();
+        if let Err(e) = ucx_backend::ring_exchange::exchange(c, size, deadline).await {
+            tracing::warn!(peer = %addr, error = %e, "the ucx:// ring exchange failed");
+            let _ = conn.close().await;
+            return Err(e);
+        }
+    }
     if let Some(secret) = &opts.secret {
         // The challenge counts against the same time limit as connecting.
         let left = opts.connect_timeout.saturating_sub(started.elapsed());
@@ -526,9 +558,8 @@ impl Listener {
     /// those that fail are dropped and logged.
     pub async fn accept(&mut self) -> Result<Connection> {
         use futures::StreamExt;
-        let direct = self.opts.secret.is_none()
-            && !self.inner.is_tls()
-            && !(self.opts.ucx_direct && self.inner.is_ucx());
+        // ucx:// connections always run the ring exchange before they are handed out.
+        let direct = self.opts.secret.is_none() && !self.inner.is_tls() && !self.inner.is_ucx();
         if direct {
             return match accept_raw(&mut self.inner, &self.opts, &self.local).await? {
                 Accepted::Ready(c) => Ok(c),

@@ -38,7 +38,19 @@ pub struct UcxIntent {
     pub net_devices: Option<String>,
     /// How the backend's worker makes progress.
     pub progress: ucx::ProgressMode,
+    /// Bytes of the shared-memory ring each `ucx://` connection offers its peer for large
+    /// host frames ([`DEFAULT_SAME_HOST_RING`]; 0: none, and a peer's ring is declined). A
+    /// peer on the same host that may take it (same user, ptrace allowed) receives those
+    /// frames through it instead of UCX's rendezvous, which needs the sender's progress for
+    /// every 8 KiB (docs/transport.md, "Which lane carries what on one host"). Pages are
+    /// allocated as frames touch them; a message whose large frames take more than half the
+    /// ring goes over UCX. Off when `shared_memory` is off.
+    pub same_host_ring: u64,
 }
+
+/// [`UcxIntent::same_host_ring`]'s default: 16 MiB (messages with up to 8 MiB of large frames
+/// go through it; the shuffle's messages are at most 8 MiB).
+pub const DEFAULT_SAME_HOST_RING: u64 = 16 << 20;
 
 impl Default for UcxIntent {
     fn default() -> Self {
@@ -51,6 +63,7 @@ impl Default for UcxIntent {
             shared_memory: true,
             net_devices: None,
             progress: ucx::ProgressMode::Thread,
+            same_host_ring: DEFAULT_SAME_HOST_RING,
         }
     }
 }
@@ -60,8 +73,29 @@ impl UcxIntent {
         self.tcp || self.infiniband || self.nvlink || self.cuda_copy
     }
 
+    /// The ring each connection offers ([`UcxIntent::same_host_ring`]): 0 without shared
+    /// memory.
+    pub(crate) fn ring_bytes(&self) -> u64 {
+        let tls = std::env::var("UCX_TLS").ok();
+        if self.shared_memory && shared_memory_allowed(tls.as_deref()) {
+            self.same_host_ring
+        } else {
+            0
+        }
+    }
+
     /// The UCX options (keys without `UCX_`) this intent stands for, or why it is inconsistent.
     pub fn options(&self) -> Result<Vec<(&'static str, String)>> {
+        if self.same_host_ring != 0
+            && !(crate::UCX_RING_MIN..=crate::UCX_RING_MAX).contains(&self.same_host_ring)
+        {
+            return Err(TransportError::Config(format!(
+                "same_host_ring {} is outside {}..={} bytes (or 0: none)",
+                self.same_host_ring,
+                crate::UCX_RING_MIN,
+                crate::UCX_RING_MAX
+            )));
+        }
         if self.rdmacm && !self.infiniband {
             return Err(TransportError::Config(
                 "rdmacm needs infiniband: RDMA CM connects over IB/RoCE devices".into(),
@@ -120,6 +154,27 @@ impl fmt::Display for UcxIntent {
     }
 }
 
+/// Whether a `UCX_TLS` setting (the environment's, which UCX applies too) leaves shared
+/// memory in: unset, `all`, or a list naming a shared-memory transport; a `^` list that does
+/// not exclude it. A process restricted to, say, `self,tcp` (as the network-namespace runs
+/// that stand for two hosts are) offers no ring and takes none.
+fn shared_memory_allowed(tls: Option<&str>) -> bool {
+    const SHM: [&str; 6] = ["sm", "shm", "posix", "sysv", "cma", "mm"];
+    let Some(tls) = tls.map(str::trim).filter(|t| !t.is_empty()) else {
+        return true;
+    };
+    let (excluding, list) = match tls.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, tls),
+    };
+    let named: Vec<&str> = list.split(',').map(str::trim).collect();
+    if excluding {
+        !named.iter().any(|t| ["sm", "shm", "mm"].contains(t))
+    } else {
+        named.iter().any(|t| *t == "all" || SHM.contains(t))
+    }
+}
+
 static CHOSEN: OnceLock<UcxIntent> = OnceLock::new();
 
 /// Sets what the `ucx://` backend uses, before its first connection or listener. Returns the
@@ -158,6 +213,23 @@ mod tests {
             .find(|(k, _)| *k == "TLS")
             .map(|(_, v)| v)
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn rings_follow_ucx_tls() {
+        for (tls, allowed) in [
+            (None, true),
+            (Some(""), true),
+            (Some("all"), true),
+            (Some("self,sm,tcp"), true),
+            (Some("posix,tcp"), true),
+            (Some("self,tcp"), false),
+            (Some("rc,ud"), false),
+            (Some("^sm"), false),
+            (Some("^tcp"), true),
+        ] {
+            assert_eq!(shared_memory_allowed(tls), allowed, "{tls:?}");
+        }
     }
 
     #[test]

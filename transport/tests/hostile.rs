@@ -160,6 +160,7 @@ fn ucx_announcements_cost_nothing() {
             .await
             .expect("connects in time")
             .expect("connect");
+            common::decline_rings(&ep).await;
             let (r, _) = ep.send(announcement(), transport::UCX_TAG).await;
             r.expect("header");
             if i % 2 == 0 {

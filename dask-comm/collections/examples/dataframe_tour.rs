@@ -112,11 +112,27 @@ fn write_small(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> 
     Ok(())
 }
 
-/// What the workers' shuffle deliveries add up to so far: bytes, microseconds, deliveries.
-fn delivered(client: &dask_comm::Client) -> Result<(u64, u64, u64), dask_comm::Error> {
-    let logs = client.transfer_log_blocking()?;
-    let all = logs.iter().flat_map(|(_, entries)| entries);
-    Ok(all.fold((0, 0, 0), |(b, m, n), t| (b + t.bytes, m + t.micros, n + 1)))
+/// What the workers' shuffle deliveries logged between two reads of their logs add up to:
+/// bytes, microseconds, deliveries.
+fn delivered(
+    before: &[(String, Vec<dask_comm::Transfer>)],
+    after: &[(String, Vec<dask_comm::Transfer>)],
+) -> (u64, u64, u64) {
+    let pairs = dask_comm::transfers::pair_rates(before, after);
+    let (bytes, deliveries) = pairs
+        .iter()
+        .fold((0, 0), |(b, n), p| (b + p.bytes, n + p.deliveries));
+    let micros = after
+        .iter()
+        .map(|(w, entries)| {
+            let seen = before
+                .iter()
+                .find(|(b, _)| b == w)
+                .map_or(0, |(_, e)| e.len());
+            entries.iter().skip(seen).map(|t| t.micros).sum::<u64>()
+        })
+        .sum();
+    (bytes, micros, deliveries)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -160,21 +176,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         for _ in 0..rounds {
             let before = match &client {
-                Some(cl) => delivered(cl)?,
-                None => (0, 0, 0),
+                Some(cl) => cl.transfer_log_blocking()?,
+                None => Vec::new(),
             };
             let (secs, rows, total) = run(&name, &dir, s, method)?;
-            let (bytes, micros, count) = match &client {
-                Some(cl) => {
-                    let after = delivered(cl)?;
-                    (after.0 - before.0, after.1 - before.1, after.2 - before.2)
-                }
-                None => (0, 0, 0),
+            let after = match &client {
+                Some(cl) => cl.transfer_log_blocking()?,
+                None => Vec::new(),
             };
+            let pairs = dask_comm::transfers::pair_rates(&before, &after);
+            let (bytes, micros, count) = delivered(&before, &after);
             let rate = bytes as f64 / (micros as f64).max(1.0);
+            let pairs: Vec<String> = pairs.iter().map(|p| p.to_json()).collect();
             println!(
-                "{{\"workload\":\"{name}\",\"scheduler\":\"{sched}\",\"seconds\":{secs:.6},\"answer\":[{rows},{total}],\"moved_mb\":{:.3},\"deliveries\":{count},\"pair_mb_s\":{rate:.1}}}",
-                bytes as f64 / 1e6
+                "{{\"workload\":\"{name}\",\"scheduler\":\"{sched}\",\"seconds\":{secs:.6},\"answer\":[{rows},{total}],\"moved_mb\":{:.3},\"deliveries\":{count},\"pair_mb_s\":{rate:.1},\"pairs\":[{}]}}",
+                bytes as f64 / 1e6,
+                pairs.join(",")
             );
         }
         return Ok(());

@@ -189,6 +189,8 @@ pub struct ThroughputRound {
     pub deliveries: u64,
     /// Bytes delivered over the time the deliveries took (MB/s): the per-pair rate.
     pub pair_mb_s: f64,
+    /// The round's deliveries per worker pair (quartiles of their rates).
+    pub pairs: Vec<crate::transfers::PairRates>,
 }
 
 /// `rounds` shuffles of bytes alone on `client`'s cluster: `inputs` × `parts` pieces of
@@ -200,17 +202,16 @@ pub fn shuffle_throughput(
     size: i64,
     rounds: usize,
 ) -> Result<Vec<ThroughputRound>> {
-    let logged = |c: &crate::Client| -> Result<(u64, u64, u64)> {
-        let logs = c.transfer_log_blocking()?;
-        Ok(logs
-            .iter()
+    let totals = |logs: &[(String, Vec<crate::Transfer>)]| {
+        logs.iter()
             .flat_map(|(_, e)| e)
-            .fold((0, 0, 0), |(b, m, n), t| (b + t.bytes, m + t.micros, n + 1)))
+            .fold((0, 0, 0), |(b, m, n), t| (b + t.bytes, m + t.micros, n + 1))
     };
     let want = inputs as i64 * parts as i64 * size;
     let mut out = Vec::with_capacity(rounds);
     for r in 0..rounds {
-        let before = logged(client)?;
+        let logs_before = client.transfer_log_blocking()?;
+        let before = totals(&logs_before);
         let (g, key) = blob_shuffle_graph(
             &format!("r{r}-{}", rand::random::<u32>()),
             inputs,
@@ -225,7 +226,8 @@ pub fn shuffle_throughput(
                 "{got} bytes shuffled, not {want}"
             )));
         }
-        let after = logged(client)?;
+        let logs_after = client.transfer_log_blocking()?;
+        let after = totals(&logs_after);
         let (moved, micros, deliveries) =
             (after.0 - before.0, after.1 - before.1, after.2 - before.2);
         out.push(ThroughputRound {
@@ -233,6 +235,7 @@ pub fn shuffle_throughput(
             moved,
             deliveries,
             pair_mb_s: moved as f64 / (micros as f64).max(1.0),
+            pairs: crate::transfers::pair_rates(&logs_before, &logs_after),
         });
     }
     Ok(out)

@@ -37,6 +37,8 @@ use receive::Ahead;
 use tokio::sync::Mutex;
 
 mod receive;
+pub(crate) mod ring;
+pub mod ring_exchange;
 mod send;
 use crate::{
     close_marker, Address, CloseReason, CloseState, Failure, Options, ProtocolError, Result,
@@ -192,6 +194,11 @@ pub(crate) struct Conn {
     /// Something was sent since the last receive started (the receive then does not read
     /// ahead: see `receive.rs`).
     sent: AtomicBool,
+    /// This side's ring, once the peer took it: large host frames go through it
+    /// ([`ring`], [`ring_exchange`]).
+    ring_out: OnceLock<ring::RingOut>,
+    /// The peer's ring, once taken: large host frames come through it.
+    ring_in: OnceLock<ring::RingIn>,
 }
 
 fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
@@ -313,7 +320,35 @@ impl Conn {
             limits: crate::SharedLimits::new(opts.limits),
             receiving,
             sent: AtomicBool::new(false),
+            ring_out: OnceLock::new(),
+            ring_in: OnceLock::new(),
         }
+    }
+
+    /// The endpoint in use, shared.
+    fn endpoint(&self) -> Arc<ucx::Endpoint> {
+        Arc::clone(self.ep())
+    }
+
+    /// From now on, large host frames go through `ring` (the peer took it). Before any
+    /// message of the application.
+    fn send_through(&self, ring: ring::RingOut) {
+        if self.ring_out.set(ring).is_err() {
+            unreachable!("a connection's rings are settled once");
+        }
+    }
+
+    /// From now on, large host frames come through `ring` (taken from the peer). Before any
+    /// message of the application.
+    fn receive_through(&self, ring: ring::RingIn) {
+        if self.ring_in.set(ring).is_err() {
+            unreachable!("a connection's rings are settled once");
+        }
+    }
+
+    /// Whether large host frames go through shared-memory rings: (sending, receiving).
+    pub(crate) fn rings(&self) -> (bool, bool) {
+        (self.ring_out.get().is_some(), self.ring_in.get().is_some())
     }
 
     /// The endpoint the connection's traffic travels on.

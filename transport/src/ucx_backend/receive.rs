@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 
-use super::{closed_or, Conn, COPY_MAX, FIRST_MAX, TAG};
+use super::{closed_or, ring, Conn, COPY_MAX, FIRST_MAX, TAG};
 use crate::frame;
 use crate::{ucx_charge, CloseReason, Frame, Message, ProtocolError, Result, TransportError};
 
@@ -302,9 +302,110 @@ impl Conn {
         channel: u32,
         metas: Vec<frame::FrameMeta>,
     ) -> Result<(u32, Message)> {
+        if let Some(ring) = self.ring_in.get() {
+            if let Some(picked) = ring::ring_frames(metas.iter().copied(), ring.size()) {
+                return self.recv_ringed(ring, channel, &metas, &picked).await;
+            }
+        }
+        let frames = self.recv_frame_list(&metas).await?;
+        let msg = Message { frames };
+        self.took(ucx_charge(msg.len())).await;
+        Ok((channel, msg))
+    }
+
+    /// Receives a message whose large host frames came through the peer's ring
+    /// ([`ring`]): after the header, for each ring frame in order, one UCX message per chunk
+    /// ([`ring::CHUNK`]), a little-endian `u64`, the chunk's offset in the ring, sent once
+    /// the chunk is written: each chunk is copied out as its message arrives (while the
+    /// sender writes the next), and the frames counted copied out at the end. The other
+    /// frames follow over UCX as usual.
+    async fn recv_ringed(
+        &self,
+        ring: &ring::RingIn,
+        channel: u32,
+        metas: &[frame::FrameMeta],
+        picked: &[usize],
+    ) -> Result<(u32, Message)> {
+        let mut ringed = Vec::with_capacity(picked.len());
+        for &i in picked {
+            let len = metas[i].size;
+            // Counted against the receive budget while it is copied out, as a rendezvous
+            // frame is while it lands.
+            let _reserved = crate::budget::reserve(len).await;
+            let Some(mut buf) = crate::pool::try_take(len as usize) else {
+                return Err(self.refuse(ProtocolError::FrameMemory { size: len }));
+            };
+            buf.clear();
+            let mut start = None;
+            for (at, bytes) in ring::chunks(len) {
+                let offset = self.chunk_offset().await?;
+                let first = *start.get_or_insert(offset);
+                // Every chunk where the first one says the frame starts: the frame is
+                // contiguous, and all of it inside the ring.
+                let inside = first.checked_add(len).is_some_and(|end| end <= ring.size());
+                if !inside || offset != first + at || ring.read(offset, bytes, &mut buf).is_err() {
+                    return Err(self.refuse(ProtocolError::RingPlan {
+                        offset,
+                        len,
+                        size: ring.size(),
+                    }));
+                }
+            }
+            ringed.push(crate::pool::into_bytes(buf));
+        }
+        ring.copied(picked.len() as u64);
+        let others: Vec<frame::FrameMeta> = metas
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !picked.contains(i))
+            .map(|(_, m)| *m)
+            .collect();
+        let mut others = self.recv_frame_list(&others).await?.into_iter();
+        let mut ringed = ringed.into_iter();
+        let frames = (0..metas.len())
+            .map(|i| match picked.contains(&i) {
+                true => ringed.next().map(Frame::Host),
+                false => others.next(),
+            })
+            .collect::<Option<Vec<Frame>>>()
+            .unwrap_or_else(|| unreachable!("one frame per meta"));
+        let msg = Message { frames };
+        self.took(ucx_charge(msg.len())).await;
+        Ok((channel, msg))
+    }
+
+    /// The next ring chunk's offset: an 8-byte UCX message (taken ahead, or received).
+    async fn chunk_offset(&self) -> Result<u64> {
+        let got = match self.ahead.pop() {
+            Some(taken) => taken,
+            None => {
+                let (r, buf) = self.ep().recv(vec![0u8; 8].into_boxed_slice(), TAG).await;
+                match r {
+                    Ok(8) => {
+                        let b: [u8; 8] = buf[..].try_into().unwrap_or([0xff; 8]);
+                        return Ok(u64::from_le_bytes(b));
+                    }
+                    Ok(n) | Err(ucx::Error::Truncated { message: n, .. }) => {
+                        return Err(self.refuse(ProtocolError::RingPlanSize { got: n, want: 8 }))
+                    }
+                    Err(e) => return Err(closed_or(e)),
+                }
+            }
+        };
+        match <[u8; 8]>::try_from(&got[..]) {
+            Ok(b) => Ok(u64::from_le_bytes(b)),
+            Err(_) => Err(self.refuse(ProtocolError::RingPlanSize {
+                got: got.len(),
+                want: 8,
+            })),
+        }
+    }
+
+    /// Receives the frames `metas` describes, one UCX message each, in order.
+    async fn recv_frame_list(&self, metas: &[frame::FrameMeta]) -> Result<Vec<Frame>> {
         let mut frames = Vec::with_capacity(metas.len());
         // Frames taken ahead come first, in order.
-        for m in &metas {
+        for m in metas {
             let Some(taken) = self.ahead.pop() else { break };
             frames.push(self.frame_taken_ahead(taken, m)?);
         }
@@ -313,7 +414,7 @@ impl Conn {
         for m in &metas[frames.len()..] {
             if m.cuda || m.size < BUDGETED {
                 if ahead_bytes + m.size > POSTED_AHEAD {
-                    self.land(std::mem::take(&mut ahead), &metas, &mut frames)
+                    self.land(std::mem::take(&mut ahead), metas, &mut frames)
                         .await?;
                     ahead_bytes = 0;
                 }
@@ -329,7 +430,7 @@ impl Conn {
                 ahead_bytes += m.size;
                 continue;
             }
-            self.land(std::mem::take(&mut ahead), &metas, &mut frames)
+            self.land(std::mem::take(&mut ahead), metas, &mut frames)
                 .await?;
             ahead_bytes = 0;
             let probed = self.ep().probe_message(TAG).await.map_err(closed_or)?;
@@ -349,10 +450,8 @@ impl Conn {
             self.check_frame(r, m)?;
             frames.push(Frame::Host(crate::pool::into_bytes(buf)));
         }
-        self.land(ahead, &metas, &mut frames).await?;
-        let msg = Message { frames };
-        self.took(ucx_charge(msg.len())).await;
-        Ok((channel, msg))
+        self.land(ahead, metas, &mut frames).await?;
+        Ok(frames)
     }
 
     /// A frame that was taken ahead (into host memory): it must hold the announced bytes; a

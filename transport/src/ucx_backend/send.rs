@@ -7,12 +7,17 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{closed_or, Conn, COPY_MAX, CREDIT_TAG, FIRST_MAX, MAX_RUN, TAG};
+use super::{closed_or, ring, Conn, COPY_MAX, CREDIT_TAG, FIRST_MAX, MAX_RUN, TAG};
 use crate::frame;
 use crate::{
     check_outgoing, encode_header, encode_whole, ucx_charge, CloseReason, Frame, Message,
     ProtocolError, Result, UCX_GRANT_EVERY,
 };
+
+/// How long a sender first waits for room in its ring ([`Conn::wait_for_ring`]).
+const RING_PAUSE: std::time::Duration = std::time::Duration::from_micros(50);
+/// The longest single wait for room in the ring.
+const RING_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl Conn {
     pub(crate) async fn send(&self, channel: u32, msg: Message) -> Result<()> {
@@ -162,6 +167,16 @@ impl Conn {
                     .map_err(|e| crate::TransportError::Ucx(ucx::Error::Cuda(e.to_string())))?;
             }
         }
+        if let Some(ring) = self.ring_out.get() {
+            let metas = frames.iter().map(|f| frame::FrameMeta {
+                size: f.len() as u64,
+                cuda: f.is_cuda(),
+            });
+            if let Some(picked) = ring::ring_frames(metas, ring.size()) {
+                let results = self.post_ringed(ring, parts, frames, &picked).await?;
+                return self.sent_part_way(results);
+            }
+        }
         let sends: Vec<_> = parts
             .into_iter()
             .map(Frame::Host)
@@ -169,6 +184,12 @@ impl Conn {
             .map(|f| Box::pin(self.send_frame(f)))
             .collect();
         let results = self.post_all_in_order(sends).await;
+        self.sent_part_way(results)
+    }
+
+    /// The outcome of a message's sends: the first failure, after which the connection ends
+    /// (part of the message may be on the wire: the peer's stream is out of step).
+    fn sent_part_way(&self, results: Vec<ucx::Result<()>>) -> Result<()> {
         if let Some(e) = results.into_iter().find_map(|r| r.err()) {
             // Part of the message may be on the wire: the peer's stream is out of step, so
             // the connection ends here.
@@ -179,6 +200,124 @@ impl Conn {
             return Err(closed_or(e));
         }
         Ok(())
+    }
+
+    /// Sends a message whose frames at `picked` go through this side's ring ([`ring`]):
+    /// under the send lock, places them in the ring and posts the header, then writes each
+    /// ring frame's chunks ([`ring::CHUNK`]) and posts each chunk's offset (a little-endian
+    /// `u64`) as soon as it is written, then posts the other frames; then waits for what did
+    /// not complete at once, outside the lock. While the ring has no room
+    /// (the peer has not copied earlier frames out yet), waits for it, outside the lock.
+    async fn post_ringed(
+        &self,
+        ring: &ring::RingOut,
+        parts: Vec<Bytes>,
+        frames: Vec<Frame>,
+        picked: &[usize],
+    ) -> Result<Vec<ucx::Result<()>>> {
+        let lens: Vec<u64> = picked.iter().map(|&i| frames[i].len() as u64).collect();
+        let mut frames: Vec<Option<Frame>> = frames.into_iter().map(Some).collect();
+        let mut parts = Some(parts);
+        let mut pause = RING_PAUSE;
+        loop {
+            let mut sends = Vec::new();
+            let mut done = Vec::new();
+            let placed = std::future::poll_fn(|cx| {
+                let _order = self.send_order.lock().unwrap_or_else(|e| e.into_inner());
+                let at = match ring.place(&lens) {
+                    Ok(Some(at)) => at,
+                    Ok(None) => return std::task::Poll::Ready(Ok(false)),
+                    Err(bad) => return std::task::Poll::Ready(Err(bad)),
+                };
+                let mut post = |f: Frame| {
+                    let mut send = Box::pin(self.send_frame(f));
+                    done.push(match std::future::Future::poll(send.as_mut(), cx) {
+                        std::task::Poll::Ready(r) => Some(r),
+                        std::task::Poll::Pending => None,
+                    });
+                    sends.push(send);
+                };
+                for part in parts.take().into_iter().flatten() {
+                    post(Frame::Host(part));
+                }
+                // Each chunk announced as soon as it is written: the receiver copies it out
+                // while the next is written.
+                for (&off, &i) in at.iter().zip(picked) {
+                    let Some(Frame::Host(b)) = &frames[i] else {
+                        unreachable!("ring frames are host frames")
+                    };
+                    for (from, len) in ring::chunks(b.len() as u64) {
+                        let chunk = &b[from as usize..(from + len) as usize];
+                        ring.write(off + from, chunk);
+                        ring.publish();
+                        post(Frame::Host(Bytes::copy_from_slice(
+                            &(off + from).to_le_bytes(),
+                        )));
+                    }
+                }
+                let rest = frames
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| !picked.contains(i))
+                    .filter_map(|(_, f)| f.take());
+                for f in rest {
+                    post(f);
+                }
+                std::task::Poll::Ready(Ok(true))
+            })
+            .await;
+            match placed {
+                Ok(true) => {
+                    let mut out = Vec::with_capacity(sends.len());
+                    for (s, d) in sends.into_iter().zip(done) {
+                        out.push(match d {
+                            Some(r) => r,
+                            None => s.await,
+                        });
+                    }
+                    return Ok(out);
+                }
+                Ok(false) => self.wait_for_ring(ring, &lens, &mut pause).await?,
+                Err(bad) => {
+                    return Err(self.refuse(ProtocolError::RingCount {
+                        count: bad.count,
+                        placed: bad.placed,
+                    }))
+                }
+            }
+        }
+    }
+
+    /// Waits until frames of `lens` bytes fit in the ring (the peer counts frames copied out
+    /// in shared memory, so this polls: 50 µs, doubling to 5 ms), or the connection ends.
+    async fn wait_for_ring(
+        &self,
+        ring: &ring::RingOut,
+        lens: &[u64],
+        pause: &mut std::time::Duration,
+    ) -> Result<()> {
+        tracing::trace!("waiting for the peer to copy ring frames out");
+        loop {
+            match ring.fits(lens) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(bad) => {
+                    return Err(self.refuse(ProtocolError::RingCount {
+                        count: bad.count,
+                        placed: bad.placed,
+                    }))
+                }
+            }
+            if let Some(why) = self.state.get().or_else(|| self.cut.get().cloned()) {
+                return Err(crate::TransportError::Closed(why));
+            }
+            if self.ep().is_closed() {
+                let e = self.ep().peer_error().unwrap_or(ucx::Error::Closed);
+                return Err(closed_or(e));
+            }
+            tokio::time::sleep(*pause).await;
+            *pause = (*pause * 2).min(RING_PAUSE_MAX);
+        }
     }
 
     /// Polls every send once, in order, under the send lock (each send posts on its first

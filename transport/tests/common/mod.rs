@@ -121,11 +121,25 @@ pub async fn raw_ucx(
     let Address::Ucx { port, .. } = l.local_addr().clone() else {
         panic!("not a ucx:// listener: {}", l.local_addr())
     };
-    let (server, raw) = tokio::join!(
-        l.accept(),
-        ::ucx::Endpoint::connect(worker, ("127.0.0.1", port))
-    );
-    (server.unwrap(), raw.unwrap())
+    let (server, raw) = tokio::join!(l.accept(), async {
+        let raw = ::ucx::Endpoint::connect(worker, ("127.0.0.1", port))
+            .await
+            .unwrap();
+        decline_rings(&raw).await;
+        raw
+    });
+    (server.unwrap(), raw)
+}
+
+/// The ring exchange every `ucx://` connection starts with, from a raw peer that has no ring
+/// and takes none.
+pub async fn decline_rings(raw: &::ucx::Endpoint) {
+    let (r, _) = raw.send(vec![0u8], transport::UCX_RING_OFFER_TAG).await;
+    r.unwrap();
+    raw.recv_vec(transport::UCX_RING_OFFER_TAG).await.unwrap();
+    let (r, _) = raw.send(vec![0u8], transport::UCX_RING_VERDICT_TAG).await;
+    r.unwrap();
+    raw.recv_vec(transport::UCX_RING_VERDICT_TAG).await.unwrap();
 }
 
 /// A `transport-echo server` process (`bin`, the test's `CARGO_BIN_EXE_transport-echo`)

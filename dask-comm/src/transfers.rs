@@ -1,0 +1,94 @@
+//! The shuffle's deliveries per worker pair, as dask-cuda's benchmarks print them: for each
+//! (sender, receiver), the 25th, 50th and 75th percentiles of the per-delivery rate and the
+//! bytes moved (`(w1,w2) | 25% 50% 75% (total nbytes)`), from the workers' transfer logs
+//! ([`crate::Client::transfer_log`]).
+//!
+//! ```
+//! use dask_comm::{transfers::pair_rates, Transfer};
+//! let t = |peer: &str, bytes, micros| Transfer { peer: peer.into(), bytes, micros };
+//! let before = vec![("a".to_string(), vec![t("b", 1, 1)])];
+//! let after = vec![
+//!     ("a".to_string(), vec![t("b", 1, 1), t("b", 8_000_000, 4_000), t("b", 8_000_000, 2_000)]),
+//!     ("b".to_string(), vec![t("a", 1_000_000, 1_000)]),
+//! ];
+//! let pairs = pair_rates(&before, &after);
+//! assert_eq!(pairs.len(), 2);
+//! assert_eq!((pairs[0].from.as_str(), pairs[0].to.as_str()), ("a", "b"));
+//! assert_eq!((pairs[0].deliveries, pairs[0].bytes), (2, 16_000_000));
+//! // 2,000 and 4,000 MB/s: the quartiles between them.
+//! assert_eq!(pairs[0].mb_s, [2_500.0, 3_000.0, 3_500.0]);
+//! ```
+
+use crate::Transfer;
+
+/// One worker pair's deliveries.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PairRates {
+    /// The sending worker (its data address).
+    pub from: String,
+    /// The receiving worker.
+    pub to: String,
+    /// Deliveries counted.
+    pub deliveries: u64,
+    /// Bytes they moved.
+    pub bytes: u64,
+    /// The 25th, 50th and 75th percentiles of the per-delivery rate, MB/s (bytes over the
+    /// time from the delivery's first byte to the receiver's acknowledgement).
+    pub mb_s: [f64; 3],
+}
+
+impl PairRates {
+    /// One JSON object: `{"from":…,"to":…,"deliveries":…,"bytes":…,"mb_s":[p25,p50,p75]}`.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"from\":{:?},\"to\":{:?},\"deliveries\":{},\"bytes\":{},\"mb_s\":[{:.1},{:.1},{:.1}]}}",
+            self.from, self.to, self.deliveries, self.bytes, self.mb_s[0], self.mb_s[1], self.mb_s[2]
+        )
+    }
+}
+
+/// The deliveries logged in `after` and not yet in `before` (two reads of the same workers'
+/// logs, which grow at their end), per (sender, receiver), sorted by pair.
+pub fn pair_rates(
+    before: &[(String, Vec<Transfer>)],
+    after: &[(String, Vec<Transfer>)],
+) -> Vec<PairRates> {
+    let mut pairs: std::collections::BTreeMap<(String, String), (u64, Vec<f64>)> =
+        Default::default();
+    for (worker, entries) in after {
+        let seen = before
+            .iter()
+            .find(|(w, _)| w == worker)
+            .map_or(0, |(_, e)| e.len());
+        for t in entries.iter().skip(seen) {
+            let pair = pairs.entry((worker.clone(), t.peer.clone())).or_default();
+            pair.0 += t.bytes;
+            pair.1.push(t.bytes as f64 / (t.micros.max(1) as f64));
+        }
+    }
+    pairs
+        .into_iter()
+        .map(|((from, to), (bytes, mut rates))| {
+            rates.sort_by(f64::total_cmp);
+            PairRates {
+                from,
+                to,
+                deliveries: rates.len() as u64,
+                bytes,
+                mb_s: [0.25, 0.5, 0.75].map(|q| percentile(&rates, q)),
+            }
+        })
+        .collect()
+}
+
+/// The `q` quantile of sorted `v`, interpolated linearly between ranks (NumPy's default).
+fn percentile(v: &[f64], q: f64) -> f64 {
+    match v.len() {
+        0 => 0.0,
+        n => {
+            let at = q * (n - 1) as f64;
+            let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+            v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
+        }
+    }
+}
