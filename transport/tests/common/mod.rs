@@ -133,6 +133,8 @@ pub async fn raw_ucx(
 
 /// The ring exchange every `ucx://` connection starts with, from a raw peer that has no ring
 /// and takes none.
+#[cfg(feature = "ucx")]
+#[allow(dead_code)] // not every test file uses every helper
 pub async fn decline_rings(raw: &::ucx::Endpoint) {
     let (r, _) = raw.send(vec![0u8], transport::UCX_RING_OFFER_TAG).await;
     r.unwrap();
