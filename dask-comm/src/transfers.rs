@@ -15,6 +15,7 @@
 //! assert_eq!(pairs.len(), 2);
 //! assert_eq!((pairs[0].from.as_str(), pairs[0].to.as_str()), ("a", "b"));
 //! assert_eq!((pairs[0].deliveries, pairs[0].bytes), (2, 16_000_000));
+//! assert_eq!(dask_comm::transfers::totals(&pairs), (17_000_000, 7_000, 3));
 //! // 2,000 and 4,000 MB/s: the quartiles between them.
 //! assert_eq!(pairs[0].mb_s, [2_500.0, 3_000.0, 3_500.0]);
 //! ```
@@ -32,6 +33,8 @@ pub struct PairRates {
     pub deliveries: u64,
     /// Bytes they moved.
     pub bytes: u64,
+    /// Their times added up, in microseconds.
+    pub micros: u64,
     /// The 25th, 50th and 75th percentiles of the per-delivery rate, MB/s (bytes over the
     /// time from the delivery's first byte to the receiver's acknowledgement).
     pub mb_s: [f64; 3],
@@ -47,13 +50,20 @@ impl PairRates {
     }
 }
 
+/// All pairs together: bytes, microseconds, deliveries.
+pub fn totals(pairs: &[PairRates]) -> (u64, u64, u64) {
+    pairs.iter().fold((0, 0, 0), |(b, m, n), p| {
+        (b + p.bytes, m + p.micros, n + p.deliveries)
+    })
+}
+
 /// The deliveries logged in `after` and not yet in `before` (two reads of the same workers'
 /// logs, which grow at their end), per (sender, receiver), sorted by pair.
 pub fn pair_rates(
     before: &[(String, Vec<Transfer>)],
     after: &[(String, Vec<Transfer>)],
 ) -> Vec<PairRates> {
-    let mut pairs: std::collections::BTreeMap<(String, String), (u64, Vec<f64>)> =
+    let mut pairs: std::collections::BTreeMap<(String, String), (u64, u64, Vec<f64>)> =
         Default::default();
     for (worker, entries) in after {
         let seen = before
@@ -63,18 +73,20 @@ pub fn pair_rates(
         for t in entries.iter().skip(seen) {
             let pair = pairs.entry((worker.clone(), t.peer.clone())).or_default();
             pair.0 += t.bytes;
-            pair.1.push(t.bytes as f64 / (t.micros.max(1) as f64));
+            pair.1 += t.micros;
+            pair.2.push(t.bytes as f64 / (t.micros.max(1) as f64));
         }
     }
     pairs
         .into_iter()
-        .map(|((from, to), (bytes, mut rates))| {
+        .map(|((from, to), (bytes, micros, mut rates))| {
             rates.sort_by(f64::total_cmp);
             PairRates {
                 from,
                 to,
                 deliveries: rates.len() as u64,
                 bytes,
+                micros,
                 mb_s: [0.25, 0.5, 0.75].map(|q| percentile(&rates, q)),
             }
         })

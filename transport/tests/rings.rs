@@ -33,7 +33,7 @@ async fn rings_carry_large_frames_in_order() {
             0 => 65 * 1024 + 1,
             1 => 1 << 20,
             2 => 3 << 20,
-            3 => 5 << 20, // with the next (6 MiB) more than half the ring: over UCX
+            3 => 6 << 20, // with the 3 MiB before it, more than half the ring: over UCX
             _ => 300_000,
         }
     }

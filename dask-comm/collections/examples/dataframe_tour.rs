@@ -112,29 +112,6 @@ fn write_small(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> 
     Ok(())
 }
 
-/// What the workers' shuffle deliveries logged between two reads of their logs add up to:
-/// bytes, microseconds, deliveries.
-fn delivered(
-    before: &[(String, Vec<dask_comm::Transfer>)],
-    after: &[(String, Vec<dask_comm::Transfer>)],
-) -> (u64, u64, u64) {
-    let pairs = dask_comm::transfers::pair_rates(before, after);
-    let (bytes, deliveries) = pairs
-        .iter()
-        .fold((0, 0), |(b, n), p| (b + p.bytes, n + p.deliveries));
-    let micros = after
-        .iter()
-        .map(|(w, entries)| {
-            let seen = before
-                .iter()
-                .find(|(b, _)| b == w)
-                .map_or(0, |(_, e)| e.len());
-            entries.iter().skip(seen).map(|t| t.micros).sum::<u64>()
-        })
-        .sum();
-    (bytes, micros, deliveries)
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     dataframe::register();
     dask_comm::run_if_worker();
@@ -185,7 +162,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 None => Vec::new(),
             };
             let pairs = dask_comm::transfers::pair_rates(&before, &after);
-            let (bytes, micros, count) = delivered(&before, &after);
+            let (bytes, micros, count) = dask_comm::transfers::totals(&pairs);
             let rate = bytes as f64 / (micros as f64).max(1.0);
             let pairs: Vec<String> = pairs.iter().map(|p| p.to_json()).collect();
             println!(

@@ -202,16 +202,10 @@ pub fn shuffle_throughput(
     size: i64,
     rounds: usize,
 ) -> Result<Vec<ThroughputRound>> {
-    let totals = |logs: &[(String, Vec<crate::Transfer>)]| {
-        logs.iter()
-            .flat_map(|(_, e)| e)
-            .fold((0, 0, 0), |(b, m, n), t| (b + t.bytes, m + t.micros, n + 1))
-    };
     let want = inputs as i64 * parts as i64 * size;
     let mut out = Vec::with_capacity(rounds);
     for r in 0..rounds {
         let logs_before = client.transfer_log_blocking()?;
-        let before = totals(&logs_before);
         let (g, key) = blob_shuffle_graph(
             &format!("r{r}-{}", rand::random::<u32>()),
             inputs,
@@ -227,15 +221,14 @@ pub fn shuffle_throughput(
             )));
         }
         let logs_after = client.transfer_log_blocking()?;
-        let after = totals(&logs_after);
-        let (moved, micros, deliveries) =
-            (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+        let pairs = crate::transfers::pair_rates(&logs_before, &logs_after);
+        let (moved, micros, deliveries) = crate::transfers::totals(&pairs);
         out.push(ThroughputRound {
             seconds,
             moved,
             deliveries,
             pair_mb_s: moved as f64 / (micros as f64).max(1.0),
-            pairs: crate::transfers::pair_rates(&logs_before, &logs_after),
+            pairs,
         });
     }
     Ok(out)

@@ -69,6 +69,7 @@ async fn run(conn: &Conn, size: u64) -> Result<()> {
     let theirs = ring::Offer::decode(&buf[..got])
         .map_err(|()| conn.refuse(ProtocolError::RingOffer { got }))?;
     let taken = match theirs {
+        Some(_) if size == 0 => None,
         // A ring larger than this side's own is declined: half of it is what one message
         // may make this side copy out (and allocate) at once.
         Some(offer) if offer.size > size => {

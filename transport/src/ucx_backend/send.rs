@@ -267,25 +267,19 @@ impl Conn {
             })
             .await;
             match placed {
-                Ok(true) => {
-                    let mut out = Vec::with_capacity(sends.len());
-                    for (s, d) in sends.into_iter().zip(done) {
-                        out.push(match d {
-                            Some(r) => r,
-                            None => s.await,
-                        });
-                    }
-                    return Ok(out);
-                }
+                Ok(true) => return Ok(finish_posted(sends, done).await),
                 Ok(false) => self.wait_for_ring(ring, &lens, &mut pause).await?,
-                Err(bad) => {
-                    return Err(self.refuse(ProtocolError::RingCount {
-                        count: bad.count,
-                        placed: bad.placed,
-                    }))
-                }
+                Err(bad) => return Err(self.bad_count(bad)),
             }
         }
+    }
+
+    /// Ends the connection: the peer counted ring frames copied out that were never placed.
+    fn bad_count(&self, bad: ring::BadCount) -> crate::TransportError {
+        self.refuse(ProtocolError::RingCount {
+            count: bad.count,
+            placed: bad.placed,
+        })
     }
 
     /// Waits until frames of `lens` bytes fit in the ring (the peer counts frames copied out
@@ -301,12 +295,7 @@ impl Conn {
             match ring.fits(lens) {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
-                Err(bad) => {
-                    return Err(self.refuse(ProtocolError::RingCount {
-                        count: bad.count,
-                        placed: bad.placed,
-                    }))
-                }
+                Err(bad) => return Err(self.bad_count(bad)),
             }
             if let Some(why) = self.state.get().or_else(|| self.cut.get().cloned()) {
                 return Err(crate::TransportError::Closed(why));
@@ -342,14 +331,7 @@ impl Conn {
             std::task::Poll::Ready(())
         })
         .await;
-        let mut out = Vec::with_capacity(sends.len());
-        for (s, d) in sends.into_iter().zip(done) {
-            out.push(match d {
-                Some(r) => r,
-                None => s.await,
-            });
-        }
-        out
+        finish_posted(sends, done).await
     }
 
     /// Takes `charge` bytes of credit, waiting for the peer's grants while there is too
@@ -431,4 +413,23 @@ impl Conn {
             Frame::Cuda(d) => self.ep().send(d, TAG).await.0,
         }
     }
+}
+
+/// The results of sends first polled under the send lock (`done[i]`: what the first poll of
+/// `sends[i]` returned), waiting outside the lock for those that did not complete at once.
+async fn finish_posted<F>(
+    sends: Vec<std::pin::Pin<Box<F>>>,
+    done: Vec<Option<ucx::Result<()>>>,
+) -> Vec<ucx::Result<()>>
+where
+    F: std::future::Future<Output = ucx::Result<()>>,
+{
+    let mut out = Vec::with_capacity(sends.len());
+    for (s, d) in sends.into_iter().zip(done) {
+        out.push(match d {
+            Some(r) => r,
+            None => s.await,
+        });
+    }
+    out
 }
