@@ -68,8 +68,9 @@ pub struct Bell {
     rx: UnixStream,
     /// Token -> the asyncio future its awaitable waits on (GIL held to touch it).
     waiting: Mutex<HashMap<u64, Py<PyAny>>>,
-    /// The core it was made for (a reset makes a new one, and new bells).
-    core: std::sync::Weak<Core>,
+    /// The core it was made for (a reset makes a new one, and new bells); `None` for the
+    /// bell of `transport`'s connections (the Dask comm), which need no UCXX-API core.
+    core: Option<std::sync::Weak<Core>>,
     /// Blocking mode: our duplicate of the worker's event fd, which the loop watches.
     worker_fd: Option<std::os::fd::OwnedFd>,
 }
@@ -84,16 +85,24 @@ impl std::fmt::Debug for Bell {
 
 #[pymethods]
 impl Bell {
+    /// A bell for the UCXX-API core's awaitables, or with `transport=True` for those of
+    /// `transport`'s connections (completed by the transport's own threads).
     #[new]
-    fn new(py: Python<'_>) -> PyResult<Bell> {
-        let core = py.detach(crate::core)?;
+    #[pyo3(signature = (transport = false))]
+    fn new(py: Python<'_>, transport: bool) -> PyResult<Bell> {
         let (tx, rx) = UnixStream::pair()?;
         tx.set_nonblocking(true)?;
         rx.set_nonblocking(true)?;
-        let worker_fd = if core.mode == ucx::ProgressMode::Blocking {
-            Some(core.worker.event_fd().map_err(crate::errors::to_py)?)
+        let (core, worker_fd) = if transport {
+            (None, None)
         } else {
-            None
+            let core = py.detach(crate::core)?;
+            let fd = if core.mode == ucx::ProgressMode::Blocking {
+                Some(core.worker.event_fd().map_err(crate::errors::to_py)?)
+            } else {
+                None
+            };
+            (Some(Arc::downgrade(&core)), fd)
         };
         Ok(Bell {
             ringer: Arc::new(Ringer {
@@ -102,7 +111,7 @@ impl Bell {
             }),
             rx,
             waiting: Mutex::new(HashMap::new()),
-            core: Arc::downgrade(&core),
+            core,
             worker_fd,
         })
     }
@@ -117,9 +126,13 @@ impl Bell {
         self.worker_fd.as_ref().map(|f| f.as_raw_fd())
     }
 
-    /// Whether this bell belongs to the current core (false after a `reset`).
+    /// Whether this bell belongs to the current core (false after a `reset`); a transport
+    /// bell always does.
     fn current(&self) -> bool {
-        self.core.upgrade().is_some_and(|c| crate::is_current(&c))
+        match &self.core {
+            None => true,
+            Some(core) => core.upgrade().is_some_and(|c| crate::is_current(&c)),
+        }
     }
 
     /// The worker's event fd is readable: progresses and re-arms the worker (detached from
@@ -128,7 +141,7 @@ impl Bell {
     /// must call again soon rather than wait on it), or `"gone"` once the bell's core is gone
     /// (the loop should stop watching the fd).
     fn on_worker_event(&self, py: Python<'_>) -> PyResult<&'static str> {
-        let Some(core) = self.core.upgrade() else {
+        let Some(core) = self.core.as_ref().and_then(std::sync::Weak::upgrade) else {
             return Ok("gone");
         };
         let armed = py.detach(|| arm(&core));
@@ -199,11 +212,18 @@ static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 /// the loop back: ucx-rs's own blocking mode spins as long after activity (`BLOCKING_SPIN`).
 const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// The running loop's bell (`ucxrs.core._bell()`).
-fn running_bell(py: Python<'_>) -> PyResult<Py<Bell>> {
+/// The running loop's bell (`ucxrs.core._bell()`), or its transport bell
+/// (`ucxrs.core._transport_bell()`).
+fn running_bell(py: Python<'_>, transport: bool) -> PyResult<Py<Bell>> {
     static BELL_OF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let f = BELL_OF.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-        Ok(py.import("ucxrs.core")?.getattr("_bell")?.unbind())
+    static TRANSPORT_BELL_OF: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let (cell, name) = if transport {
+        (&TRANSPORT_BELL_OF, "_transport_bell")
+    } else {
+        (&BELL_OF, "_bell")
+    };
+    let f = cell.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
+        Ok(py.import("ucxrs.core")?.getattr(name)?.unbind())
     })?;
     Ok(f.bind(py).call0()?.cast_into::<Bell>()?.unbind())
 }
@@ -215,6 +235,9 @@ pub(crate) enum Wait {
     Yield,
     /// Waits for its bell (thread mode).
     Bell,
+    /// Waits for the loop's transport bell: a `transport` connection's operation, completed
+    /// by the transport's own threads (the Dask comm, whatever the progress mode).
+    Transport,
     /// Arms the worker's event fd, which the loop watches, then waits for its bell (blocking
     /// mode).
     Arm(Arc<Core>),
@@ -270,7 +293,7 @@ impl Polled {
     /// mode with the spin).
     fn poll_once(&self, py: Python<'_>, waker: &Waker) -> Option<Poll<PyResult<Py<PyAny>>>> {
         let rt = pyo3_async_runtimes::tokio::get_runtime();
-        let spin = !matches!(self.how, Wait::Bell);
+        let spin = !matches!(self.how, Wait::Bell | Wait::Transport);
         let external = match &self.how {
             Wait::Arm(core) => Some(core),
             _ => None,
@@ -318,7 +341,7 @@ impl Polled {
         let waker = if wake {
             let mut w = self.waker.lock().unwrap_or_else(|e| e.into_inner());
             if w.is_none() {
-                let bell = running_bell(py)?;
+                let bell = running_bell(py, matches!(self.how, Wait::Transport))?;
                 let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
                 let ringer = Arc::clone(&bell.borrow(py).ringer);
                 *w = Some((bell, token, Waker::from(Arc::new(Token { ringer, token }))));

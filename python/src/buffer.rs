@@ -246,6 +246,21 @@ impl PyBuf {
         Ok(buf)
     }
 
+    /// Whether the memory is the host's.
+    pub fn is_host(&self) -> bool {
+        self.mem == ucx::MemoryType::Host
+    }
+
+    /// The bytes, for a host buffer taken to send (empty for device memory).
+    pub fn host_bytes(&self) -> &[u8] {
+        if !self.is_host() || self.init == 0 {
+            return &[];
+        }
+        // SAFETY: host memory of at least `init` bytes, kept valid and unmoved by `held` for
+        // as long as `self` lives (see `IoBuf` below); the slice borrows `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.init) }
+    }
+
     /// Releases it now (the GIL is held, and no ucx-rs lock: call it once the operation that
     /// used the buffer has returned it).
     pub fn release(mut self, py: Python<'_>) {

@@ -18,6 +18,7 @@ use pyo3::types::PyDict;
 
 mod awaitable;
 mod buffer;
+mod comm;
 #[cfg(feature = "cuda")]
 mod device;
 mod dlpack;
@@ -317,6 +318,11 @@ fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<endpoint::RawEndpoint>()?;
     m.add_class::<listener::RawListener>()?;
     m.add_class::<awaitable::Bell>()?;
+    m.add_function(wrap_pyfunction!(comm::transport_listen, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::transport_connect, m)?)?;
+    m.add_class::<comm::Conn>()?;
+    m.add_class::<comm::Listen>()?;
+    m.add_class::<comm::RecvFrame>()?;
     Ok(())
 }
 

@@ -58,6 +58,21 @@ def _bell(loop=None):
     return bell
 
 
+_transport_bells = weakref.WeakKeyDictionary()
+
+
+def _transport_bell(loop=None):
+    """The loop's doorbell for ``transport`` connections (the Dask comm): rung by the
+    transport's threads, it needs no UCXX-API core (so a Dask process makes none)."""
+    loop = loop or asyncio.get_running_loop()
+    bell = _transport_bells.get(loop)
+    if bell is None:
+        bell = _ucxrs.Bell(transport=True)
+        loop.add_reader(bell.fileno(), bell.ring)
+        _transport_bells[loop] = bell
+    return bell
+
+
 def _watch():
     """Blocking mode progresses the worker from the loop: a listener or endpoint must have the
     loop watch the worker's event fd before any operation is awaited."""

@@ -149,6 +149,26 @@ pub fn host_buffer(len: usize) -> Vec<u8> {
     vec![0; len]
 }
 
+/// A copy of a received frame's bytes in a `Vec` of its own, which the caller may write to (a
+/// received frame is shared [`bytes::Bytes`]): large frames are copied into a buffer from the
+/// receive pool (mapped already, huge pages asked for), which [`recycle_buffer`] gives back.
+/// `None` when the memory cannot be had.
+///
+/// ```
+/// let v = transport::owned_copy(&[7u8; 100 << 10]).unwrap();
+/// assert_eq!((v.len(), v[0]), (100 << 10, 7));
+/// transport::recycle_buffer(v);
+/// ```
+pub fn owned_copy(src: &[u8]) -> Option<Vec<u8>> {
+    pool::owned_copy(src)
+}
+
+/// Gives a buffer from [`owned_copy`] back to the receive pool, which keeps it for a later
+/// receive of a similar size while it holds less than 512 MiB (small buffers are freed).
+pub fn recycle_buffer(v: Vec<u8>) {
+    pool::recycle(v)
+}
+
 /// The channel a connection's close travels on; applications use the channels below it.
 pub const CLOSE_CHANNEL: u32 = u32::MAX;
 

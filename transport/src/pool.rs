@@ -79,13 +79,30 @@ impl AsRef<[u8]> for Pooled {
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        let v = std::mem::take(&mut self.0);
-        let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
-        let cached: usize = free.iter().map(Vec::capacity).sum();
-        if cached + v.capacity() <= POOL_LIMIT {
-            free.push(v);
-        }
+        recycle(std::mem::take(&mut self.0));
     }
+}
+
+/// Keeps `v` for a later receive when it is large enough and the pool has room; frees it
+/// otherwise.
+pub(crate) fn recycle(v: Vec<u8>) {
+    if v.capacity() < POOL_MIN {
+        return;
+    }
+    let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
+    let cached: usize = free.iter().map(Vec::capacity).sum();
+    if cached + v.capacity() <= POOL_LIMIT {
+        free.push(v);
+    }
+}
+
+/// A copy of `src` in a buffer of its own, from the pool when `src` is large (see
+/// [`crate::owned_copy`]).
+pub(crate) fn owned_copy(src: &[u8]) -> Option<Vec<u8>> {
+    let mut v = try_take(src.len())?;
+    v.clear();
+    v.extend_from_slice(src);
+    Some(v)
 }
 
 #[cfg(test)]

@@ -1,0 +1,385 @@
+//! `transport` connections from Python, for the Dask comm backend (`ucxrs.distributed`).
+//!
+//! A Dask message is a list of frames; [`Conn::send`] sends them as the frames of one
+//! `transport` message (one await, one crossing into Rust), and [`Conn::recv`] returns the
+//! frames of one. Host frames go out without copies: each is a view of the object Dask gave
+//! ([`PyBuf`]), kept until the transport has let go of it (its release is queued, never done
+//! under a transport or ucx-rs lock). Received frames are [`RecvFrame`]s: writable buffers of
+//! their own, as Dask's deserialisers expect (NumPy arrays and pandas blocks built on them may
+//! be written to), copied out of the transport's shared frame off the GIL.
+//!
+//! Operations are polled on the event loop's thread and woken through the loop's transport
+//! bell by the transport's threads ([`crate::awaitable::Wait::Transport`]); cancelling one
+//! drops its future (`recv` is cancel-safe; a `send` cancelled once posted is delivered whole
+//! on `ucx://`).
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyMemoryView};
+use transport::{Address, CloseReason, Connection, Frame, Message, TransportError};
+
+use crate::awaitable::{Polled, Wait};
+use crate::buffer::{self, PyBuf};
+use crate::errors::{
+    UCXCloseError, UCXConnectionResetError, UCXError, UCXTimedOutError, UCXUnreachableError,
+};
+
+/// The channel Dask messages travel on (one kind of message: the comm has no others).
+const CHANNEL: u32 = 0;
+
+/// The Python exception for a transport error: a closed connection is `UCXCloseError`, a peer
+/// that failed `UCXConnectionResetError`, a time limit `UCXTimedOutError`, an address nobody
+/// listens on `UCXUnreachableError`; anything else (a peer that broke the wire format, a
+/// refused message) `UCXError` with the transport's words. `ucxrs.distributed` turns each
+/// into Dask's `CommClosedError`.
+fn to_py(e: TransportError) -> PyErr {
+    let text = e.to_string();
+    match e {
+        TransportError::Closed(CloseReason::PeerFailed(_)) => {
+            UCXConnectionResetError::new_err(text)
+        }
+        TransportError::Closed(_) => UCXCloseError::new_err(text),
+        TransportError::Timeout(_) => UCXTimedOutError::new_err(text),
+        TransportError::Address(_) => PyValueError::new_err(text),
+        TransportError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            UCXUnreachableError::new_err(text)
+        }
+        TransportError::Ucx(u) => crate::errors::to_py(u),
+        _ => UCXError::new_err(text),
+    }
+}
+
+/// `fut`, awaitable from Python, woken by the transport's threads.
+fn awaitable<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    buffer::release_pending(py);
+    Polled::wrap(py, fut, Wait::Transport)
+}
+
+/// The transport's options for the comm: its defaults (at most 65,536 frames and 4 GiB a
+/// message, refused before anything is allocated), with a connect limit from Dask.
+fn options(connect_timeout: Option<f64>) -> PyResult<transport::Options> {
+    let mut opts = transport::Options::default();
+    if let Some(t) = connect_timeout {
+        if !t.is_finite() || t <= 0.0 {
+            return Err(PyValueError::new_err(format!(
+                "connect_timeout must be a positive number of seconds, not {t}"
+            )));
+        }
+        opts.connect_timeout = std::time::Duration::from_secs_f64(t);
+    }
+    Ok(opts)
+}
+
+fn parse(address: &str) -> PyResult<Address> {
+    address
+        .parse()
+        .map_err(|e| PyValueError::new_err(format!("{address:?}: {e}")))
+}
+
+/// A host frame lent by Python: the bytes of the object's buffer, kept until dropped.
+struct Lent(PyBuf);
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        self.0.host_bytes()
+    }
+}
+
+/// The frames of one message, taken from `frames` (any objects with the buffer protocol).
+fn message(frames: &Bound<'_, PyAny>) -> PyResult<(Message, usize)> {
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    for f in frames.try_iter()? {
+        let f = f?;
+        let buf = PyBuf::readable(&f)?;
+        if !buf.is_host() {
+            return Err(PyTypeError::new_err(
+                "a device frame: the ucxrs comm carries host frames (Dask moves device objects \
+                 through host memory on it; device frames are the GPU issue's, docs/dask.md)",
+            ));
+        }
+        total += buf.host_bytes().len();
+        out.push(Frame::from(Bytes::from_owner(Lent(buf))));
+    }
+    Ok((Message::from(out), total))
+}
+
+/// A connection of `transport` (`ucx://`, `tcp://`, `tls://` or `inproc://`).
+#[pyclass(module = "ucxrs._ucxrs", frozen)]
+#[derive(Debug)]
+pub struct Conn {
+    conn: Arc<Connection>,
+}
+
+#[pymethods]
+impl Conn {
+    /// Sends `frames` (a list of objects with the buffer protocol) as one message; returns
+    /// the bytes sent.
+    fn send<'py>(
+        &self,
+        py: Python<'py>,
+        frames: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (msg, total) = message(frames)?;
+        let conn = Arc::clone(&self.conn);
+        awaitable(py, async move {
+            conn.send(CHANNEL, msg).await.map_err(to_py)?;
+            Ok(total)
+        })
+    }
+
+    /// The frames of the next message, as a list of writable buffers.
+    fn recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let conn = Arc::clone(&self.conn);
+        awaitable(py, async move {
+            let (channel, msg) = conn.recv().await.map_err(to_py)?;
+            if channel != CHANNEL {
+                let _ = conn.close().await;
+                return Err(UCXError::new_err(format!(
+                    "the peer sent on channel {channel}: not a ucxrs comm"
+                )));
+            }
+            let mut frames = Vec::with_capacity(msg.frames.len());
+            for f in msg.frames {
+                let Some(b) = f.as_host() else {
+                    let _ = conn.close().await;
+                    return Err(UCXError::new_err(
+                        "the peer sent a device frame, which this comm does not take",
+                    ));
+                };
+                frames.push(RecvFrame::from_bytes(b)?);
+            }
+            Ok(Frames(frames))
+        })
+    }
+
+    /// Closes the connection: the peer's receive fails once it has taken what was sent before.
+    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let conn = Arc::clone(&self.conn);
+        awaitable(py, async move {
+            match conn.close().await {
+                Ok(()) | Err(TransportError::Closed(_)) => Ok(()),
+                Err(e) => Err(to_py(e)),
+            }
+        })
+    }
+
+    /// Closes without waiting (on the transport's runtime): for `Comm.abort`, which is not a
+    /// coroutine.
+    fn abort(&self) {
+        let conn = Arc::clone(&self.conn);
+        pyo3_async_runtimes::tokio::get_runtime().spawn(async move {
+            let _ = conn.close().await;
+        });
+    }
+
+    /// Whether the connection is closed (by either side, or failed).
+    #[getter]
+    fn closed(&self) -> bool {
+        self.conn.is_closed()
+    }
+
+    /// Why it closed, in words, or `None` while open.
+    #[getter]
+    fn close_reason(&self) -> Option<String> {
+        self.conn.close_reason().map(|r| r.to_string())
+    }
+
+    /// The peer's address (`ucx://host:port`; for an accepted connection, where it came from).
+    #[getter]
+    fn peer_address(&self) -> String {
+        self.conn.peer_addr().to_string()
+    }
+
+    /// Which lanes carry it: `(this side's ring, the peer's ring)` on `ucx://` (a same-host
+    /// ring each way, docs/transport.md), `(False, False)` elsewhere.
+    #[getter]
+    fn rings(&self) -> (bool, bool) {
+        self.conn.ucx_rings()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<ucxrs Conn to {}>", self.conn.peer_addr())
+    }
+}
+
+/// The received frames, turned into a Python list of writable `memoryview`s (what Dask's TCP
+/// comm gives: sliceable, with `nbytes`) on the loop's thread.
+struct Frames(Vec<RecvFrame>);
+
+impl<'py> IntoPyObject<'py> for Frames {
+    type Target = PyList;
+    type Output = Bound<'py, PyList>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items = self
+            .0
+            .into_iter()
+            .map(|f| PyMemoryView::from(Bound::new(py, f)?.as_any()))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+}
+
+/// A received frame: a writable buffer of its own (a `memoryview(frame)` is writable), whose
+/// memory goes back to the transport's receive pool when the last view of it is gone.
+#[pyclass(module = "ucxrs._ucxrs")]
+#[derive(Debug)]
+pub struct RecvFrame {
+    data: Vec<u8>,
+}
+
+impl RecvFrame {
+    fn from_bytes(b: &Bytes) -> PyResult<RecvFrame> {
+        let data = transport::owned_copy(b).ok_or_else(|| {
+            pyo3::exceptions::PyMemoryError::new_err(format!(
+                "no memory for a received frame of {} bytes",
+                b.len()
+            ))
+        })?;
+        Ok(RecvFrame { data })
+    }
+}
+
+impl Drop for RecvFrame {
+    fn drop(&mut self) {
+        transport::recycle_buffer(std::mem::take(&mut self.data));
+    }
+}
+
+#[pymethods]
+impl RecvFrame {
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The buffer protocol: one-dimensional bytes, writable. A view pins the frame (Python
+    /// keeps the object alive while a view exists, and nothing here resizes it).
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("a null view"));
+        }
+        let (ptr, len) = {
+            let mut me = slf.borrow_mut();
+            (me.data.as_mut_ptr(), me.data.len())
+        };
+        // SAFETY: `view` is the Py_buffer the interpreter asks us to fill (checked non-null);
+        // PyBuffer_FillInfo takes a reference to the owner (released with the view), and
+        // `ptr` stays valid and unmoved while the owner lives: the frame's Vec is never
+        // resized, and is freed only when the object is, after its last view.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr.cast(),
+                len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc == -1 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<ucxrs RecvFrame of {} bytes>", self.data.len())
+    }
+}
+
+/// A listener of `transport`.
+#[pyclass(module = "ucxrs._ucxrs", frozen)]
+#[derive(Debug)]
+pub struct Listen {
+    inner: Arc<tokio::sync::Mutex<Option<transport::Listener>>>,
+    address: String,
+}
+
+#[pymethods]
+impl Listen {
+    /// The next connection. Raises `UCXCloseError` once the listener is closed.
+    fn accept<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let inner = Arc::clone(&self.inner);
+        awaitable(py, async move {
+            let mut l = inner.lock().await;
+            let Some(l) = l.as_mut() else {
+                return Err(UCXCloseError::new_err("the listener is closed"));
+            };
+            let conn = l.accept().await.map_err(to_py)?;
+            Ok(Conn {
+                conn: Arc::new(conn),
+            })
+        })
+    }
+
+    /// Stops listening (an `accept` in progress must be cancelled first, or it keeps the
+    /// listener until it returns).
+    fn close(&self) {
+        if let Ok(mut l) = self.inner.try_lock() {
+            l.take();
+        } else {
+            let inner = Arc::clone(&self.inner);
+            pyo3_async_runtimes::tokio::get_runtime().spawn(async move {
+                inner.lock().await.take();
+            });
+        }
+    }
+
+    /// The bound address (port 0 resolved): `ucx://host:port`.
+    #[getter]
+    fn address(&self) -> &str {
+        &self.address
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<ucxrs Listen on {}>", self.address)
+    }
+}
+
+/// Listens on `address` (`ucx://host:port`, port 0 for any).
+#[pyfunction]
+pub fn transport_listen<'py>(py: Python<'py>, address: &str) -> PyResult<Bound<'py, PyAny>> {
+    let addr = parse(address)?;
+    let opts = options(None)?;
+    awaitable(py, async move {
+        let l = transport::listen_with(&addr, &opts).await.map_err(to_py)?;
+        let address = l.local_addr().to_string();
+        Ok(Listen {
+            inner: Arc::new(tokio::sync::Mutex::new(Some(l))),
+            address,
+        })
+    })
+}
+
+/// Connects to `address`, within `timeout` seconds (the transport's 10 s by default).
+#[pyfunction]
+#[pyo3(signature = (address, timeout = None))]
+pub fn transport_connect<'py>(
+    py: Python<'py>,
+    address: &str,
+    timeout: Option<f64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let addr = parse(address)?;
+    let opts = options(timeout)?;
+    awaitable(py, async move {
+        let conn = transport::connect_with(&addr, &opts).await.map_err(to_py)?;
+        Ok(Conn {
+            conn: Arc::new(conn),
+        })
+    })
+}

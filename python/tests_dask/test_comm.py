@@ -1,0 +1,327 @@
+"""The ``ucxrs://`` comm against Dask's comm contract, in the shape of distributed's
+``comm/tests/test_comms.py``: round trips of every kind of message, closed comms detected
+explicitly and implicitly, connect failures, many listeners, deserialisation on and off, repr
+and addresses, and strangers that send garbage."""
+
+import asyncio
+import logging
+
+import numpy as np
+import pytest
+from distributed.comm import connect, listen, parse_address
+from distributed.comm.core import CommClosedError
+from distributed.comm.registry import get_backend
+from distributed.protocol import Serialized, deserialize, serialize, to_serialize
+
+import ucxrs
+from ucxrs import _ucxrs
+from ucxrs.distributed import UCXRS, UCXRSBackend
+
+
+async def echo_server(deserialize=True, handler=None):
+    """A listener whose comms echo every message until the peer closes."""
+
+    async def echo(comm):
+        try:
+            while True:
+                msg = await comm.read()
+                await comm.write(msg)
+        except CommClosedError:
+            pass
+        finally:
+            await comm.close()
+
+    listener = listen("ucxrs://127.0.0.1", handler or echo, deserialize=deserialize)
+    await listener.start()
+    return listener
+
+
+async def test_registered_by_entry_point():
+    assert isinstance(get_backend("ucxrs"), UCXRSBackend)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        {"op": "ping"},
+        [1, 2.5, "three", None, b"four"],
+        {"x": b"", "y": [b"a" * 10, {"nested": (1, 2)}]},
+        {"data": b"\x00\xff" * 40_000},  # 80 KB: one large frame
+        {"data": to_serialize(np.arange(1_000_000, dtype="f8"))},  # 8 MB, a same-host ring
+        {"data": to_serialize(np.arange(20_000_000, dtype="i4"))},  # 80 MB: past the ring
+        {"many": [to_serialize(np.full(10, i)) for i in range(300)]},
+    ],
+    ids=["dict", "list", "nested-bytes", "80KB", "8MB", "80MB", "300-frames"],
+)
+async def test_round_trip(msg):
+    listener = await echo_server()
+    comm = await connect(listener.contact_address)
+    try:
+        n = await comm.write(msg)
+        assert n > 0
+        back = await comm.read()
+        assert _plain(back) == _plain(msg)
+    finally:
+        await comm.close()
+        listener.stop()
+
+
+def _plain(x):
+    """A message with its arrays as lists (comparable with ==)."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "data") and type(x).__name__ == "Serialize":
+        x = x.data
+    if isinstance(x, np.ndarray):
+        return ("array", str(x.dtype), x.shape, x.tobytes()[:64], int(x.sum()))
+    return x
+
+
+async def test_received_arrays_are_writable():
+    got = asyncio.get_running_loop().create_future()
+
+    async def keep(comm):
+        got.set_result(await comm.read())
+        await comm.close()
+
+    listener = await echo_server(handler=keep)
+    comm = await connect(listener.contact_address)
+    await comm.write({"a": to_serialize(np.arange(100_000, dtype="i8")), "b": b"x" * 70_000})
+    msg = await asyncio.wait_for(got, 30)
+    a = msg["a"]
+    assert a.flags.writeable and a[-1] == 99_999
+    a[:] = 7
+    assert int(a.sum()) == 700_000
+    await comm.close()
+    listener.stop()
+
+
+async def test_frames_are_one_message_and_writable():
+    """Below Dask's framing: one send of many frames arrives as one list of writable frames."""
+    listener = await _ucxrs.transport_listen("ucx://127.0.0.1:0")
+    accept = asyncio.ensure_future(listener.accept())
+    client = await _ucxrs.transport_connect(listener.address)
+    server = await accept
+    frames = [b"", b"small", bytearray(70_000), np.arange(500_000, dtype="u1"), memoryview(b"m" * 3)]
+    assert await client.send(frames) == sum(memoryview(f).nbytes for f in frames)
+    got = await server.recv()
+    assert [bytes(f) for f in got] == [bytes(memoryview(f)) for f in frames]
+    view = memoryview(got[3])
+    assert not view.readonly
+    view[0] = 255
+    assert bytes(got[3])[0] == 255
+    await client.close()
+    with pytest.raises(ucxrs.UCXCloseError):
+        await server.recv()
+    assert server.closed and client.closed
+    listener.close()
+
+
+async def test_deserialize_off():
+    listener = await echo_server(deserialize=False)
+    comm = await connect(listener.contact_address, deserialize=False)
+    x = np.arange(1000)
+    await comm.write({"x": to_serialize(x)})
+    back = await comm.read()
+    assert isinstance(back["x"], Serialized)
+    assert (deserialize(back["x"].header, back["x"].frames) == x).all()
+    await comm.close()
+    listener.stop()
+
+
+async def test_serialized_objects_pass_through():
+    listener = await echo_server(deserialize=False)
+    comm = await connect(listener.contact_address)
+    header, frames = serialize(np.ones(10))
+    await comm.write({"s": Serialized(header, frames)})
+    back = await comm.read()
+    assert (back["s"] == 1).all()
+    await comm.close()
+    listener.stop()
+
+
+async def test_closed_explicitly():
+    listener = await echo_server()
+    comm = await connect(listener.contact_address)
+    await comm.write({"op": "x"})
+    assert await comm.read() == {"op": "x"}
+    await comm.close()
+    assert comm.closed()
+    with pytest.raises(CommClosedError):
+        await comm.write({})
+    with pytest.raises(CommClosedError):
+        await comm.read()
+    await comm.close()  # twice: nothing
+    listener.stop()
+
+
+async def test_closed_implicitly():
+    """The server closes at once: the client finds out when it reads."""
+
+    async def close_at_once(comm):
+        await comm.close()
+
+    listener = await echo_server(handler=close_at_once)
+    comm = await connect(listener.contact_address)
+    with pytest.raises(CommClosedError):
+        await comm.write({})
+        await comm.read()
+    assert comm.closed()
+    listener.stop()
+
+
+async def test_abort_ends_the_peers_read():
+    peer = asyncio.get_running_loop().create_future()
+
+    async def hold(comm):
+        peer.set_result(comm)
+        with pytest.raises(CommClosedError):
+            await comm.read()
+
+    listener = await echo_server(handler=hold)
+    comm = await connect(listener.contact_address)
+    server_comm = await asyncio.wait_for(peer, 30)
+    comm.abort()
+    assert comm.closed()
+    with pytest.raises(CommClosedError):
+        await comm.read()
+    for _ in range(200):
+        if server_comm.closed():
+            break
+        await asyncio.sleep(0.05)
+    assert server_comm.closed()
+    listener.stop()
+
+
+async def test_cancelled_read_loses_nothing():
+    listener = await echo_server()
+    comm = await connect(listener.contact_address)
+    reading = asyncio.ensure_future(comm.read())
+    await asyncio.sleep(0.05)
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    await comm.write({"after": 1})
+    assert await comm.read() == {"after": 1}
+    await comm.close()
+    listener.stop()
+
+
+async def test_connect_to_nobody_fails_within_the_timeout():
+    # A port that nothing listens on (bound, then freed).
+    listener = await echo_server()
+    address = listener.contact_address
+    listener.stop()
+    await asyncio.sleep(0.1)
+    with pytest.raises(OSError):
+        await connect(address, timeout=2)
+
+
+async def test_many_listeners():
+    listeners = [await echo_server() for _ in range(10)]
+    assert len({l.contact_address for l in listeners}) == 10
+    comms = [await connect(l.contact_address) for l in listeners]
+    for i, c in enumerate(comms):
+        await c.write({"i": i})
+    assert [await c.read() for c in comms] == [{"i": i} for i in range(10)]
+    for c in comms:
+        await c.close()
+    for l in listeners:
+        l.stop()
+
+
+async def test_many_comms_to_one_listener():
+    listener = await echo_server()
+    comms = await asyncio.gather(*[connect(listener.contact_address) for _ in range(20)])
+    await asyncio.gather(*[c.write({"i": i}) for i, c in enumerate(comms)])
+    assert await asyncio.gather(*[c.read() for c in comms]) == [{"i": i} for i in range(20)]
+    await asyncio.gather(*[c.close() for c in comms])
+    listener.stop()
+
+
+async def test_addresses_and_repr():
+    listener = await echo_server()
+    scheme, loc = parse_address(listener.listen_address)
+    assert scheme == "ucxrs" and loc.startswith("127.0.0.1:")
+    assert listener.contact_address == listener.listen_address
+    comm = await connect(listener.contact_address)
+    assert isinstance(comm, UCXRS)
+    assert comm.peer_address == listener.contact_address
+    assert comm.local_address == "" and not comm.same_host
+    assert "ucxrs://" in repr(comm)
+    assert comm.extra_info["same_host_rings"] == {"out": True, "in": True}
+    await comm.close()
+    listener.stop()
+
+    wildcard = listen("ucxrs://0.0.0.0:0", None)
+    await wildcard.start()
+    assert wildcard.listen_address.startswith("ucxrs://0.0.0.0:")
+    assert not wildcard.contact_address.startswith("ucxrs://0.0.0.0")
+    wildcard.stop()
+
+    backend = get_backend("ucxrs")
+    assert backend.resolve_address("localhost:1234") == "127.0.0.1:1234"
+    assert backend.get_address_host_port("10.1.2.3:99") == ("10.1.2.3", 99)
+    assert backend.get_local_address_for("127.0.0.1:1") == "127.0.0.1"
+
+
+async def test_server_side_addresses():
+    peer = asyncio.get_running_loop().create_future()
+
+    async def keep(comm):
+        peer.set_result(comm)
+        with pytest.raises(CommClosedError):
+            await comm.read()
+
+    listener = await echo_server(handler=keep)
+    comm = await connect(listener.contact_address)
+    server_comm = await asyncio.wait_for(peer, 30)
+    assert server_comm.local_address == listener.contact_address
+    assert server_comm.peer_address.startswith("ucxrs://127.0.0.1:")
+    assert server_comm.same_host
+    await comm.close()
+    listener.stop()
+
+
+async def test_strangers_with_garbage_are_refused(caplog):
+    """A raw UCX peer sending junk, and a transport peer sending frames that are not Dask's:
+    each is refused, and the listener serves a Dask comm afterwards."""
+    listener = await echo_server()
+    host, port = listener.contact_address[len("ucxrs://") :].rsplit(":", 1)
+
+    ep = await ucxrs.create_endpoint(host, int(port))
+    await ep.send(np.frombuffer(b"\xde\xad\xbe\xef" * 64, dtype="u1"))
+    await ep.close()
+
+    caplog.set_level(logging.WARNING, logger="ucxrs.distributed")
+    conn = await _ucxrs.transport_connect("ucx://" + host + ":" + port)
+    await conn.send([b"\x93not msgpack at all", b"\xff" * 100])
+    with pytest.raises(ucxrs.UCXError):
+        for _ in range(5):  # the listener writes its handshake, then refuses ours
+            await conn.recv()
+    assert any("refused a connection" in r.getMessage() for r in caplog.records)
+
+    comm = await connect(listener.contact_address)
+    await comm.write({"still": "serving"})
+    assert await comm.read() == {"still": "serving"}
+    await comm.close()
+    listener.stop()
+
+
+async def test_bad_addresses():
+    with pytest.raises(ValueError):
+        await _ucxrs.transport_connect("nonsense")
+    with pytest.raises(ValueError):
+        await _ucxrs.transport_connect("ucx://127.0.0.1:1", timeout=-1)
+    listener = await _ucxrs.transport_listen("ucx://127.0.0.1:0")
+    accept = asyncio.ensure_future(listener.accept())
+    client = await _ucxrs.transport_connect(listener.address)
+    server = await accept
+    with pytest.raises(TypeError):
+        client.send([b"fine", 12])  # refused before anything is sent
+    await client.send([b"fine"])
+    assert [bytes(f) for f in await server.recv()] == [b"fine"]
+    await client.close()
+    listener.close()

@@ -1,0 +1,308 @@
+"""Dask ``distributed``'s comm backend over our transport: the ``ucxrs://`` scheme.
+
+Installed with the package, it is registered under the entry-point group
+``distributed.comm.backends``, so stock Dask finds it by its scheme::
+
+    LocalCluster(protocol="ucxrs")            # or: dask scheduler --protocol ucxrs
+    Client("ucxrs://10.0.0.1:8786")           #     dask worker ucxrs://10.0.0.1:8786
+
+Each Dask message (a list of frames from ``to_frames``) is one message of ``transport``'s
+``ucx://`` connection: one await and one crossing into Rust, the frames lent without copies
+(UCXX's comm sends three messages per Dask message: count, sizes, frames). On one host, large
+frames go through the connection's same-host rings (docs/transport.md). Received frames are
+writable buffers of their own. A closed, aborted, failed or garbled connection raises
+``CommClosedError``, as Dask's TCP comm does. Device objects (CuPy, RMM) are moved by Dask's
+host serialisers on this comm (it does not claim device frames); see docs/dask.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+
+from distributed.comm.addressing import parse_host_port, unparse_host_port
+from distributed.comm.core import BaseListener, Comm, CommClosedError, Connector
+from distributed.comm.registry import Backend
+from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
+from distributed.utils import ensure_ip, get_ip, get_ipv6
+
+from . import _ucxrs
+from ._ucxrs import UCXError
+
+logger = logging.getLogger("ucxrs.distributed")
+
+PREFIX = "ucxrs://"
+# The transport's own scheme for what Dask calls ucxrs://.
+_TRANSPORT = "ucx://"
+
+
+def _to_transport(host, port):
+    return _TRANSPORT + unparse_host_port(host or "0.0.0.0", port)
+
+
+def _from_transport(address):
+    """``ucx://host:port`` (the transport's) as Dask's ``ucxrs://host:port``."""
+    if address.startswith(_TRANSPORT):
+        address = address[len(_TRANSPORT) :]
+    return PREFIX + address
+
+
+def _abort_dangling(conn, name):
+    if not conn.closed:
+        logger.warning("closing a dangling comm: %s", name)
+        conn.abort()
+
+
+class UCXRS(Comm):
+    """A Dask comm over one ``transport`` connection."""
+
+    def __init__(self, conn, local_addr, peer_addr, deserialize=True):
+        self._conn = conn
+        self._local_addr = local_addr
+        self._peer_addr = peer_addr
+        self._closed = False
+        super().__init__(deserialize=deserialize)
+        self._finalizer = weakref.finalize(self, _abort_dangling, conn, repr(self))
+        self._finalizer.atexit = False
+
+    @property
+    def local_address(self) -> str:
+        return self._local_addr
+
+    @property
+    def peer_address(self) -> str:
+        return self._peer_addr
+
+    @property
+    def same_host(self) -> bool:
+        # A connecting comm has no local address (as UCXX's): the peer's host is not known
+        # to be ours.
+        return super().same_host if self._local_addr else False
+
+    @property
+    def extra_info(self):
+        ours, theirs = self._conn.rings
+        return {"same_host_rings": {"out": ours, "in": theirs}}
+
+    def _lost(self, e):
+        self._closed = True
+        self._finalizer.detach()
+        self._conn.abort()
+        return CommClosedError(f"in {self!r}: {e}")
+
+    async def write(self, msg, serializers=None, on_error="message"):
+        if self._closed:
+            raise CommClosedError(f"{self!r} is closed")
+        frames = await to_frames(
+            msg,
+            allow_offload=self.allow_offload,
+            serializers=serializers,
+            on_error=on_error,
+            context={
+                "sender": self.local_info,
+                "recipient": self.remote_info,
+                **self.handshake_options,
+            },
+        )
+        try:
+            return await self._conn.send(frames)
+        except UCXError as e:
+            raise self._lost(e) from e
+        except BaseException:
+            # Cancelled or interrupted: on ucx:// a posted message is delivered whole, but
+            # nothing says how far this one got; as Dask's TCP comm, give the comm up.
+            self.abort()
+            raise
+
+    async def read(self, deserializers=None):
+        if self._closed:
+            raise CommClosedError(f"{self!r} is closed")
+        try:
+            # Cancel-safe: a cancelled read leaves the next message for the next read.
+            frames = await self._conn.recv()
+        except UCXError as e:
+            raise self._lost(e) from e
+        try:
+            return await from_frames(
+                frames,
+                deserialize=self.deserialize,
+                deserializers=deserializers,
+                allow_offload=self.allow_offload,
+            )
+        except EOFError:
+            self.abort()
+            raise CommClosedError(f"in {self!r}: aborted on truncated data")
+
+    async def close(self):
+        if self._closed and self._conn.closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        try:
+            await self._conn.close()
+        except UCXError:
+            pass
+
+    def abort(self):
+        self._closed = True
+        self._finalizer.detach()
+        self._conn.abort()
+
+    def closed(self):
+        if not self._closed and self._conn.closed:
+            self._closed = True
+        return self._closed
+
+
+class UCXRSConnector(Connector):
+    prefix = PREFIX
+    comm_class = UCXRS
+    encrypted = False
+
+    async def connect(self, address, deserialize=True, **connection_args):
+        host, port = parse_host_port(address)
+        try:
+            conn = await _ucxrs.transport_connect(_to_transport(host, port))
+        except UCXError as e:
+            # An OSError: Dask's connect retries until its own time limit.
+            raise CommClosedError(f"cannot connect to {self.prefix}{address}: {e}") from e
+        return self.comm_class(
+            conn, local_addr="", peer_addr=self.prefix + address, deserialize=deserialize
+        )
+
+
+class UCXRSListener(BaseListener):
+    prefix = PREFIX
+    comm_class = UCXRS
+    encrypted = False
+
+    def __init__(
+        self,
+        address,
+        comm_handler,
+        deserialize=True,
+        allow_offload=True,
+        default_host=None,
+        default_port=0,
+        **connection_args,
+    ):
+        super().__init__()
+        if address.startswith(self.prefix):
+            address = address[len(self.prefix) :]
+        self.ip, self.port = parse_host_port(address, default_port)
+        self.default_host = default_host
+        self.comm_handler = comm_handler
+        self.deserialize = deserialize
+        self.allow_offload = allow_offload
+        self._listen = None
+        self._bound = None
+        self._serving = None
+        self._handling = set()
+
+    async def start(self):
+        self._listen = await _ucxrs.transport_listen(_to_transport(self.ip, self.port))
+        self._bound = parse_host_port(self._listen.address[len(_TRANSPORT) :])
+        self._serving = asyncio.ensure_future(self._serve())
+
+    async def _serve(self):
+        failures = 0
+        while self._listen is not None:
+            try:
+                conn = await self._listen.accept()
+            except UCXError as e:
+                if self._listen is None:
+                    return
+                # The transport drops peers whose set-up failed itself; an accept that fails
+                # is the listener's: say so, and back off rather than spin.
+                failures += 1
+                logger.warning("%s: accept failed (%s)", self.contact_address, e)
+                await asyncio.sleep(min(1.0, 0.01 * 2**failures))
+                continue
+            failures = 0
+            task = asyncio.ensure_future(self._handle(conn))
+            self._handling.add(task)
+            task.add_done_callback(self._handling.discard)
+
+    async def _handle(self, conn):
+        comm = self.comm_class(
+            conn,
+            local_addr=self.contact_address,
+            peer_addr=_from_transport(conn.peer_address),
+            deserialize=self.deserialize,
+        )
+        comm.allow_offload = self.allow_offload
+        try:
+            await self.on_connection(comm)
+        except CommClosedError:
+            logger.info("connection from %s closed before its handshake", comm.peer_address)
+            return
+        except Exception as e:
+            # A peer that is not Dask (or not this version of it): refuse it, keep serving.
+            logger.warning(
+                "refused a connection from %s: its handshake failed (%s: %s)",
+                comm.peer_address,
+                type(e).__name__,
+                e,
+            )
+            comm.abort()
+            return
+        if self._listen is None:
+            # Stopped meanwhile: abort_handshaking_comms() has run and missed this one.
+            comm.abort()
+            return
+        try:
+            await self.comm_handler(comm)
+        except Exception:
+            # Dask's handlers catch their own; what escapes is logged, as Tornado logs it for
+            # the TCP comm, and the comm given up.
+            logger.exception("the handler of a comm from %s failed", comm.peer_address)
+            comm.abort()
+
+    def stop(self):
+        listen, self._listen = self._listen, None
+        if self._serving is not None:
+            self._serving.cancel()
+        if listen is not None:
+            listen.close()
+
+    def get_host_port(self):
+        if self._bound is None:
+            raise ValueError("invalid operation on a UCXRSListener that is not started")
+        return self._bound
+
+    @property
+    def listen_address(self):
+        return self.prefix + unparse_host_port(*self.get_host_port())
+
+    @property
+    def contact_address(self):
+        host, port = self.get_host_port()
+        host = ensure_concrete_host(host, default_host=self.default_host)
+        return self.prefix + unparse_host_port(host, port)
+
+
+class UCXRSBackend(Backend):
+    """The ``ucxrs://`` backend (entry point ``distributed.comm.backends: ucxrs``)."""
+
+    def get_connector(self):
+        return UCXRSConnector()
+
+    def get_listener(self, loc, handle_comm, deserialize, **connection_args):
+        return UCXRSListener(loc, handle_comm, deserialize, **connection_args)
+
+    def get_address_host(self, loc):
+        return parse_host_port(loc)[0]
+
+    def get_address_host_port(self, loc):
+        return parse_host_port(loc)
+
+    def resolve_address(self, loc):
+        host, port = parse_host_port(loc)
+        return unparse_host_port(ensure_ip(host), port)
+
+    def get_local_address_for(self, loc):
+        host, _ = parse_host_port(loc)
+        host = ensure_ip(host)
+        local = get_ipv6(host) if ":" in host else get_ip(host)
+        return unparse_host_port(local, None)
