@@ -71,6 +71,9 @@ pub struct Bell {
     /// The core it was made for (a reset makes a new one, and new bells); `None` for the
     /// bell of `transport`'s connections (the Dask comm), which need no UCXX-API core.
     core: Option<std::sync::Weak<Core>>,
+    /// A transport bell's worker when the event loop progresses it (`transport_configure`'s
+    /// `"loop"` mode).
+    transport_worker: Option<ucx::Worker>,
     /// Blocking mode: our duplicate of the worker's event fd, which the loop watches.
     worker_fd: Option<std::os::fd::OwnedFd>,
 }
@@ -93,8 +96,16 @@ impl Bell {
         let (tx, rx) = UnixStream::pair()?;
         tx.set_nonblocking(true)?;
         rx.set_nonblocking(true)?;
+        let mut transport_worker = None;
         let (core, worker_fd) = if transport {
-            (None, None)
+            match crate::comm::loop_worker()? {
+                Some(w) => {
+                    let fd = w.event_fd().map_err(crate::errors::to_py)?;
+                    transport_worker = Some(w);
+                    (None, Some(fd))
+                }
+                None => (None, None),
+            }
         } else {
             let core = py.detach(crate::core)?;
             let fd = if core.mode == ucx::ProgressMode::Blocking {
@@ -112,6 +123,7 @@ impl Bell {
             rx,
             waiting: Mutex::new(HashMap::new()),
             core,
+            transport_worker,
             worker_fd,
         })
     }
@@ -141,11 +153,16 @@ impl Bell {
     /// must call again soon rather than wait on it), or `"gone"` once the bell's core is gone
     /// (the loop should stop watching the fd).
     fn on_worker_event(&self, py: Python<'_>) -> PyResult<&'static str> {
-        let Some(core) = self.core.as_ref().and_then(std::sync::Weak::upgrade) else {
-            return Ok("gone");
+        let worker = match (&self.core, &self.transport_worker) {
+            (_, Some(w)) => w.clone(),
+            (Some(core), None) => match core.upgrade() {
+                Some(core) => core.worker.clone(),
+                None => return Ok("gone"),
+            },
+            (None, None) => return Ok("gone"),
         };
-        let armed = py.detach(|| arm(&core));
-        drop(core);
+        let armed = py.detach(|| arm(&worker));
+        drop(worker);
         buffer::release_pending(py);
         self.ring(py)?;
         Ok(if armed { "armed" } else { "busy" })
@@ -177,9 +194,9 @@ impl Bell {
 
 /// Progresses and arms a blocking-mode worker, a bounded number of times; false when UCX
 /// still had events to handle (the caller then steps again instead of sleeping).
-fn arm(core: &Core) -> bool {
+fn arm(worker: &ucx::Worker) -> bool {
     for _ in 0..8 {
-        match core.worker.progress_and_arm() {
+        match worker.progress_and_arm() {
             Ok(true) => return true,
             Ok(false) => {}
             Err(e) => {
@@ -239,8 +256,11 @@ pub(crate) enum Wait {
     /// by the transport's own threads (the Dask comm, whatever the progress mode).
     Transport,
     /// Arms the worker's event fd, which the loop watches, then waits for its bell (blocking
-    /// mode).
-    Arm(Arc<Core>),
+    /// mode; and the transport's worker in its `"loop"` mode, then with the transport bell).
+    Arm {
+        worker: ucx::Worker,
+        transport: bool,
+    },
 }
 
 /// An awaitable over a Rust future, polled on the event loop's thread (see the module).
@@ -295,7 +315,7 @@ impl Polled {
         let rt = pyo3_async_runtimes::tokio::get_runtime();
         let spin = !matches!(self.how, Wait::Bell | Wait::Transport);
         let external = match &self.how {
-            Wait::Arm(core) => Some(core),
+            Wait::Arm { worker, .. } => Some(worker),
             _ => None,
         };
         // The awaitable's own lock is only ever contended by a misuse (two loops awaiting
@@ -311,7 +331,7 @@ impl Polled {
                 while polled.is_pending() && std::time::Instant::now() < deadline {
                     // A polling worker's futures progress it when polled; an external one is
                     // progressed here.
-                    if external.is_none_or(|core| core.worker.progress() > 0) {
+                    if external.is_none_or(|w| w.progress() > 0) {
                         polled = fut.as_mut().poll(&mut cx);
                     }
                 }
@@ -341,7 +361,15 @@ impl Polled {
         let waker = if wake {
             let mut w = self.waker.lock().unwrap_or_else(|e| e.into_inner());
             if w.is_none() {
-                let bell = running_bell(py, matches!(self.how, Wait::Transport))?;
+                let transport = matches!(
+                    self.how,
+                    Wait::Transport
+                        | Wait::Arm {
+                            transport: true,
+                            ..
+                        }
+                );
+                let bell = running_bell(py, transport)?;
                 let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
                 let ringer = Arc::clone(&bell.borrow(py).ringer);
                 *w = Some((bell, token, Waker::from(Arc::new(Token { ringer, token }))));
@@ -359,11 +387,11 @@ impl Polled {
             }
             Some(Poll::Pending) if !wake => Ok(Some(py.None())),
             Some(Poll::Pending) => {
-                if let Wait::Arm(core) = &self.how {
+                if let Wait::Arm { worker, .. } = &self.how {
                     // The loop sleeps on the worker's event fd only once it is armed; when UCX
                     // still had events after a few rounds, step again soon instead.
-                    let core = Arc::clone(core);
-                    if !py.detach(|| arm(&core)) {
+                    let worker = worker.clone();
+                    if !py.detach(|| arm(&worker)) {
                         return Ok(Some(py.None()));
                     }
                 }

@@ -61,7 +61,29 @@ where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
     buffer::release_pending(py);
-    Polled::wrap(py, fut, Wait::Transport)
+    let how = match loop_worker()? {
+        Some(worker) => Wait::Arm {
+            worker,
+            transport: true,
+        },
+        None => Wait::Transport,
+    };
+    Polled::wrap(py, fut, how)
+}
+
+/// Whether the event loop progresses the transport's worker (`transport_configure`'s `"loop"`).
+static LOOP_PROGRESS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The transport's worker, when the event loop progresses it: awaitables then progress it for
+/// a moment before they wait (a reply on one host often comes within it), arm its event fd,
+/// and the loop, watching that fd, progresses it and resolves what woke. A message then wakes
+/// the thread that waits for it, and no thread in between (a UCX progress thread that wakes
+/// and rings the loop is two wake-ups; from idle, on a VM, each costs hundreds of µs).
+pub(crate) fn loop_worker() -> PyResult<Option<ucx::Worker>> {
+    if !LOOP_PROGRESS.load(std::sync::atomic::Ordering::Acquire) {
+        return Ok(None);
+    }
+    transport::ucx_worker().map(Some).map_err(to_py)
 }
 
 /// The transport's options for the comm: its defaults (at most 65,536 frames and 4 GiB a
@@ -364,6 +386,41 @@ pub fn transport_listen<'py>(py: Python<'py>, address: &str) -> PyResult<Bound<'
             address,
         })
     })
+}
+
+/// Chooses how `transport`'s `ucx://` backend runs, before its first use in this process:
+/// `progress` is `"loop"` (the event loop that awaits the operations progresses the worker:
+/// it watches the worker's event fd), `"thread"` (UCX's progress thread, the transport's
+/// default) or `"blocking"` (a task of the runtime sleeping on the worker's event fd), `same_host_ring` the bytes of each connection's
+/// same-host ring (0: none). Returns the configuration in words. Raises `UCXConfigError` when
+/// the backend already runs with another.
+#[pyfunction]
+#[pyo3(signature = (progress = None, same_host_ring = None))]
+pub fn transport_configure(
+    progress: Option<&str>,
+    same_host_ring: Option<u64>,
+) -> PyResult<String> {
+    let mut intent = transport::UcxIntent::default();
+    if let Some(p) = progress {
+        intent.progress = match p {
+            "thread" => ucx::ProgressMode::Thread,
+            "blocking" => ucx::ProgressMode::Blocking,
+            "loop" => ucx::ProgressMode::External,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "progress mode {other:?}: \"loop\", \"thread\" or \"blocking\""
+                )))
+            }
+        };
+    }
+    if let Some(r) = same_host_ring {
+        intent.same_host_ring = r;
+    }
+    let external = intent.progress == ucx::ProgressMode::External;
+    let text = transport::configure_ucx(intent)
+        .map_err(|e| crate::errors::UCXConfigError::new_err(e.to_string()))?;
+    LOOP_PROGRESS.store(external, std::sync::atomic::Ordering::Release);
+    Ok(text)
 }
 
 /// Connects to `address`, within `timeout` seconds (the transport's 10 s by default).

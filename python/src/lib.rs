@@ -320,6 +320,7 @@ fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<awaitable::Bell>()?;
     m.add_function(wrap_pyfunction!(comm::transport_listen, m)?)?;
     m.add_function(wrap_pyfunction!(comm::transport_connect, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::transport_configure, m)?)?;
     m.add_class::<comm::Conn>()?;
     m.add_class::<comm::Listen>()?;
     m.add_class::<comm::RecvFrame>()?;
@@ -336,7 +337,10 @@ where
 {
     let how = match core.mode {
         ucx::ProgressMode::Polling => awaitable::Wait::Yield,
-        ucx::ProgressMode::Blocking => awaitable::Wait::Arm(Arc::clone(core)),
+        ucx::ProgressMode::Blocking => awaitable::Wait::Arm {
+            worker: core.worker.clone(),
+            transport: false,
+        },
         _ => awaitable::Wait::Bell,
     };
     awaitable::Polled::wrap(py, fut, how)

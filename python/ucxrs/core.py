@@ -25,6 +25,7 @@ atexit.register(_ucxrs.quiesce, 2.0)
 # that completes an operation wakes its awaitable through it, on the loop's own thread. In
 # blocking mode the loop also watches the worker's event fd and progresses the worker itself.
 _bells = weakref.WeakKeyDictionary()
+_transport_bells = weakref.WeakKeyDictionary()
 
 
 def _forget(loop, bell):
@@ -33,6 +34,8 @@ def _forget(loop, bell):
         loop.remove_reader(bell.worker_fd())
     if _bells.get(loop) is bell:
         del _bells[loop]
+    if _transport_bells.get(loop) is bell:
+        del _transport_bells[loop]
 
 
 def _worker_event(loop, bell):
@@ -58,17 +61,18 @@ def _bell(loop=None):
     return bell
 
 
-_transport_bells = weakref.WeakKeyDictionary()
-
 
 def _transport_bell(loop=None):
-    """The loop's doorbell for ``transport`` connections (the Dask comm): rung by the
-    transport's threads, it needs no UCXX-API core (so a Dask process makes none)."""
+    """The loop's doorbell for ``transport`` connections (the Dask comm): it needs no UCXX-API
+    core (so a Dask process makes none). Rung by the transport's threads; in the transport's
+    ``"loop"`` progress mode the loop also watches the transport's worker and progresses it."""
     loop = loop or asyncio.get_running_loop()
     bell = _transport_bells.get(loop)
     if bell is None:
         bell = _ucxrs.Bell(transport=True)
         loop.add_reader(bell.fileno(), bell.ring)
+        if bell.worker_fd() is not None:
+            loop.add_reader(bell.worker_fd(), _worker_event, loop, bell)
         _transport_bells[loop] = bell
     return bell
 

@@ -21,6 +21,9 @@ import asyncio
 import logging
 import weakref
 
+import dask
+import dask.utils
+
 from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.core import BaseListener, Comm, CommClosedError, Connector
 from distributed.comm.registry import Backend
@@ -35,6 +38,27 @@ logger = logging.getLogger("ucxrs.distributed")
 PREFIX = "ucxrs://"
 # The transport's own scheme for what Dask calls ucxrs://.
 _TRANSPORT = "ucx://"
+
+
+_configured = False
+
+
+def _configure():
+    """Applies Dask's ``distributed.comm.ucxrs`` settings once, before the first connection:
+    ``progress-mode`` (``loop``, the default: the event loop progresses the transport's UCX
+    worker, watching its event fd; ``thread``: UCX's progress thread; ``blocking``) and
+    ``same-host-ring`` (bytes of each connection's same-host ring, 0 for none; 16 MiB by
+    default). Also from the environment: ``DASK_DISTRIBUTED__COMM__UCXRS__PROGRESS_MODE``,
+    ``DASK_DISTRIBUTED__COMM__UCXRS__SAME_HOST_RING``."""
+    global _configured
+    if _configured:
+        return
+    progress = dask.config.get("distributed.comm.ucxrs.progress-mode", default="loop")
+    ring = dask.config.get("distributed.comm.ucxrs.same-host-ring", default=None)
+    if ring is not None:
+        ring = dask.utils.parse_bytes(ring) if isinstance(ring, str) else int(ring)
+    logger.debug("ucxrs: %s", _ucxrs.transport_configure(progress=progress, same_host_ring=ring))
+    _configured = True
 
 
 def _to_transport(host, port):
@@ -162,6 +186,7 @@ class UCXRSConnector(Connector):
 
     async def connect(self, address, deserialize=True, **connection_args):
         host, port = parse_host_port(address)
+        _configure()
         try:
             conn = await _ucxrs.transport_connect(_to_transport(host, port))
         except UCXError as e:
@@ -201,6 +226,7 @@ class UCXRSListener(BaseListener):
         self._handling = set()
 
     async def start(self):
+        _configure()
         self._listen = await _ucxrs.transport_listen(_to_transport(self.ip, self.port))
         self._bound = parse_host_port(self._listen.address[len(_TRANSPORT) :])
         self._serving = asyncio.ensure_future(self._serve())

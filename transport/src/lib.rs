@@ -149,6 +149,17 @@ pub fn host_buffer(len: usize) -> Vec<u8> {
     vec![0; len]
 }
 
+/// The process's `ucx://` worker (made on first use, with [`UcxIntent::progress`]'s mode). With
+/// `ucx::ProgressMode::External` nothing progresses it but its user: an event loop that
+/// watches its event fd ([`ucx::Worker::event_fd`]) and calls
+/// [`ucx::Worker::progress_and_arm`] when it is readable, so that a message wakes the thread
+/// that waits for it and no other (the Python package's Dask comm does this). A worker made
+/// afresh after a wedged connect ([`Options::connect_timeout`]) is another one: ask again.
+#[cfg(feature = "ucx")]
+pub fn ucx_worker() -> Result<ucx::Worker> {
+    ucx_backend::worker()
+}
+
 /// A copy of a received frame's bytes in a `Vec` of its own, which the caller may write to (a
 /// received frame is shared [`bytes::Bytes`]): large frames are copied into a buffer from the
 /// receive pool (mapped already, huge pages asked for), which [`recycle_buffer`] gives back.

@@ -76,7 +76,7 @@ pub const CREDIT_TAG: ucx::Tag = ucx::Tag::User(0x5456);
 /// runtime per phase, or a test after a test), the next connection makes a new worker in the
 /// current runtime. Connections of the old worker died with its runtime. A connect that UCX
 /// wedged gets a fresh worker too ([`fresh_worker`]).
-fn worker() -> Result<ucx::Worker> {
+pub(crate) fn worker() -> Result<ucx::Worker> {
     let intent = crate::ucx_config::chosen();
     let mut current = WORKER.lock().unwrap_or_else(|e| e.into_inner());
     match &*current {
