@@ -136,6 +136,12 @@ bash -n scripts/gpu/bundle.sh scripts/gpu/prove.sh
 # Interop with the real UCXX from PyPI, both directions (installs it into target/ucxx-venv once).
 bash tests/interop/run.sh
 step_done "drills: UCXX interop"
+# Stock Dask on our transport: the ucxrs:// comm's tests (Dask's comm contract, real clusters,
+# a killed worker, strangers, the CLI, mpirun and dask-mpi) and one short round of the
+# comparison with Dask's tcp and distributed-ucxx, answers checked (docs/dask.md). Reuses the
+# venv and the build above.
+timeout 1200 bash scripts/dask_backend_test.sh
+step_done "drills: Dask on ucxrs:// (tests, a benchmark round)"
 # The comparison commands work end to end (one short round at 8 B; figures are not judged here:
 # these are debug builds on a shared, noisy machine).
 timeout 600 python3 scripts/compare.py --rounds 1 --sizes 8 --ops stream,am --msgrate --window 16

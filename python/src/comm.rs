@@ -6,7 +6,9 @@
 //! ([`PyBuf`]), kept until the transport has let go of it (its release is queued, never done
 //! under a transport or ucx-rs lock). Received frames are [`RecvFrame`]s: writable buffers of
 //! their own, as Dask's deserialisers expect (NumPy arrays and pandas blocks built on them may
-//! be written to), copied out of the transport's shared frame off the GIL.
+//! be written to): the connections receive plain buffers (`Options::reclaimable_frames`),
+//! handed to Python without a copy, and given back to the transport's receive pool when Python
+//! drops them.
 //!
 //! Operations are polled on the event loop's thread and woken through the loop's transport
 //! bell by the transport's threads ([`crate::awaitable::Wait::Transport`]); cancelling one
@@ -87,9 +89,13 @@ pub(crate) fn loop_worker() -> PyResult<Option<ucx::Worker>> {
 }
 
 /// The transport's options for the comm: its defaults (at most 65,536 frames and 4 GiB a
-/// message, refused before anything is allocated), with a connect limit from Dask.
+/// message, refused before anything is allocated), with a connect limit from Dask, and
+/// received frames handed over as buffers Python may write to without a copy.
 fn options(connect_timeout: Option<f64>) -> PyResult<transport::Options> {
-    let mut opts = transport::Options::default();
+    let mut opts = transport::Options {
+        reclaimable_frames: true,
+        ..Default::default()
+    };
     if let Some(t) = connect_timeout {
         if !t.is_finite() || t <= 0.0 {
             return Err(PyValueError::new_err(format!(
@@ -172,7 +178,7 @@ impl Conn {
             }
             let mut frames = Vec::with_capacity(msg.frames.len());
             for f in msg.frames {
-                let Some(b) = f.as_host() else {
+                let Frame::Host(b) = f else {
                     let _ = conn.close().await;
                     return Err(UCXError::new_err(
                         "the peer sent a device frame, which this comm does not take",
@@ -258,15 +264,17 @@ impl<'py> IntoPyObject<'py> for Frames {
 #[pyclass(module = "ucxrs._ucxrs")]
 #[derive(Debug)]
 pub struct RecvFrame {
-    data: Vec<u8>,
+    data: bytes::BytesMut,
 }
 
 impl RecvFrame {
-    fn from_bytes(b: &Bytes) -> PyResult<RecvFrame> {
-        let data = transport::owned_copy(b).ok_or_else(|| {
+    /// The frame's memory, without a copy: the comm's connections receive plain buffers
+    /// (`Options::reclaimable_frames`), each the only handle to its memory.
+    fn from_bytes(b: Bytes) -> PyResult<RecvFrame> {
+        let len = b.len();
+        let data = transport::writable(b).ok_or_else(|| {
             pyo3::exceptions::PyMemoryError::new_err(format!(
-                "no memory for a received frame of {} bytes",
-                b.len()
+                "no memory for a received frame of {len} bytes"
             ))
         })?;
         Ok(RecvFrame { data })
@@ -275,7 +283,7 @@ impl RecvFrame {
 
 impl Drop for RecvFrame {
     fn drop(&mut self) {
-        transport::recycle_buffer(std::mem::take(&mut self.data));
+        transport::recycle_buffer(std::mem::take(&mut self.data).into());
     }
 }
 

@@ -273,3 +273,28 @@ def test_workers_started_by_mpirun():
                     os.killpg(ranks.pid, signal.SIGKILL)
                     ranks.wait()
             _stop(sched)
+
+
+def test_dask_mpi_initialize():
+    """dask_mpi.initialize(protocol="ucxrs") in 4 MPI ranks: scheduler, client, 2 workers."""
+    mpirun = _mpirun()
+    if mpirun is None:
+        if os.environ.get("CI"):
+            pytest.fail("mpirun is not installed (scripts/setup_test_tools.sh installs Open MPI)")
+        pytest.skip("mpirun is not installed")
+    launcher = [mpirun, "--oversubscribe", "-n", "4"]
+    if os.getuid() == 0:
+        launcher.append("--allow-run-as-root")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_cluster.py")
+    env = _env()
+    env.setdefault("OMPI_MCA_btl", "self,tcp")
+    ranks = subprocess.Popen(launcher + [sys.executable, script], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = ranks.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(ranks.pid, signal.SIGKILL)
+        out, _ = ranks.communicate()
+        pytest.fail("dask-mpi under mpirun did not finish in 240 s:\n" + out[-3000:])
+    assert ranks.returncode == 0, out[-3000:]
+    assert "dask-mpi on ucxrs: all answers right" in out

@@ -72,6 +72,7 @@ use std::time::Duration;
 pub use address::{Address, AddressError};
 #[cfg(feature = "ucx")]
 pub use budget::{receive_budget, set_receive_budget, BudgetInUse, DEFAULT_RECEIVE_BUDGET};
+use bytes::{Bytes, BytesMut};
 pub use connection::Connection;
 #[cfg(feature = "ucx")]
 pub(crate) use connection::Received;
@@ -160,22 +161,31 @@ pub fn ucx_worker() -> Result<ucx::Worker> {
     ucx_backend::worker()
 }
 
-/// A copy of a received frame's bytes in a `Vec` of its own, which the caller may write to (a
-/// received frame is shared [`bytes::Bytes`]): large frames are copied into a buffer from the
-/// receive pool (mapped already, huge pages asked for), which [`recycle_buffer`] gives back.
-/// `None` when the memory cannot be had.
+/// A received frame as memory of the caller's own, to write to: without a copy when the
+/// frame is the only handle to a plain buffer (a connection with
+/// [`Options::reclaimable_frames`] receives such frames), else copied into a buffer from the
+/// receive pool (mapped already, huge pages asked for). `None` when the memory for a copy
+/// cannot be had. Give the buffer back with [`recycle_buffer`] once done.
 ///
 /// ```
-/// let v = transport::owned_copy(&[7u8; 100 << 10]).unwrap();
-/// assert_eq!((v.len(), v[0]), (100 << 10, 7));
-/// transport::recycle_buffer(v);
+/// let shared = bytes::Bytes::from(vec![7u8; 100 << 10]);
+/// let at = shared.as_ptr();
+/// let mut mine = transport::writable(shared).unwrap();
+/// assert_eq!((mine.len(), mine.as_ptr()), (100 << 10, at)); // the same memory
+/// mine[0] = 1;
+/// transport::recycle_buffer(mine.into());
+/// let pooled = bytes::Bytes::from_static(&[3u8; 10]);
+/// assert_eq!(&transport::writable(pooled).unwrap()[..], &[3u8; 10]); // a copy
 /// ```
-pub fn owned_copy(src: &[u8]) -> Option<Vec<u8>> {
-    pool::owned_copy(src)
+pub fn writable(frame: Bytes) -> Option<BytesMut> {
+    match frame.try_into_mut() {
+        Ok(mine) => Some(mine),
+        Err(shared) => pool::owned_copy(&shared).map(|v| BytesMut::from(Bytes::from(v))),
+    }
 }
 
-/// Gives a buffer from [`owned_copy`] back to the receive pool, which keeps it for a later
-/// receive of a similar size while it holds less than 512 MiB (small buffers are freed).
+/// Gives a buffer back to the receive pool, which keeps it for a later receive of a similar
+/// size while it holds less than 512 MiB (small buffers are freed).
 pub fn recycle_buffer(v: Vec<u8>) {
     pool::recycle(v)
 }
@@ -233,6 +243,12 @@ pub struct Options {
     /// does not within its time limit. Off by default: with UCX 1.13, a process whose moved
     /// peers died may find later connects hang inside UCX (docs/transport.md).
     pub ucx_direct: bool,
+    /// `ucx://`, `tcp://`: hand received host frames out as plain `Vec`-backed [`Bytes`], so
+    /// that [`writable`] turns each back into its buffer without a copy (for consumers that
+    /// pass frames on as writable memory: the Python package's Dask comm). Their memory then
+    /// goes back to the receive pool only through [`recycle_buffer`]. Off by default: a
+    /// dropped frame returns to the pool by itself.
+    pub reclaimable_frames: bool,
 }
 
 /// [`Options::tcp_spin`]'s default: longer than a round trip between two processes on one
@@ -250,6 +266,7 @@ impl Default for Options {
             tls: None,
             tcp_spin: DEFAULT_TCP_SPIN,
             ucx_direct: false,
+            reclaimable_frames: false,
         }
     }
 }

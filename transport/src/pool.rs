@@ -60,9 +60,12 @@ pub(crate) fn take_pooled(size: usize) -> Option<Vec<u8>> {
 }
 
 /// Wraps a received buffer (its length is the frame size) as `Bytes`, returning it to the pool
-/// when dropped.
-pub(crate) fn into_bytes(v: Vec<u8>) -> Bytes {
-    if v.capacity() >= POOL_MIN {
+/// when dropped; or, `reclaimable`, as plain `Vec`-backed `Bytes` that `crate::writable` turns
+/// back into the buffer (`Options::reclaimable_frames`).
+pub(crate) fn into_bytes(v: Vec<u8>, reclaimable: bool) -> Bytes {
+    if reclaimable {
+        Bytes::from(v)
+    } else if v.capacity() >= POOL_MIN {
         Bytes::from_owner(Pooled(v))
     } else {
         Bytes::from(v)
@@ -97,7 +100,7 @@ pub(crate) fn recycle(v: Vec<u8>) {
 }
 
 /// A copy of `src` in a buffer of its own, from the pool when `src` is large (see
-/// [`crate::owned_copy`]).
+/// [`crate::writable`]).
 pub(crate) fn owned_copy(src: &[u8]) -> Option<Vec<u8>> {
     let mut v = try_take(src.len())?;
     v.clear();
@@ -169,7 +172,7 @@ mod tests {
         let mut v = try_take(size).unwrap();
         v.resize(size, 7);
         let ptr = v.as_ptr();
-        let b = into_bytes(v);
+        let b = into_bytes(v, false);
         assert_eq!(b.len(), size);
         assert!(b.iter().all(|&x| x == 7));
         let clone = b.clone();

@@ -57,6 +57,8 @@ pub(crate) struct Conn {
     /// The socket's descriptor, open as long as the halves are (they own the socket).
     fd: RawFd,
     pub(crate) limits: crate::SharedLimits,
+    /// Received host frames as plain `Vec`-backed `Bytes` ([`crate::Options::reclaimable_frames`]).
+    reclaim: bool,
     state: Arc<CloseState>,
     /// Poll the socket this long before parking a receive ([`Options::tcp_spin`]).
     spin: std::time::Duration,
@@ -284,6 +286,7 @@ impl Conn {
             }),
             fd,
             limits: crate::SharedLimits::new(opts.limits),
+            reclaim: opts.reclaimable_frames,
             state,
             spin: opts.tcp_spin,
             hot: std::sync::atomic::AtomicBool::new(!opts.tcp_spin.is_zero()),
@@ -432,7 +435,7 @@ impl Conn {
         let mut frames = Vec::with_capacity(metas.len());
         for m in metas {
             let b = read_frame(&mut *r, m.size as usize).await?;
-            let bytes = crate::pool::into_bytes(b);
+            let bytes = crate::pool::into_bytes(b, self.reclaim);
             #[cfg(feature = "cuda")]
             if m.cuda {
                 match crate::cuda::from_host(bytes) {

@@ -189,6 +189,8 @@ pub(crate) struct Conn {
     /// Bytes (charged) taken by the application and not yet granted back to the peer.
     taken: AtomicU64,
     pub(crate) limits: crate::SharedLimits,
+    /// Received host frames as plain `Vec`-backed `Bytes` ([`crate::Options::reclaimable_frames`]).
+    reclaim: bool,
     /// A receive is in progress (perhaps parked by `Connection`, still posted in UCX).
     receiving: Arc<AtomicBool>,
     /// Something was sent since the last receive started (the receive then does not read
@@ -318,6 +320,7 @@ impl Conn {
             refill: Mutex::new(ParkedGrant(None)),
             taken: AtomicU64::new(0),
             limits: crate::SharedLimits::new(opts.limits),
+            reclaim: opts.reclaimable_frames,
             receiving,
             sent: AtomicBool::new(false),
             ring_out: OnceLock::new(),

@@ -88,7 +88,7 @@ impl Conn {
         match buf {
             RecvBuf::Host(v) => {
                 let (r, v) = self.ep().recv(v, TAG).await;
-                (r, Frame::Host(crate::pool::into_bytes(v)))
+                (r, Frame::Host(crate::pool::into_bytes(v, self.reclaim)))
             }
             #[cfg(feature = "cuda")]
             RecvBuf::Cuda(d) => {
@@ -351,7 +351,7 @@ impl Conn {
                     }));
                 }
             }
-            ringed.push(crate::pool::into_bytes(buf));
+            ringed.push(crate::pool::into_bytes(buf, self.reclaim));
         }
         ring.copied(picked.len() as u64);
         let others: Vec<frame::FrameMeta> = metas
@@ -448,7 +448,7 @@ impl Conn {
             };
             let (r, buf) = probed.recv(buf).await;
             self.check_frame(r, m)?;
-            frames.push(Frame::Host(crate::pool::into_bytes(buf)));
+            frames.push(Frame::Host(crate::pool::into_bytes(buf, self.reclaim)));
         }
         self.land(ahead, metas, &mut frames).await?;
         Ok(frames)

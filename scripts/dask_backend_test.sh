@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Stock Dask on our transport (python/ucxrs/distributed.py, docs/dask.md), run by scripts/test.sh:
+#   bash scripts/dask_backend_test.sh           set up, the backend's tests, one short benchmark round
+#   bash scripts/dask_backend_test.sh --setup   set up only
+# Set-up: target/ucxx-venv (tests/interop/run.sh's, with UCXX and the libucx wheel) gains Dask
+# from PyPI through distributed-ucxx-cu12 (UCXX's Dask comm, for the comparison), dask-mpi, pandas,
+# pyarrow and pytest; ucxrs is built into it against the wheel's UCX, so that both UCX comms
+# run the same UCX. The tests: python/tests_dask (Dask's comm contract, real clusters, a killed
+# worker, strangers, `dask scheduler`/`dask worker`, workers started by mpirun, dask-mpi), in the
+# backend's default progress mode (the event loop's) and the comm contract again with UCX's
+# progress thread. Then scripts/dask_comm_compare.py --quick: tcp, distributed-ucxx's ucx and
+# ucxrs interleaved, answers checked against pandas (figures are not judged here).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+VENV=target/ucxx-venv
+PY=$VENV/bin/python
+if [ ! -x "$PY" ] || ! "$PY" -c "import ucxx, distributed_ucxx, pandas, pyarrow, pytest, pytest_asyncio, maturin, dask_mpi, mpi4py" 2>/dev/null; then
+  echo "dask backend: installing distributed-ucxx-cu12, pandas, pyarrow and pytest into $VENV"
+  [ -x "$PY" ] || python3 -m venv "$VENV"
+  timeout 900 "$VENV/bin/pip" install -q --disable-pip-version-check distributed-ucxx-cu12 \
+    pandas pyarrow numpy pytest pytest-asyncio maturin dask-mpi mpi4py \
+    || skip_or_fail dask-backend "could not install distributed-ucxx-cu12 and Dask from PyPI (no network?)"
+fi
+SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+LIBUCX=$SITE/libucx
+# The build tests/interop/run.sh makes too (same target folder: one build serves both).
+UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=$PWD/target/ucx-ucxx-py PATH="$PWD/$VENV/bin:$PATH" CARGO_BUILD_JOBS=2 \
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
+export LD_LIBRARY_PATH=$LIBUCX/lib:$SITE/libucx_cu12.libs
+export UCX_MODULE_DIR=$LIBUCX/lib/ucx UCX_WARN_UNUSED_ENV_VARS=n
+echo "dask backend: $("$PY" -c 'import distributed, ucxrs; print("Dask", distributed.__version__, "with ucxrs on UCX %d.%d.%d" % ucxrs.get_ucx_version())')"
+[ "${1:-}" = --setup ] && exit 0
+pytest_args=(-q -p no:cacheprovider -o asyncio_mode=auto -o asyncio_default_fixture_loop_scope=function)
+(cd /tmp && timeout 900 "$OLDPWD/$PY" -m pytest "${pytest_args[@]}" "$OLDPWD/python/tests_dask")
+echo "dask backend: the comm contract with UCX's progress thread"
+(cd /tmp && DASK_DISTRIBUTED__COMM__UCXRS__PROGRESS_MODE=thread timeout 300 "$OLDPWD/$PY" -m pytest \
+  "${pytest_args[@]}" "$OLDPWD/python/tests_dask/test_comm.py")
+timeout 600 python3 scripts/dask_comm_compare.py --quick
