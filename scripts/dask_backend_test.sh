@@ -7,8 +7,8 @@
 # pyarrow and pytest; ucxrs is built into it against the wheel's UCX, so that both UCX comms
 # run the same UCX. The tests: python/tests_dask (Dask's comm contract, real clusters, a killed
 # worker, strangers, `dask scheduler`/`dask worker`, workers started by mpirun, dask-mpi), in the
-# backend's default progress mode (the event loop's) and the comm contract again with UCX's
-# progress thread. Then scripts/dask_comm_compare.py --quick: tcp, distributed-ucxx's ucx and
+# backend's default progress mode (the event loop's), and the comm contract again with UCX's
+# progress thread and in blocking mode. Then scripts/dask_comm_compare.py --quick: tcp, distributed-ucxx's ucx and
 # ucxrs interleaved, answers checked against pandas (figures are not judged here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +33,9 @@ echo "dask backend: $("$PY" -c 'import distributed, ucxrs; print("Dask", distrib
 [ "${1:-}" = --setup ] && exit 0
 pytest_args=(-q -p no:cacheprovider -o asyncio_mode=auto -o asyncio_default_fixture_loop_scope=function)
 (cd /tmp && timeout 900 "$OLDPWD/$PY" -m pytest "${pytest_args[@]}" "$OLDPWD/python/tests_dask")
-echo "dask backend: the comm contract with UCX's progress thread"
-(cd /tmp && DASK_DISTRIBUTED__COMM__UCXRS__PROGRESS_MODE=thread timeout 300 "$OLDPWD/$PY" -m pytest \
-  "${pytest_args[@]}" "$OLDPWD/python/tests_dask/test_comm.py")
+for mode in thread blocking; do
+  echo "dask backend: the comm contract in progress mode $mode"
+  (cd /tmp && DASK_DISTRIBUTED__COMM__UCXRS__PROGRESS_MODE=$mode timeout 300 "$OLDPWD/$PY" -m pytest \
+    "${pytest_args[@]}" "$OLDPWD/python/tests_dask/test_comm.py")
+done
 timeout 600 python3 scripts/dask_comm_compare.py --quick

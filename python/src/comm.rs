@@ -8,7 +8,7 @@
 //! their own, as Dask's deserialisers expect (NumPy arrays and pandas blocks built on them may
 //! be written to): the connections receive plain buffers (`Options::reclaimable_frames`),
 //! handed to Python without a copy, and given back to the transport's receive pool when Python
-//! drops them.
+//! drops them (the frames of a message of at most 64 KiB share one buffer and are copied).
 //!
 //! Operations are polled on the event loop's thread and woken through the loop's transport
 //! bell by the transport's threads ([`crate::awaitable::Wait::Transport`]); cancelling one
@@ -62,6 +62,8 @@ where
     F: std::future::Future<Output = PyResult<T>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
+    // First: in a forked child another thread may have held the release queue's lock.
+    same_process()?;
     buffer::release_pending(py);
     let how = match loop_worker()? {
         Some(worker) => Wait::Arm {
@@ -71,6 +73,26 @@ where
         None => Wait::Transport,
     };
     Polled::wrap(py, fut, how)
+}
+
+/// The process that first used the transport (0: none yet).
+static USED_BY: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Refuses a process forked after its parent used the transport: the parent's UCX worker,
+/// runtime and connections did not come along (Dask starts its workers with `spawn`, which
+/// is fine; `distributed.worker.multiprocessing-method: fork` is not).
+fn same_process() -> PyResult<()> {
+    use std::sync::atomic::Ordering;
+    let me = std::process::id();
+    match USED_BY.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Ok(()),
+        Err(first) if first == me => Ok(()),
+        Err(first) => Err(UCXError::new_err(format!(
+            "ucxrs's transport was first used by process {first}, which this one ({me}) \
+             forked from: UCX's worker and the runtime's threads do not survive fork. Start \
+             processes with multiprocessing's 'spawn' or 'forkserver' (Dask's default)."
+        ))),
+    }
 }
 
 /// Whether the event loop progresses the transport's worker (`transport_configure`'s `"loop"`).
@@ -91,11 +113,17 @@ pub(crate) fn loop_worker() -> PyResult<Option<ucx::Worker>> {
 /// The transport's options for the comm: its defaults (at most 65,536 frames and 4 GiB a
 /// message, refused before anything is allocated), with a connect limit from Dask, and
 /// received frames handed over as buffers Python may write to without a copy.
-fn options(connect_timeout: Option<f64>) -> PyResult<transport::Options> {
+fn options(connect_timeout: Option<f64>, max_message: Option<u64>) -> PyResult<transport::Options> {
     let mut opts = transport::Options {
         reclaimable_frames: true,
         ..Default::default()
     };
+    if let Some(m) = max_message {
+        if m == 0 {
+            return Err(PyValueError::new_err("max_message must be positive"));
+        }
+        opts.limits.max_message = m;
+    }
     if let Some(t) = connect_timeout {
         if !t.is_finite() || t <= 0.0 {
             return Err(PyValueError::new_err(format!(
@@ -184,7 +212,14 @@ impl Conn {
                         "the peer sent a device frame, which this comm does not take",
                     ));
                 };
-                frames.push(RecvFrame::from_bytes(b)?);
+                match RecvFrame::from_bytes(b) {
+                    Ok(f) => frames.push(f),
+                    Err(e) => {
+                        // The message is lost: the connection ends rather than skip it.
+                        let _ = conn.close().await;
+                        return Err(UCXError::new_err(e));
+                    }
+                }
             }
             Ok(Frames(frames))
         })
@@ -269,14 +304,13 @@ pub struct RecvFrame {
 
 impl RecvFrame {
     /// The frame's memory, without a copy: the comm's connections receive plain buffers
-    /// (`Options::reclaimable_frames`), each the only handle to its memory.
-    fn from_bytes(b: Bytes) -> PyResult<RecvFrame> {
+    /// (`Options::reclaimable_frames`), each the only handle to its memory. The frames of a
+    /// message of at most 64 KiB in all arrive together in one buffer (the transport's first
+    /// UCX message) and are copied out, a few KiB each.
+    fn from_bytes(b: Bytes) -> Result<RecvFrame, String> {
         let len = b.len();
-        let data = transport::writable(b).ok_or_else(|| {
-            pyo3::exceptions::PyMemoryError::new_err(format!(
-                "no memory for a received frame of {len} bytes"
-            ))
-        })?;
+        let data = transport::writable(b)
+            .ok_or_else(|| format!("no memory for a received frame of {len} bytes"))?;
         Ok(RecvFrame { data })
     }
 }
@@ -381,11 +415,18 @@ impl Listen {
     }
 }
 
-/// Listens on `address` (`ucx://host:port`, port 0 for any).
+/// Listens on `address` (`ucx://host:port`, port 0 for any); its connections take messages of
+/// at most `max_message` bytes (the transport's 4 GiB by default), refused before anything is
+/// allocated.
 #[pyfunction]
-pub fn transport_listen<'py>(py: Python<'py>, address: &str) -> PyResult<Bound<'py, PyAny>> {
+#[pyo3(signature = (address, max_message = None))]
+pub fn transport_listen<'py>(
+    py: Python<'py>,
+    address: &str,
+    max_message: Option<u64>,
+) -> PyResult<Bound<'py, PyAny>> {
     let addr = parse(address)?;
-    let opts = options(None)?;
+    let opts = options(None, max_message)?;
     awaitable(py, async move {
         let l = transport::listen_with(&addr, &opts).await.map_err(to_py)?;
         let address = l.local_addr().to_string();
@@ -431,16 +472,18 @@ pub fn transport_configure(
     Ok(text)
 }
 
-/// Connects to `address`, within `timeout` seconds (the transport's 10 s by default).
+/// Connects to `address`, within `timeout` seconds (the transport's 10 s by default), taking
+/// messages of at most `max_message` bytes (4 GiB by default).
 #[pyfunction]
-#[pyo3(signature = (address, timeout = None))]
+#[pyo3(signature = (address, timeout = None, max_message = None))]
 pub fn transport_connect<'py>(
     py: Python<'py>,
     address: &str,
     timeout: Option<f64>,
+    max_message: Option<u64>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let addr = parse(address)?;
-    let opts = options(timeout)?;
+    let opts = options(timeout, max_message)?;
     awaitable(py, async move {
         let conn = transport::connect_with(&addr, &opts).await.map_err(to_py)?;
         Ok(Conn {

@@ -34,16 +34,15 @@ def is_prime(n):
     return True
 
 
+def ucxrs_cluster():
+    """Two worker processes (each under its nanny) and a scheduler, on ucxrs://127.0.0.1."""
+    return LocalCluster(protocol="ucxrs", n_workers=2, threads_per_worker=1, processes=True,
+                        dashboard_address=None, worker_dashboard_address=None, host="127.0.0.1")
+
+
 @pytest.fixture(scope="module")
 def client():
-    with LocalCluster(
-        protocol="ucxrs",
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        host="127.0.0.1",
-    ) as cluster, Client(cluster) as c:
+    with ucxrs_cluster() as cluster, Client(cluster) as c:
         yield c
 
 
@@ -95,20 +94,26 @@ def test_dataframe_merge_p2p(client):
     pd.testing.assert_frame_equal(got[want.columns], want, check_dtype=False)
 
 
+def test_in_process_cluster_and_a_second_loop():
+    """Scheduler, workers and client in this process (processes=False), beside the loops this
+    test process already runs (the module's client, the strangers' asyncio.run): every loop
+    that awaits the transport progresses its one worker."""
+    with LocalCluster(protocol="ucxrs", n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None, host="127.0.0.1") as cluster, Client(cluster) as c:
+        assert c.scheduler.address.startswith("ucxrs://")
+        numbers = range(2_000_000, 2_000_300)
+        assert c.gather(c.map(is_prime, numbers)) == [is_prime(n) for n in numbers]
+        x = da.arange(100_000, chunks=10_000)
+        assert int(x.sum().compute()) == 100_000 * 99_999 // 2
+
+
 def slow_square(i):
     time.sleep(0.05)
     return i * i
 
 
 def test_worker_killed_mid_computation():
-    with LocalCluster(
-        protocol="ucxrs",
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        host="127.0.0.1",
-    ) as cluster, Client(cluster) as c:
+    with ucxrs_cluster() as cluster, Client(cluster) as c:
         futures = c.map(slow_square, range(200))
         # Kill one worker's process once some results are in (its nanny starts another).
         for _ in range(400):
@@ -223,25 +228,30 @@ def test_command_line_scheduler_and_workers():
             _stop(*workers, sched)
 
 
-def _mpirun():
-    for name in ("mpirun.openmpi", "mpirun"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+def _mpirun(ranks):
+    """Open MPI's mpirun for `ranks` ranks; fails in CI (which installs it), else skips, when
+    it is missing."""
+    path = next(filter(None, map(shutil.which, ("mpirun.openmpi", "mpirun"))), None)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("mpirun is not installed (scripts/setup_test_tools.sh installs Open MPI)")
+        pytest.skip("mpirun is not installed")
+    launcher = [path, "--oversubscribe", "-n", str(ranks)]
+    if os.getuid() == 0:
+        launcher.append("--allow-run-as-root")
+    return launcher
+
+
+def _mpi_env():
+    env = _env()
+    env.setdefault("OMPI_MCA_btl", "self,tcp")  # the ranks do not use MPI to talk
+    return env
 
 
 def test_workers_started_by_mpirun():
     """dask-mpi's way: the workers are MPI ranks (`mpirun -n 2 dask worker ...`)."""
-    mpirun = _mpirun()
-    if mpirun is None:
-        if os.environ.get("CI"):
-            pytest.fail("mpirun is not installed (scripts/setup_test_tools.sh installs Open MPI)")
-        pytest.skip("mpirun is not installed")
+    launcher = _mpirun(2)
     scheduler_cmd, worker_cmd = _dask_cli()
-    launcher = [mpirun, "--oversubscribe", "-n", "2"]
-    if os.getuid() == 0:
-        launcher.append("--allow-run-as-root")
     with tempfile.TemporaryDirectory() as tmp:
         sf = os.path.join(tmp, "scheduler.json")
         sched = subprocess.Popen(
@@ -253,14 +263,12 @@ def test_workers_started_by_mpirun():
         ranks = None
         try:
             _wait_for_file(sf, sched)
-            env = _env()
-            env.setdefault("OMPI_MCA_btl", "self,tcp")  # the ranks do not use MPI to talk
             ranks = subprocess.Popen(
                 launcher
                 + worker_cmd
                 + ["--scheduler-file", sf, "--protocol", "ucxrs", "--nthreads", "1",
                    "--no-dashboard", "--host", "127.0.0.1", "--no-nanny"],
-                env=env,
+                env=_mpi_env(),
                 start_new_session=True,
             )
             _check_cluster(sf, 2)
@@ -277,18 +285,9 @@ def test_workers_started_by_mpirun():
 
 def test_dask_mpi_initialize():
     """dask_mpi.initialize(protocol="ucxrs") in 4 MPI ranks: scheduler, client, 2 workers."""
-    mpirun = _mpirun()
-    if mpirun is None:
-        if os.environ.get("CI"):
-            pytest.fail("mpirun is not installed (scripts/setup_test_tools.sh installs Open MPI)")
-        pytest.skip("mpirun is not installed")
-    launcher = [mpirun, "--oversubscribe", "-n", "4"]
-    if os.getuid() == 0:
-        launcher.append("--allow-run-as-root")
+    launcher = _mpirun(4)
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi_cluster.py")
-    env = _env()
-    env.setdefault("OMPI_MCA_btl", "self,tcp")
-    ranks = subprocess.Popen(launcher + [sys.executable, script], env=env, stdout=subprocess.PIPE,
+    ranks = subprocess.Popen(launcher + [sys.executable, script], env=_mpi_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = ranks.communicate(timeout=240)

@@ -36,6 +36,25 @@ async def echo_server(deserialize=True, handler=None):
     return listener
 
 
+async def serving_one():
+    """A listener that hands its first comm to the test and then reads from it; a connected
+    client comm; that comm's server side; and a future of how the server's read ended (the
+    exception, or what it read)."""
+    loop = asyncio.get_running_loop()
+    peer, ended = loop.create_future(), loop.create_future()
+
+    async def hold(comm):
+        peer.set_result(comm)
+        try:
+            ended.set_result(await comm.read())
+        except Exception as e:
+            ended.set_result(e)
+
+    listener = await echo_server(handler=hold)
+    comm = await connect(listener.contact_address)
+    return listener, comm, await asyncio.wait_for(peer, 30), ended
+
+
 async def test_registered_by_entry_point():
     assert isinstance(get_backend("ucxrs"), UCXRSBackend)
 
@@ -173,16 +192,7 @@ async def test_closed_implicitly():
 
 
 async def test_abort_ends_the_peers_read():
-    peer = asyncio.get_running_loop().create_future()
-
-    async def hold(comm):
-        peer.set_result(comm)
-        with pytest.raises(CommClosedError):
-            await comm.read()
-
-    listener = await echo_server(handler=hold)
-    comm = await connect(listener.contact_address)
-    server_comm = await asyncio.wait_for(peer, 30)
+    listener, comm, server_comm, ended = await serving_one()
     comm.abort()
     assert comm.closed()
     with pytest.raises(CommClosedError):
@@ -192,19 +202,29 @@ async def test_abort_ends_the_peers_read():
             break
         await asyncio.sleep(0.05)
     assert server_comm.closed()
+    assert isinstance(await asyncio.wait_for(ended, 30), CommClosedError)
     listener.stop()
 
 
 async def test_cancelled_read_loses_nothing():
+    """Reads cancelled at various points of a large message's arrival (before it, during it):
+    the next read gets the whole message, and the ones after it theirs."""
+    big = np.arange(10_000_000, dtype="i8")  # 80 MB: past the rings, over UCX's rendezvous
     listener = await echo_server()
     comm = await connect(listener.contact_address)
-    reading = asyncio.ensure_future(comm.read())
-    await asyncio.sleep(0.05)
-    reading.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await reading
-    await comm.write({"after": 1})
-    assert await comm.read() == {"after": 1}
+    for delay in (0, 0.0005, 0.002, 0.01):
+        await comm.write({"big": to_serialize(big)})
+        reading = asyncio.ensure_future(comm.read())
+        await asyncio.sleep(delay)
+        if not reading.done():
+            reading.cancel()
+        try:
+            back = await reading
+        except asyncio.CancelledError:
+            back = await comm.read()
+        assert (back["big"] == big).all(), delay
+        await comm.write({"after": delay})
+        assert await comm.read() == {"after": delay}
     await comm.close()
     listener.stop()
 
@@ -268,16 +288,7 @@ async def test_addresses_and_repr():
 
 
 async def test_server_side_addresses():
-    peer = asyncio.get_running_loop().create_future()
-
-    async def keep(comm):
-        peer.set_result(comm)
-        with pytest.raises(CommClosedError):
-            await comm.read()
-
-    listener = await echo_server(handler=keep)
-    comm = await connect(listener.contact_address)
-    server_comm = await asyncio.wait_for(peer, 30)
+    listener, comm, server_comm, ended = await serving_one()
     assert server_comm.local_address == listener.contact_address
     assert server_comm.peer_address.startswith("ucxrs://127.0.0.1:")
     assert server_comm.same_host
@@ -324,4 +335,33 @@ async def test_bad_addresses():
     await client.send([b"fine"])
     assert [bytes(f) for f in await server.recv()] == [b"fine"]
     await client.close()
+    listener.close()
+
+
+async def test_a_forked_child_is_refused():
+    """UCX's worker and the runtime's threads do not survive fork: a child forked after the
+    transport was used gets an error that says so, not a hang."""
+    import os
+
+    listener = await _ucxrs.transport_listen("ucx://127.0.0.1:0")
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            _ucxrs.transport_connect(listener.address)
+            code = 1
+        except ucxrs.UCXError as e:
+            code = 0 if "fork" in str(e) else 2
+        finally:
+            os._exit(code)
+    for _ in range(300):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    assert os.waitstatus_to_exitcode(status) == 0
     listener.close()

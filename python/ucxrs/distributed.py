@@ -31,7 +31,7 @@ from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
 from distributed.utils import ensure_ip, get_ip, get_ipv6
 
 from . import _ucxrs
-from ._ucxrs import UCXError
+from ._ucxrs import UCXConfigError, UCXError
 
 logger = logging.getLogger("ucxrs.distributed")
 
@@ -49,16 +49,27 @@ def _configure():
     worker, watching its event fd; ``thread``: UCX's progress thread; ``blocking``) and
     ``same-host-ring`` (bytes of each connection's same-host ring, 0 for none; 16 MiB by
     default). Also from the environment: ``DASK_DISTRIBUTED__COMM__UCXRS__PROGRESS_MODE``,
-    ``DASK_DISTRIBUTED__COMM__UCXRS__SAME_HOST_RING``."""
+    ``DASK_DISTRIBUTED__COMM__UCXRS__SAME_HOST_RING``. ``max-message`` (bytes of one message,
+    4 GiB by default) applies to each connection."""
     global _configured
     if _configured:
         return
     progress = dask.config.get("distributed.comm.ucxrs.progress-mode", default="loop")
-    ring = dask.config.get("distributed.comm.ucxrs.same-host-ring", default=None)
-    if ring is not None:
-        ring = dask.utils.parse_bytes(ring) if isinstance(ring, str) else int(ring)
-    logger.debug("ucxrs: %s", _ucxrs.transport_configure(progress=progress, same_host_ring=ring))
+    ring = _bytes_setting("same-host-ring")
+    try:
+        logger.debug("ucxrs: %s", _ucxrs.transport_configure(progress=progress, same_host_ring=ring))
+    except UCXConfigError as e:
+        # The transport ran before in this process (its default, or another configuration):
+        # it keeps what it has.
+        logger.warning("ucxrs: the Dask settings are not applied: %s", e)
     _configured = True
+
+
+def _bytes_setting(name):
+    value = dask.config.get(f"distributed.comm.ucxrs.{name}", default=None)
+    if value is None:
+        return None
+    return dask.utils.parse_bytes(value) if isinstance(value, str) else int(value)
 
 
 def _to_transport(host, port):
@@ -72,10 +83,37 @@ def _from_transport(address):
     return PREFIX + address
 
 
+# Closes under way (a task holds a reference until it is done).
+_closing = set()
+
+
+def _close_soon(conn):
+    """Closes ``conn`` without waiting: as a task of the running loop, which progresses the
+    transport's worker that the close needs in ``loop`` mode; without a running loop (a
+    finalizer, shutdown) on the transport's runtime."""
+    if conn.closed:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        conn.abort()
+        return
+    task = loop.create_task(_quiet_close(conn))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+async def _quiet_close(conn):
+    try:
+        await conn.close()
+    except UCXError:
+        pass
+
+
 def _abort_dangling(conn, name):
     if not conn.closed:
         logger.warning("closing a dangling comm: %s", name)
-        conn.abort()
+        _close_soon(conn)
 
 
 class UCXRS(Comm):
@@ -112,7 +150,7 @@ class UCXRS(Comm):
     def _lost(self, e):
         self._closed = True
         self._finalizer.detach()
-        self._conn.abort()
+        _close_soon(self._conn)
         return CommClosedError(f"in {self!r}: {e}")
 
     async def write(self, msg, serializers=None, on_error="message"):
@@ -171,7 +209,7 @@ class UCXRS(Comm):
     def abort(self):
         self._closed = True
         self._finalizer.detach()
-        self._conn.abort()
+        _close_soon(self._conn)
 
     def closed(self):
         if not self._closed and self._conn.closed:
@@ -188,7 +226,9 @@ class UCXRSConnector(Connector):
         host, port = parse_host_port(address)
         _configure()
         try:
-            conn = await _ucxrs.transport_connect(_to_transport(host, port))
+            conn = await _ucxrs.transport_connect(
+                _to_transport(host, port), max_message=_bytes_setting("max-message")
+            )
         except UCXError as e:
             # An OSError: Dask's connect retries until its own time limit.
             raise CommClosedError(f"cannot connect to {self.prefix}{address}: {e}") from e
@@ -227,7 +267,9 @@ class UCXRSListener(BaseListener):
 
     async def start(self):
         _configure()
-        self._listen = await _ucxrs.transport_listen(_to_transport(self.ip, self.port))
+        self._listen = await _ucxrs.transport_listen(
+            _to_transport(self.ip, self.port), max_message=_bytes_setting("max-message")
+        )
         self._bound = parse_host_port(self._listen.address[len(_TRANSPORT) :])
         self._serving = asyncio.ensure_future(self._serve())
 
@@ -236,14 +278,14 @@ class UCXRSListener(BaseListener):
         while self._listen is not None:
             try:
                 conn = await self._listen.accept()
-            except UCXError as e:
+            except Exception as e:
                 if self._listen is None:
                     return
                 # The transport drops peers whose set-up failed itself; an accept that fails
-                # is the listener's: say so, and back off rather than spin.
+                # is the listener's: say so, and back off (at most 1 s) rather than spin.
                 failures += 1
-                logger.warning("%s: accept failed (%s)", self.contact_address, e)
-                await asyncio.sleep(min(1.0, 0.01 * 2**failures))
+                logger.warning("%s: accept failed (%s: %s)", self.contact_address, type(e).__name__, e)
+                await asyncio.sleep(min(1.0, 0.01 * 2 ** min(failures, 7)))
                 continue
             failures = 0
             task = asyncio.ensure_future(self._handle(conn))

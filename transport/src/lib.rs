@@ -245,9 +245,11 @@ pub struct Options {
     pub ucx_direct: bool,
     /// `ucx://`, `tcp://`: hand received host frames out as plain `Vec`-backed [`Bytes`], so
     /// that [`writable`] turns each back into its buffer without a copy (for consumers that
-    /// pass frames on as writable memory: the Python package's Dask comm). Their memory then
-    /// goes back to the receive pool only through [`recycle_buffer`]. Off by default: a
-    /// dropped frame returns to the pool by itself.
+    /// pass frames on as writable memory: the Python package's Dask comm), each shrunk to its
+    /// length first when the pooled buffer had more than 1/8 to spare. Their memory then goes
+    /// back to the receive pool only through [`recycle_buffer`]. Off by default: a dropped
+    /// frame returns to the pool by itself. On `ucx://` the frames of a message of at most
+    /// 64 KiB in all arrive as slices of one buffer, which [`writable`] copies.
     pub reclaimable_frames: bool,
 }
 

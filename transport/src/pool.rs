@@ -62,8 +62,14 @@ pub(crate) fn take_pooled(size: usize) -> Option<Vec<u8>> {
 /// Wraps a received buffer (its length is the frame size) as `Bytes`, returning it to the pool
 /// when dropped; or, `reclaimable`, as plain `Vec`-backed `Bytes` that `crate::writable` turns
 /// back into the buffer (`Options::reclaimable_frames`).
-pub(crate) fn into_bytes(v: Vec<u8>, reclaimable: bool) -> Bytes {
+pub(crate) fn into_bytes(mut v: Vec<u8>, reclaimable: bool) -> Bytes {
     if reclaimable {
+        // The application may keep the frame for long (Dask stores what it receives), and
+        // counts its length: a pooled buffer may be up to twice that. Give the slack back
+        // (for large allocations `realloc` shrinks in place).
+        if v.capacity() - v.len() > v.len() / 8 {
+            v.shrink_to_fit();
+        }
         Bytes::from(v)
     } else if v.capacity() >= POOL_MIN {
         Bytes::from_owner(Pooled(v))

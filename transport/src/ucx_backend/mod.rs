@@ -125,6 +125,11 @@ const MAX_FRESH_WORKERS: usize = 4;
 /// interfaces of its own. The old one lives on for its connections and listeners.
 fn fresh_worker(stale: &ucx::Worker) -> bool {
     static MADE: AtomicU64 = AtomicU64::new(0);
+    // An External worker is progressed by its user, who watches this worker's event fd and
+    // would not know of a new one (`crate::ucx_worker`): keep trying the same worker.
+    if crate::ucx_config::chosen().progress == ucx::ProgressMode::External {
+        return false;
+    }
     let mut current = WORKER.lock().unwrap_or_else(|e| e.into_inner());
     match &*current {
         Some(w) if w.same_as(stale) => {}
