@@ -201,16 +201,21 @@ def _check_cluster(scheduler_file, n_workers):
         assert float((x @ x.T).sum().compute()) == 1000.0**3
 
 
+def _start_scheduler(scheduler_file):
+    """`dask scheduler --protocol ucxrs` on 127.0.0.1, writing `scheduler_file`."""
+    scheduler_cmd, _ = _dask_cli()
+    return subprocess.Popen(
+        scheduler_cmd + ["--protocol", "ucxrs", "--host", "127.0.0.1", "--port", "0",
+                         "--scheduler-file", scheduler_file, "--no-dashboard"],
+        env=_env(),
+    )
+
+
 def test_command_line_scheduler_and_workers():
-    scheduler_cmd, worker_cmd = _dask_cli()
+    _, worker_cmd = _dask_cli()
     with tempfile.TemporaryDirectory() as tmp:
         sf = os.path.join(tmp, "scheduler.json")
-        sched = subprocess.Popen(
-            scheduler_cmd
-            + ["--protocol", "ucxrs", "--host", "127.0.0.1", "--port", "0",
-               "--scheduler-file", sf, "--no-dashboard"],
-            env=_env(),
-        )
+        sched = _start_scheduler(sf)
         workers = []
         try:
             _wait_for_file(sf, sched)
@@ -251,15 +256,10 @@ def _mpi_env():
 def test_workers_started_by_mpirun():
     """dask-mpi's way: the workers are MPI ranks (`mpirun -n 2 dask worker ...`)."""
     launcher = _mpirun(2)
-    scheduler_cmd, worker_cmd = _dask_cli()
+    _, worker_cmd = _dask_cli()
     with tempfile.TemporaryDirectory() as tmp:
         sf = os.path.join(tmp, "scheduler.json")
-        sched = subprocess.Popen(
-            scheduler_cmd
-            + ["--protocol", "ucxrs", "--host", "127.0.0.1", "--port", "0",
-               "--scheduler-file", sf, "--no-dashboard"],
-            env=_env(),
-        )
+        sched = _start_scheduler(sf)
         ranks = None
         try:
             _wait_for_file(sf, sched)
