@@ -161,7 +161,7 @@ impl Bell {
             },
             (None, None) => return Ok("gone"),
         };
-        let armed = py.detach(|| arm(&worker));
+        let armed = crate::detach(py, || arm(&worker));
         drop(worker);
         buffer::release_pending(py);
         self.ring(py)?;
@@ -320,7 +320,7 @@ impl Polled {
         };
         // The awaitable's own lock is only ever contended by a misuse (two loops awaiting
         // it), which then waits its turn.
-        py.detach(|| {
+        crate::detach(py, || {
             let mut slot = self.fut.lock().unwrap_or_else(|e| e.into_inner());
             let fut = slot.as_mut()?;
             let _rt = rt.enter();
@@ -391,7 +391,7 @@ impl Polled {
                     // The loop sleeps on the worker's event fd only once it is armed; when UCX
                     // still had events after a few rounds, step again soon instead.
                     let worker = worker.clone();
-                    if !py.detach(|| arm(&worker)) {
+                    if !crate::detach(py, || arm(&worker)) {
                         return Ok(Some(py.None()));
                     }
                 }

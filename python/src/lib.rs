@@ -61,6 +61,34 @@ impl Drop for Live {
     }
 }
 
+/// Set at exit (`exiting`): from then on the event loops' steps keep the GIL.
+static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Registered with `atexit` (`ucxrs.core`): once the interpreter begins to finalize, a thread
+/// that asks for the GIL back is ended with `pthread_exit`, whose forced unwind through Rust
+/// frames aborts the process ("FATAL: exception not rethrown"; seen in 3 of 5 runs of a
+/// dask-mpi client whose loop thread was still stepping awaitables). So from exit on, the
+/// loops' steps (short: progress for at most 50 µs) run without letting the GIL go.
+#[pyfunction]
+fn exiting() {
+    EXITING.store(true, Ordering::SeqCst);
+}
+
+/// `py.detach(f)`, or `f()` with the GIL held once the process is exiting (see [`exiting`]).
+/// Holding the GIL while taking ucx-rs's locks cannot deadlock: nothing takes the GIL under
+/// them.
+pub(crate) fn detach<T, F>(py: Python<'_>, f: F) -> T
+where
+    F: pyo3::marker::Ungil + FnOnce() -> T,
+    T: pyo3::marker::Ungil,
+{
+    if EXITING.load(Ordering::SeqCst) {
+        f()
+    } else {
+        py.detach(f)
+    }
+}
+
 /// Registered with `atexit`: releases the buffers of operations that ended since the last
 /// call into the module. (Every awaitable's result is produced on its event loop's thread, by
 /// the loop stepping it, so none can arrive after the interpreter has begun to shut down;
@@ -310,6 +338,7 @@ fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ucx_library, m)?)?;
     m.add_function(wrap_pyfunction!(progress, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
+    m.add_function(wrap_pyfunction!(exiting, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_support, m)?)?;
     m.add_function(wrap_pyfunction!(endpoint::connect, m)?)?;
     m.add_function(wrap_pyfunction!(endpoint::connect_address, m)?)?;

@@ -19,6 +19,9 @@ _I128 = 1 << 127
 # At exit, let awaitables still in flight end before the interpreter shuts down (their results
 # could not be delivered after that).
 atexit.register(_ucxrs.quiesce, 2.0)
+# From exit on, the loops' steps keep the GIL (a thread that asks for it back while the
+# interpreter finalizes is ended mid-Rust, which aborts the process).
+atexit.register(_ucxrs.exiting)
 
 
 # Each event loop's doorbell (ucxrs._ucxrs.Bell): in thread and blocking modes, the thread
