@@ -10,8 +10,10 @@
 //! handed to Python without a copy, and given back to the transport's receive pool when Python
 //! drops them (the frames of a message of at most 64 KiB share one buffer and are copied).
 //!
-//! Operations are polled on the event loop's thread and woken through the loop's transport
-//! bell by the transport's threads ([`crate::awaitable::Wait::Transport`]); cancelling one
+//! Operations are polled on the event loop's thread. In the comm's default `"loop"` mode the
+//! loop progresses the transport's UCX worker itself ([`loop_worker`],
+//! [`crate::awaitable::Wait::Arm`]); otherwise the transport's threads wake them through the
+//! loop's transport bell ([`crate::awaitable::Wait::Transport`]). Cancelling one
 //! drops its future (`recv` is cancel-safe; a `send` cancelled once posted is delivered whole
 //! on `ucx://`).
 
@@ -103,11 +105,18 @@ static LOOP_PROGRESS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 /// and the loop, watching that fd, progresses it and resolves what woke. A message then wakes
 /// the thread that waits for it, and no thread in between (a UCX progress thread that wakes
 /// and rings the loop is two wake-ups; from idle, on a VM, each costs hundreds of µs).
+/// Fetched once: the transport never replaces an External worker (`transport::ucx_worker`),
+/// and this runs for every operation.
 pub(crate) fn loop_worker() -> PyResult<Option<ucx::Worker>> {
+    static WORKER: std::sync::OnceLock<ucx::Worker> = std::sync::OnceLock::new();
     if !LOOP_PROGRESS.load(std::sync::atomic::Ordering::Acquire) {
         return Ok(None);
     }
-    transport::ucx_worker().map(Some).map_err(to_py)
+    if let Some(w) = WORKER.get() {
+        return Ok(Some(w.clone()));
+    }
+    let w = transport::ucx_worker().map_err(to_py)?;
+    Ok(Some(WORKER.get_or_init(|| w).clone()))
 }
 
 /// The transport's options for the comm: its defaults (at most 65,536 frames and 4 GiB a
@@ -338,13 +347,16 @@ impl RecvFrame {
             return Err(PyBufferError::new_err("a null view"));
         }
         let (ptr, len) = {
-            let mut me = slf.borrow_mut();
+            let mut me = slf
+                .try_borrow_mut()
+                .map_err(|e| PyBufferError::new_err(e.to_string()))?;
             (me.data.as_mut_ptr(), me.data.len())
         };
         // SAFETY: `view` is the Py_buffer the interpreter asks us to fill (checked non-null);
         // PyBuffer_FillInfo takes a reference to the owner (released with the view), and
-        // `ptr` stays valid and unmoved while the owner lives: the frame's Vec is never
-        // resized, and is freed only when the object is, after its last view.
+        // `ptr` stays valid and unmoved while the owner lives: the frame's `BytesMut` is the
+        // only handle to its memory, is never resized, and is given back (`Drop`) only when
+        // the object is freed, after its last view.
         let rc = unsafe {
             ffi::PyBuffer_FillInfo(
                 view,
@@ -440,9 +452,10 @@ pub fn transport_listen<'py>(
 /// Chooses how `transport`'s `ucx://` backend runs, before its first use in this process:
 /// `progress` is `"loop"` (the event loop that awaits the operations progresses the worker:
 /// it watches the worker's event fd), `"thread"` (UCX's progress thread, the transport's
-/// default) or `"blocking"` (a task of the runtime sleeping on the worker's event fd), `same_host_ring` the bytes of each connection's
-/// same-host ring (0: none). Returns the configuration in words. Raises `UCXConfigError` when
-/// the backend already runs with another.
+/// default) or `"blocking"` (a task of the runtime sleeping on the worker's event fd);
+/// `same_host_ring` the bytes of each connection's same-host ring (0: none). Returns the
+/// configuration in words. Raises `UCXConfigError` when the backend already runs with
+/// another.
 #[pyfunction]
 #[pyo3(signature = (progress = None, same_host_ring = None))]
 pub fn transport_configure(

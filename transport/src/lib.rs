@@ -154,8 +154,9 @@ pub fn host_buffer(len: usize) -> Vec<u8> {
 /// `ucx::ProgressMode::External` nothing progresses it but its user: an event loop that
 /// watches its event fd ([`ucx::Worker::event_fd`]) and calls
 /// [`ucx::Worker::progress_and_arm`] when it is readable, so that a message wakes the thread
-/// that waits for it and no other (the Python package's Dask comm does this). A worker made
-/// afresh after a wedged connect ([`Options::connect_timeout`]) is another one: ask again.
+/// that waits for it and no other (the Python package's Dask comm does this). The backend
+/// never replaces an External worker (in other modes a connect that UCX wedged makes it use a
+/// fresh one), so its user may keep the one it got.
 #[cfg(feature = "ucx")]
 pub fn ucx_worker() -> Result<ucx::Worker> {
     ucx_backend::worker()
