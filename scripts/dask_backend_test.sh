@@ -15,11 +15,11 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 VENV=target/ucxx-venv
 PY=$VENV/bin/python
-if [ ! -x "$PY" ] || ! "$PY" -c "import ucxx, distributed_ucxx, pandas, pyarrow, pytest, pytest_asyncio, maturin, dask_mpi, mpi4py" 2>/dev/null; then
+if [ ! -x "$PY" ] || ! "$PY" -c "import ucxx, distributed_ucxx, pandas, pyarrow, pytest, pytest_asyncio, pytest_timeout, maturin, dask_mpi, mpi4py" 2>/dev/null; then
   echo "dask backend: installing distributed-ucxx-cu12, pandas, pyarrow and pytest into $VENV"
   [ -x "$PY" ] || python3 -m venv "$VENV"
   timeout 900 "$VENV/bin/pip" install -q --disable-pip-version-check distributed-ucxx-cu12 \
-    pandas pyarrow numpy pytest pytest-asyncio maturin dask-mpi mpi4py \
+    pandas pyarrow numpy pytest pytest-asyncio pytest-timeout maturin dask-mpi mpi4py \
     || skip_or_fail dask-backend "could not install distributed-ucxx-cu12 and Dask from PyPI (no network?)"
 fi
 SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -31,8 +31,11 @@ export LD_LIBRARY_PATH=$LIBUCX/lib:$SITE/libucx_cu12.libs
 export UCX_MODULE_DIR=$LIBUCX/lib/ucx UCX_WARN_UNUSED_ENV_VARS=n
 echo "dask backend: $("$PY" -c 'import distributed, ucxrs; print("Dask", distributed.__version__, "with ucxrs on UCX %d.%d.%d" % ucxrs.get_ucx_version())')"
 [ "${1:-}" = --setup ] && exit 0
-pytest_args=(-q -p no:cacheprovider -o asyncio_mode=auto -o asyncio_default_fixture_loop_scope=function)
-(cd /tmp && timeout 900 "$OLDPWD/$PY" -m pytest "${pytest_args[@]}" "$OLDPWD/python/tests_dask")
+# A test that hangs ends the run within 120 s with every thread's stack (pytest-timeout); the
+# slowest test, dask-mpi's, takes about 10 s.
+pytest_args=(-q -p no:cacheprovider -o asyncio_mode=auto -o asyncio_default_fixture_loop_scope=function
+  --timeout 120 --timeout-method thread)
+(cd /tmp && timeout 600 "$OLDPWD/$PY" -m pytest "${pytest_args[@]}" "$OLDPWD/python/tests_dask")
 for mode in thread blocking; do
   echo "dask backend: the comm contract in progress mode $mode"
   (cd /tmp && DASK_DISTRIBUTED__COMM__UCXRS__PROGRESS_MODE=$mode timeout 300 "$OLDPWD/$PY" -m pytest \

@@ -8,11 +8,11 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 VENV=target/py-venv
 PY=$VENV/bin/python
-if [ ! -x "$PY" ] || ! "$PY" -c "import maturin, pytest, pytest_asyncio, numpy" 2>/dev/null; then
-  echo "python: installing maturin, pytest, pytest-asyncio and numpy into $VENV"
+if [ ! -x "$PY" ] || ! "$PY" -c "import maturin, pytest, pytest_asyncio, pytest_timeout, numpy" 2>/dev/null; then
+  echo "python: installing maturin, pytest, pytest-asyncio, pytest-timeout and numpy into $VENV"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  timeout 900 "$VENV/bin/pip" install -q --disable-pip-version-check maturin pytest pytest-asyncio numpy \
+  timeout 900 "$VENV/bin/pip" install -q --disable-pip-version-check maturin pytest pytest-asyncio pytest-timeout numpy \
     || { rm -rf "$VENV"; skip_or_fail python "could not install maturin and pytest from PyPI (no network?)"; }
 fi
 (cd python && cargo fmt -- --check && cargo clippy -q -j2 --all-targets -- -D warnings \
@@ -26,9 +26,11 @@ echo "python: $("$PY" -c 'import ucxrs; print("ucxrs on UCX %d.%d.%d, device arr
 # The seed's example (UCX-Py's "Send/Recv with CuPy", with NumPy arrays here): a server process
 # and a client.
 timeout 120 "$PY" python/examples/send_recv.py
+# A test that hangs ends its run within 120 s with every thread's stack (pytest-timeout).
 for mode in thread blocking polling; do
   echo "python: tests, progress mode $mode"
-  UCXPY_PROGRESS_MODE=$mode timeout 600 "$PY" -m pytest -q -p no:cacheprovider python/tests
+  UCXPY_PROGRESS_MODE=$mode timeout 600 "$PY" -m pytest -q -p no:cacheprovider --timeout 120 \
+    --timeout-method thread python/tests
 done
 # The module's doctests, against the installed package (not the source folder); the Dask comm
 # (ucxrs.distributed) needs Dask, and has its own tests (scripts/dask_backend_test.sh).

@@ -207,12 +207,15 @@ async def test_abort_ends_the_peers_read():
 
 
 async def test_cancelled_read_loses_nothing():
-    """Reads cancelled at various points of a large message's arrival (before it, during it):
-    the next read gets the whole message, and the ones after it theirs."""
+    """Reads cancelled at every point of a large message's arrival and decoding (before it,
+    during it, while Dask decodes it in a thread): the next read gets the whole message, and
+    the ones after it theirs."""
     big = np.arange(10_000_000, dtype="i8")  # 80 MB: past the rings, over UCX's rendezvous
     listener = await echo_server()
     comm = await connect(listener.contact_address)
-    for delay in (0, 0.0005, 0.002, 0.01):
+    cancelled = 0
+    for step in range(40):
+        delay = step * 0.001
         await comm.write({"big": to_serialize(big)})
         reading = asyncio.ensure_future(comm.read())
         await asyncio.sleep(delay)
@@ -221,10 +224,13 @@ async def test_cancelled_read_loses_nothing():
         try:
             back = await reading
         except asyncio.CancelledError:
-            back = await comm.read()
+            cancelled += 1
+            # A lost message would leave this read waiting: bounded, it fails instead.
+            back = await asyncio.wait_for(comm.read(), 30)
         assert (back["big"] == big).all(), delay
         await comm.write({"after": delay})
-        assert await comm.read() == {"after": delay}
+        assert await asyncio.wait_for(comm.read(), 30) == {"after": delay}
+    assert cancelled > 0
     await comm.close()
     listener.stop()
 

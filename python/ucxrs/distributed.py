@@ -116,6 +116,11 @@ def _abort_dangling(conn, name):
         _close_soon(conn)
 
 
+def _retrieved(task):
+    if not task.cancelled():
+        task.exception()
+
+
 class UCXRS(Comm):
     """A Dask comm over one ``transport`` connection."""
 
@@ -124,6 +129,9 @@ class UCXRS(Comm):
         self._local_addr = local_addr
         self._peer_addr = peer_addr
         self._closed = False
+        # A received message being decoded (`from_frames`, which Dask runs in a thread for
+        # large ones): a read cancelled meanwhile leaves it to the next read.
+        self._decoding = None
         super().__init__(deserialize=deserialize)
         self._finalizer = weakref.finalize(self, _abort_dangling, conn, repr(self))
         self._finalizer.atexit = False
@@ -180,21 +188,42 @@ class UCXRS(Comm):
     async def read(self, deserializers=None):
         if self._closed:
             raise CommClosedError(f"{self!r} is closed")
-        try:
-            # Cancel-safe: a cancelled read leaves the next message for the next read.
-            frames = await self._conn.recv()
-        except UCXError as e:
-            raise self._lost(e) from e
-        try:
-            return await from_frames(
-                frames,
-                deserialize=self.deserialize,
-                deserializers=deserializers,
-                allow_offload=self.allow_offload,
+        # Cancel-safe: a read cancelled while the message arrives, or while it is decoded,
+        # leaves it to the next read (which then decodes with the first read's
+        # `deserializers`). Dask's TCP comm aborts itself instead.
+        if self._decoding is None:
+            try:
+                frames = await self._conn.recv()
+            except UCXError as e:
+                raise self._lost(e) from e
+            self._decoding = asyncio.ensure_future(
+                from_frames(
+                    frames,
+                    deserialize=self.deserialize,
+                    deserializers=deserializers,
+                    allow_offload=self.allow_offload,
+                )
             )
+            # Its outcome is read by this read or the next; a comm closed first drops it.
+            self._decoding.add_done_callback(_retrieved)
+        decoding = self._decoding
+        try:
+            msg = await asyncio.shield(decoding)
+        except asyncio.CancelledError:
+            if decoding.cancelled():
+                # The decoding itself was cancelled (its loop is ending): the message is gone.
+                self._decoding = None
+                self.abort()
+            raise
         except EOFError:
+            self._decoding = None
             self.abort()
             raise CommClosedError(f"in {self!r}: aborted on truncated data")
+        except BaseException:
+            self._decoding = None
+            raise
+        self._decoding = None
+        return msg
 
     async def close(self):
         if self._closed and self._conn.closed:
