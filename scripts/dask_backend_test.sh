@@ -25,8 +25,10 @@ fi
 SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 LIBUCX=$SITE/libucx
 # The build tests/interop/run.sh makes too (same target folder: one build serves both).
+# With device frames built in (`--features cuda`: they need no CUDA to build or run; without a
+# GPU, test_device.py skips and says why).
 UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=$PWD/target/ucx-ucxx-py PATH="$PWD/$VENV/bin:$PATH" CARGO_BUILD_JOBS=2 \
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
+  MATURIN_PEP517_ARGS="--features cuda" "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 export LD_LIBRARY_PATH=$LIBUCX/lib:$SITE/libucx_cu12.libs
 export UCX_MODULE_DIR=$LIBUCX/lib/ucx UCX_WARN_UNUSED_ENV_VARS=n
 echo "dask backend: $("$PY" -c 'import distributed, ucxrs; print("Dask", distributed.__version__, "with ucxrs on UCX %d.%d.%d" % ucxrs.get_ucx_version())')"

@@ -19,6 +19,13 @@ runs:
   each size is a warm-up, not counted.
 Every run's answer (rows, payload sums) must be equal across protocols and to pandas'.
 
+With `--memory cuda` (a GPU machine: CuPy, ucxrs built with CUDA) the values are CuPy arrays,
+moved both ways between the two workers on one GPU (the merge is not run: it is pandas'), and
+with `--perftest BIN` each size is also measured by `ucx_perftest -t tag_bw -m cuda` in the
+same round: the median transfer rates, their ratio to perftest's bandwidth, and per worker pair
+the seed's 25/50/75% table. `--python PY` runs the clusters with that interpreter and this
+environment as it is (scripts/gpu/prove.sh's), not target/ucxx-venv.
+
 Runs in target/ucxx-venv (given Dask, and ucxrs built into it against the libucx wheel's UCX, by
 scripts/dask_backend_test.sh --setup), so both UCX comms run the same UCX. Figures are for a
 2-core VM whose two workers, scheduler and client share the cores: a benchmark, never a test.
@@ -96,7 +103,6 @@ def pair_table(logs, names, ignore=MIB):
 
 def child(args):
     import dask
-    import dask.dataframe as dd
     import numpy as np
     from distributed import Client, LocalCluster, wait
 
@@ -116,14 +122,19 @@ def child(args):
         names = {w: i for i, w in enumerate(workers)}
         parts = len(workers)
         rows = args.chunk
-        meta_l = make_left(0, 2, 0).iloc[:0]
-        meta_r = make_right(0, 2, 0, 4).iloc[:0]
-        left = dd.from_map(make_left, range(parts), rows=rows, seed=args.seed, meta=meta_l,
-                           divisions=[None] * (parts + 1)).persist()
-        right = dd.from_map(make_right, range(parts), rows=rows, seed=args.seed,
-                            n_total=rows * parts, meta=meta_r,
-                            divisions=[None] * (parts + 1)).persist()
-        wait([left, right])
+        if args.memory == "cuda":
+            args.runs = 0  # the merge is pandas': host memory
+        else:
+            import dask.dataframe as dd
+
+            meta_l = make_left(0, 2, 0).iloc[:0]
+            meta_r = make_right(0, 2, 0, 4).iloc[:0]
+            left = dd.from_map(make_left, range(parts), rows=rows, seed=args.seed, meta=meta_l,
+                               divisions=[None] * (parts + 1)).persist()
+            right = dd.from_map(make_right, range(parts), rows=rows, seed=args.seed,
+                                n_total=rows * parts, meta=meta_r,
+                                divisions=[None] * (parts + 1)).persist()
+            wait([left, right])
         data_bytes = 2 * parts * rows * 16
         for _ in range(args.runs):
             client.run(clear_log)
@@ -139,25 +150,35 @@ def child(args):
                                     "answer": answer, "pairs": pair_table(logs, names)})
             del merged
         a, b = workers
+        if args.memory == "cuda":
+            import cupy
+
+            full, both_ways = cupy.full, True
+        else:
+            full, both_ways = np.full, False
+        result["pairs"] = {}
         for size in args.sizes:
-            times = []
+            times, entries = [], {}
             # The first of each size is not counted: it maps the receiver's buffers (page
             # faults, a pool's first use) once per process.
             for i in range(1 + (args.reps if size < 16 * MIB else max(2, args.reps // 2))):
-                made = client.submit(np.full, size, i % 251, dtype="u1", workers=[a], pure=False)
+                src, dst = (b, a) if both_ways and i % 2 else (a, b)
+                made = client.submit(full, size, i % 251, dtype="u1", workers=[src], pure=False)
                 wait(made)
-                client.run(clear_log, workers=[b])
-                used = client.submit(lambda v: int(v[-1]), made, workers=[b], pure=False)
+                client.run(clear_log, workers=[dst])
+                used = client.submit(lambda v: int(v[-1]), made, workers=[dst], pure=False)
                 if used.result() != i % 251:
                     raise SystemExit(f"{args.one}: the {size}-byte value arrived wrong")
-                log = client.run(read_log, workers=[b])[b]
+                log = client.run(read_log, workers=[dst])[dst]
                 moved = [e for e in log if e["total"] >= size]
                 if len(moved) != 1:
                     raise SystemExit(f"{args.one}: expected one transfer of {size} B, log {log}")
                 if i > 0:
                     times.append(moved[0]["duration"])
+                    entries.setdefault(dst, []).append(moved[0])
                 del made, used
             result["transfers"][str(size)] = times
+            result["pairs"][str(size)] = pair_table(entries, names, ignore=0)
     print(json.dumps(result), flush=True)
 
 
@@ -175,7 +196,8 @@ def env_for_venv():
 
 
 def run_one(proto, args, env):
-    cmd = [VPY, os.path.abspath(__file__), "--one", proto, "--chunk", str(args.chunk),
+    cmd = [args.python, os.path.abspath(__file__), "--one", proto, "--memory", args.memory,
+           "--chunk", str(args.chunk),
            "--runs", str(args.runs), "--reps", str(args.reps), "--seed", str(args.seed),
            "--shuffle", args.shuffle, "--sizes", ",".join(map(str, args.sizes))]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env,
@@ -200,6 +222,11 @@ def main():
                     help="CI's round: 1 round, 1 run, 100,000 rows, 3 transfers per size")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--json", help="also write every run's figures here")
+    ap.add_argument("--memory", default="host", choices=["host", "cuda"],
+                    help="cuda: CuPy values, no merge (a GPU machine)")
+    ap.add_argument("--python", help="the clusters' interpreter, in this environment as it is "
+                                     "(default: target/ucxx-venv's, with its libucx)")
+    ap.add_argument("--perftest", help="ucx_perftest to measure each size with, in each round")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.sizes = [int(s) for s in str(args.sizes).split(",")]
@@ -207,28 +234,47 @@ def main():
         return child(args)
     if args.quick:
         args.rounds, args.runs, args.chunk, args.reps = 1, 1, 100_000, 3
-    if not os.path.exists(VPY):
-        subprocess.run(["bash", os.path.join(ROOT, "scripts", "dask_backend_test.sh"), "--setup"],
-                       check=True)
-    env = env_for_venv()
+    if args.python:
+        env = dict(os.environ)
+    else:
+        if not os.path.exists(VPY):
+            subprocess.run(["bash", os.path.join(ROOT, "scripts", "dask_backend_test.sh"), "--setup"],
+                           check=True)
+        args.python, env = VPY, env_for_venv()
     protocols = args.protocols.split(",")
-    want = json.loads(subprocess.run(
-        [VPY, "-c", f"import sys, json; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-                    f"import dask_comm_compare as d; print(json.dumps(d.expected({args.chunk}, 2, {args.seed})))"],
-        capture_output=True, text=True, check=True, env=env).stdout)
-    print(f"pandas' answer: {want[0]:,} rows; {args.rounds} rounds x {args.runs} runs, "
-          f"{args.chunk:,} rows per worker per frame, {args.shuffle} shuffle", flush=True)
+    want = None
+    if args.memory == "host":
+        want = json.loads(subprocess.run(
+            [args.python, "-c", f"import sys, json; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+                        f"import dask_comm_compare as d; print(json.dumps(d.expected({args.chunk}, 2, {args.seed})))"],
+            capture_output=True, text=True, check=True, env=env).stdout)
+        print(f"pandas' answer: {want[0]:,} rows; {args.rounds} rounds x {args.runs} runs, "
+              f"{args.chunk:,} rows per worker per frame, {args.shuffle} shuffle", flush=True)
+    else:
+        print(f"CuPy values between two workers on one GPU; {args.rounds} rounds", flush=True)
     results = {p: [] for p in protocols}
+    args.perftest_bw = {}
     for r in range(args.rounds):
+        if args.perftest:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from runner import perftest
+
+            extra = ["-m", "cuda"] if args.memory == "cuda" else []
+            for size in args.sizes:
+                f = perftest("tag_bw", size, 200 if size < 16 * MIB else 50, env=env, extra=extra,
+                             binary=args.perftest)
+                args.perftest_bw.setdefault(size, []).append(f["bw_MiBps"] * MIB)
         for p in protocols:
             t0 = time.perf_counter()
             res = run_one(p, args, env)
             for m in res["merge"]:
-                if m["answer"] != want:
+                if want is not None and m["answer"] != want:
                     sys.exit(f"{p}: wrong answer {m['answer']}, pandas says {want}")
             results[p].append(res)
-            print(f"round {r + 1}, {p}: merge {statistics.median(m['wall'] for m in res['merge']):.2f} s "
-                  f"(cluster and all: {time.perf_counter() - t0:.0f} s)", flush=True)
+            merge = (f"merge {statistics.median(m['wall'] for m in res['merge']):.2f} s "
+                     if res["merge"] else "")
+            print(f"round {r + 1}, {p}: {merge}(cluster and all: {time.perf_counter() - t0:.0f} s)",
+                  flush=True)
     summary = report(results, args)
     if args.json:
         with open(args.json, "w") as f:
@@ -237,34 +283,49 @@ def main():
 
 def report(results, args):
     summary = {}
+    med = lambda xs: statistics.median(xs) if xs else 0.0  # noqa: E731
     for p, runs in results.items():
         merges = [m for r in runs for m in r["merge"]]
-        pairs = {}
-        for m in merges:
-            for k, v in m["pairs"].items():
-                pairs.setdefault(k, []).append(v)
-        print(f"\nMerge benchmark, protocol {p} ({len(merges)} runs)")
-        print("-" * 60)
-        print(f"{'wall clock':<12}| throughput")
-        for m in merges:
-            print(f"{m['wall']:>9.2f} s | {m['throughput'] / MIB:,.1f} MiB/s")
-        print(f"{'(w1,w2)':<12}| 25% 50% 75% (total nbytes), median over runs")
         cells = {}
-        for k in sorted(pairs):
-            v = pairs[k]
-            q = [statistics.median(x[i] for x in v) for i in range(3)]
-            total = statistics.median(x[3] for x in v)
-            cells[k] = q[1]
-            print(f"{k:<12}| " + " ".join(f"{x / MIB:,.0f} MiB/s" for x in q) + f" ({fmt_bytes(total)})")
+        if merges:
+            pairs = {}
+            for m in merges:
+                for k, v in m["pairs"].items():
+                    pairs.setdefault(k, []).append(v)
+            print(f"\nMerge benchmark, protocol {p} ({len(merges)} runs)")
+            print("-" * 60)
+            print(f"{'wall clock':<12}| throughput")
+            for m in merges:
+                print(f"{m['wall']:>9.2f} s | {m['throughput'] / MIB:,.1f} MiB/s")
+            print(f"{'(w1,w2)':<12}| 25% 50% 75% (total nbytes), median over runs")
+            for k in sorted(pairs):
+                v = pairs[k]
+                q = [statistics.median(x[i] for x in v) for i in range(3)]
+                total = statistics.median(x[3] for x in v)
+                cells[k] = q[1]
+                print(f"{k:<12}| " + " ".join(f"{x / MIB:,.0f} MiB/s" for x in q) + f" ({fmt_bytes(total)})")
+        else:
+            print(f"\nTransfers, protocol {p} ({args.memory} memory)")
+            print("-" * 60)
         transfers = {}
         for s in args.sizes:
             times = [t for r in runs for t in r["transfers"][str(s)]]
-            med = statistics.median(times)
-            transfers[s] = med
-            print(f"transfer {fmt_bytes(s):>9}: median {med * 1e3:8.2f} ms, {s / med / MIB:,.1f} MiB/s")
-        summary[p] = {"throughput": statistics.median(m["throughput"] for m in merges),
-                      "wall": statistics.median(m["wall"] for m in merges),
-                      "pair_median": statistics.median(cells.values()) if cells else 0.0,
+            transfers[s] = med(times)
+            print(f"transfer {fmt_bytes(s):>9}: median {transfers[s] * 1e3:8.2f} ms, "
+                  f"{s / transfers[s] / MIB if transfers[s] else 0:,.1f} MiB/s")
+            if args.memory == "cuda":
+                # The seed's per-pair table, for this size's transfers.
+                pairs = {}
+                for r in runs:
+                    for k, v in r.get("pairs", {}).get(str(s), {}).items():
+                        pairs.setdefault(k, []).append(v)
+                for k in sorted(pairs):
+                    q = [med([x[i] for x in pairs[k]]) for i in range(3)]
+                    print(f"  {k:<10}| " + " ".join(f"{x / MIB:,.0f} MiB/s" for x in q)
+                          + " (25% 50% 75%)")
+        summary[p] = {"throughput": med([m["throughput"] for m in merges]),
+                      "wall": med([m["wall"] for m in merges]),
+                      "pair_median": med(list(cells.values())),
                       "transfers": transfers}
     print("\nSummary (medians; ratios are ucxrs over the other)")
     print(f"{'protocol':<8}| {'wall':>8} | {'throughput':>12} | {'per pair 50%':>13} | "
@@ -273,19 +334,30 @@ def report(results, args):
         print(f"{p:<8}| {s['wall']:>6.2f} s | {s['throughput'] / MIB:>7,.1f} MiB/s | "
               f"{s['pair_median'] / MIB:>8,.0f} MiB/s | "
               + " | ".join(f"{s['transfers'][x] * 1e3:>6.2f} ms" for x in args.sizes))
+    ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
     if "ucxrs" in summary:
         ours = summary["ucxrs"]
         for p, s in summary.items():
             if p == "ucxrs":
                 continue
-            ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
             print(f"ucxrs / {p}: throughput {ratio(ours['throughput'], s['throughput']):.2f}x, "
                   f"per-pair median {ratio(ours['pair_median'], s['pair_median']):.2f}x, "
                   "transfer time " + ", ".join(
                       f"{fmt_bytes(x)} {ratio(ours['transfers'][x], s['transfers'][x]):.2f}"
                       for x in args.sizes))
+    if args.perftest_bw:
+        print(f"ucx_perftest -t tag_bw{' -m cuda' if args.memory == 'cuda' else ''} in the same "
+              "rounds, and each protocol's median transfer rate over it (Dask's transfer time "
+              "includes its request and deserialisation):")
+        for x in args.sizes:
+            bw = med(args.perftest_bw.get(x, []))
+            rates = ", ".join(f"{p} {ratio(x / s['transfers'][x] if s['transfers'][x] else 0, bw):.2f}"
+                              for p, s in summary.items())
+            print(f"  {fmt_bytes(x):>9}: perftest {bw / MIB:,.0f} MiB/s; {rates}")
+            for p, s in summary.items():
+                s.setdefault("over_perftest", {})[x] = ratio(
+                    x / s["transfers"][x] if s["transfers"][x] else 0, bw)
     return summary
-
 
 if __name__ == "__main__":
     main()

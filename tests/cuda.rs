@@ -276,3 +276,59 @@ fn rendezvous_in_one_process(mode: ucx::ProgressMode) {
         assert!(got.to_host().unwrap() == data);
     });
 }
+
+/// Lent device memory (`DeviceBuffer::lent`: another owner's allocation, as a CuPy array's)
+/// travels like owned memory, and its owner is dropped, not the memory freed, once the send
+/// has let go of it.
+#[test]
+fn lent_device_memory_is_sent_and_its_owner_dropped() {
+    if gpu("lent_device_memory_is_sent_and_its_owner_dropped").is_none() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ctx = ucx::Context::new().unwrap();
+        let stream = stream();
+        let (ep, peer) = in_process_pair(&ctx, ucx::ProgressMode::Thread).await;
+        for size in [16usize, 1 << 20, 8 << 20] {
+            let data: Vec<u8> = (0..size).map(|i| (i % 239) as u8).collect();
+            // The "other library's" allocation: an owned buffer, kept by the owner.
+            let owned =
+                std::sync::Arc::new(ucx::cuda::DeviceBuffer::from_host(&stream, &data).unwrap());
+            let (ptr, owner) = (owned.device_ptr(), std::sync::Arc::clone(&owned));
+            // SAFETY: `owner` keeps `owned`'s allocation of `size` bytes alive on `stream`'s
+            // device; nothing writes it meanwhile.
+            let lent =
+                unsafe { ucx::cuda::DeviceBuffer::lent(&stream, ptr, size, Box::new(owner)) };
+            assert!(lent.is_lent() && lent.len() == size);
+            let ((s, lent), (n, got)) = futures::join!(
+                ep.send(lent, 5),
+                peer.recv(ucx::cuda::DeviceBuffer::alloc(&stream, size).unwrap(), 5)
+            );
+            s.unwrap();
+            assert_eq!(n.unwrap(), size);
+            assert!(
+                got.to_host().unwrap() == data,
+                "{size} bytes came back different"
+            );
+            assert_eq!(
+                std::sync::Arc::strong_count(&owned),
+                2,
+                "the lent buffer holds its owner"
+            );
+            drop(lent);
+            assert_eq!(
+                std::sync::Arc::strong_count(&owned),
+                1,
+                "dropping it drops the owner"
+            );
+            assert!(
+                owned.to_host().unwrap() == data,
+                "the owner's memory is untouched"
+            );
+        }
+    });
+}

@@ -261,6 +261,23 @@ impl PyBuf {
         unsafe { std::slice::from_raw_parts(self.ptr, self.init) }
     }
 
+    /// For device memory taken to send: a device buffer that lends it (no copy) and holds
+    /// this buffer, and so the array, until it is dropped (the release then queued as any
+    /// other). Host memory is handed back.
+    #[cfg(feature = "cuda")]
+    pub fn into_device_buffer(self) -> Result<ucx::cuda::DeviceBuffer, PyBuf> {
+        let stream = match &self.stream {
+            Some(s) if self.mem == ucx::MemoryType::Cuda => std::sync::Arc::clone(s),
+            _ => return Err(self),
+        };
+        let (ptr, len) = (self.ptr as u64, self.init);
+        // SAFETY: `ptr` is the device array's memory on the GPU whose stream this is (taken
+        // from its `__cuda_array_interface__` or DLPack tensor, after the producer's stream
+        // was synchronised), valid for `init` bytes while the array is held; the buffer is
+        // only sent from, never received into; it holds `self`, which holds the array.
+        Ok(unsafe { ucx::cuda::DeviceBuffer::lent(&stream, ptr, len, Box::new(Holding(self))) })
+    }
+
     /// Releases it now (the GIL is held, and no ucx-rs lock: call it once the operation that
     /// used the buffer has returned it).
     pub fn release(mut self, py: Python<'_>) {
@@ -269,6 +286,15 @@ impl PyBuf {
         }
     }
 }
+
+/// A buffer held by a lent device buffer, only to be dropped.
+#[cfg(feature = "cuda")]
+struct Holding(#[allow(dead_code)] PyBuf);
+
+// SAFETY: nothing is ever reached through a shared reference to it (it is held, then dropped,
+// which queues the release); `PyBuf` is `Send`.
+#[cfg(feature = "cuda")]
+unsafe impl Sync for Holding {}
 
 /// Why a device array cannot be used by this build.
 #[cfg(not(feature = "cuda"))]

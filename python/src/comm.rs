@@ -159,17 +159,36 @@ impl AsRef<[u8]> for Lent {
     }
 }
 
-/// The frames of one message, taken from `frames` (any objects with the buffer protocol).
+/// The frames of one message, taken from `frames`: objects with the buffer protocol (host
+/// frames, lent), and with `cuda`, device arrays (`__cuda_array_interface__`: device frames,
+/// lent, [`crate::device_frames`]).
 fn message(frames: &Bound<'_, PyAny>) -> PyResult<(Message, usize)> {
     let mut out = Vec::new();
     let mut total = 0usize;
     for f in frames.try_iter()? {
         let f = f?;
         let buf = PyBuf::readable(&f)?;
+        #[cfg(feature = "cuda")]
+        let buf = match crate::device_frames::lend(buf) {
+            Ok(device) => {
+                total += device.len();
+                out.push(device);
+                continue;
+            }
+            Err(host) => host,
+        };
+        #[cfg(feature = "cuda")]
+        if buf.host_bytes().is_empty()
+            && f.hasattr(pyo3::intern!(f.py(), "__cuda_array_interface__"))?
+        {
+            out.push(crate::device_frames::empty()?);
+            continue;
+        }
         if !buf.is_host() {
+            // DLPack-only device tensors in a build without `cuda` never get here (refused
+            // when taken); this is for completeness.
             return Err(PyTypeError::new_err(
-                "a device frame: the ucxrs comm carries host frames (Dask moves device objects \
-                 through host memory on it; device frames are the GPU issue's, docs/dask.md)",
+                "a device frame this build cannot send",
             ));
         }
         total += buf.host_bytes().len();
@@ -215,13 +234,7 @@ impl Conn {
             }
             let mut frames = Vec::with_capacity(msg.frames.len());
             for f in msg.frames {
-                let Frame::Host(b) = f else {
-                    let _ = conn.close().await;
-                    return Err(UCXError::new_err(
-                        "the peer sent a device frame, which this comm does not take",
-                    ));
-                };
-                match RecvFrame::from_bytes(b) {
+                match received(f) {
                     Ok(f) => frames.push(f),
                     Err(e) => {
                         // The message is lost: the connection ends rather than skip it.
@@ -284,9 +297,34 @@ impl Conn {
     }
 }
 
-/// The received frames, turned into a Python list of writable `memoryview`s (what Dask's TCP
-/// comm gives: sliceable, with `nbytes`) on the loop's thread.
-struct Frames(Vec<RecvFrame>);
+/// A received frame as Python gets it.
+enum Received {
+    Host(RecvFrame),
+    #[cfg(feature = "cuda")]
+    Device(crate::device_frames::DeviceFrame),
+}
+
+/// A frame of a received message, ready for Python; `Err` if it cannot be handed over (no
+/// memory; a device copy that failed).
+fn received(f: Frame) -> Result<Received, String> {
+    match f {
+        Frame::Host(b) => RecvFrame::from_bytes(b).map(Received::Host),
+        #[cfg(feature = "cuda")]
+        Frame::Cuda(d) => {
+            crate::device_frames::settle(&d)?;
+            Ok(Received::Device(crate::device_frames::DeviceFrame {
+                buf: d,
+            }))
+        }
+        #[allow(unreachable_patterns)] // `Frame` is non-exhaustive
+        _ => Err("a frame of a kind this build does not know".into()),
+    }
+}
+
+/// The received frames, turned into a Python list on the loop's thread: writable
+/// `memoryview`s for host frames (what Dask's TCP comm gives: sliceable, with `nbytes`), and
+/// `DeviceFrame`s for device frames.
+struct Frames(Vec<Received>);
 
 impl<'py> IntoPyObject<'py> for Frames {
     type Target = PyList;
@@ -297,7 +335,15 @@ impl<'py> IntoPyObject<'py> for Frames {
         let items = self
             .0
             .into_iter()
-            .map(|f| PyMemoryView::from(Bound::new(py, f)?.as_any()))
+            .map(|f| -> PyResult<Bound<'py, PyAny>> {
+                match f {
+                    Received::Host(f) => {
+                        Ok(PyMemoryView::from(Bound::new(py, f)?.as_any())?.into_any())
+                    }
+                    #[cfg(feature = "cuda")]
+                    Received::Device(f) => Ok(Bound::new(py, f)?.into_any()),
+                }
+            })
             .collect::<PyResult<Vec<_>>>()?;
         PyList::new(py, items)
     }

@@ -21,6 +21,7 @@ mod buffer;
 mod comm;
 #[cfg(feature = "cuda")]
 mod device;
+mod device_frames;
 mod dlpack;
 mod endpoint;
 mod errors;
@@ -350,9 +351,12 @@ fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(comm::transport_listen, m)?)?;
     m.add_function(wrap_pyfunction!(comm::transport_connect, m)?)?;
     m.add_function(wrap_pyfunction!(comm::transport_configure, m)?)?;
+    m.add_function(wrap_pyfunction!(device_frames::transport_device_frames, m)?)?;
     m.add_class::<comm::Conn>()?;
     m.add_class::<comm::Listen>()?;
     m.add_class::<comm::RecvFrame>()?;
+    #[cfg(feature = "cuda")]
+    m.add_class::<device_frames::DeviceFrame>()?;
     Ok(())
 }
 

@@ -12,6 +12,7 @@ from distributed.comm import connect, listen, parse_address
 from distributed.comm.core import CommClosedError
 from distributed.comm.registry import get_backend
 from distributed.protocol import Serialized, deserialize, serialize, to_serialize
+from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
 
 import ucxrs
 from ucxrs import _ucxrs
@@ -371,3 +372,69 @@ async def test_a_forked_child_is_refused():
         pytest.fail("the forked child hung")
     assert os.waitstatus_to_exitcode(status) == 0
     listener.close()
+
+
+class NotDeviceMemory:
+    """Claims to be a device array, at an address no GPU has."""
+
+    __cuda_array_interface__ = {
+        "shape": (16,),
+        "typestr": "|u1",
+        "data": (0xDEAD0000, False),
+        "version": 3,
+    }
+    nbytes = 16
+
+    def __len__(self):
+        return 16
+
+
+async def test_a_frame_that_cannot_be_sent_leaves_the_comm_usable():
+    """A frame the comm cannot send (here a device array that is not one: a build without
+    CUDA refuses device arrays, one without a GPU cannot open it, one with a GPU does not know
+    the address) raises from `write` with the reason, before anything is posted: the comm
+    goes on."""
+    listener = await echo_server()
+    comm = await connect(listener.contact_address)
+    header = {"serializer": "cuda", "compression": (False,)}
+    with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
+        await comm.write({"x": Serialized(header, [NotDeviceMemory()])})
+    assert "device" in str(e.value) or "CUDA" in str(e.value), e.value
+    assert not comm.closed()
+    await comm.write({"after": 1})
+    assert await asyncio.wait_for(comm.read(), 30) == {"after": 1}
+    await comm.close()
+    listener.stop()
+
+
+class OnDevice:
+    """A type with a `cuda` serialiser (as CuPy's and cuDF's types have), whose frames are
+    plain bytes here."""
+
+    def __init__(self, payload):
+        self.payload = payload
+
+
+@cuda_serialize.register(OnDevice)
+def _(x):
+    return {}, [x.payload]
+
+
+@cuda_deserialize.register(OnDevice)
+def _(header, frames):
+    return OnDevice(bytes(frames[0]))
+
+
+async def test_device_serialisers_first_in_a_build_with_cuda():
+    """A build with CUDA writes with Dask's `cuda` serialisers first (device objects then
+    travel as device frames, as on distributed-ucxx's comm); one without keeps Dask's default
+    (host serialisers, which would copy device objects through host memory)."""
+    listener = await echo_server(deserialize=False)
+    comm = await connect(listener.contact_address, deserialize=False)
+    await comm.write({"x": to_serialize(OnDevice(b"abc"))})
+    back = (await asyncio.wait_for(comm.read(), 30))["x"]
+    assert isinstance(back, Serialized)
+    want = "cuda" if _ucxrs.transport_device_frames() else "pickle"
+    assert back.header["serializer"] == want, back.header
+    await comm.close()
+    listener.stop()

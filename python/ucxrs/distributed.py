@@ -11,8 +11,9 @@ Each Dask message (a list of frames from ``to_frames``) is one message of ``tran
 (UCXX's comm sends three messages per Dask message: count, sizes, frames). On one host, large
 frames go through the connection's same-host rings (docs/transport.md). Received frames are
 writable buffers of their own. A closed, aborted, failed or garbled connection raises
-``CommClosedError``, as Dask's TCP comm does. Device objects (CuPy, RMM) are moved by Dask's
-host serialisers on this comm (it does not claim device frames); see docs/dask.md.
+``CommClosedError``, as Dask's TCP comm does. In a build with CUDA (``--features cuda``),
+device objects (CuPy arrays, cuDF frames: Dask's ``cuda`` serialisers) travel as device frames,
+lent without copies and received into device memory (``DeviceFrame``s); see docs/dask.md.
 """
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ def _abort_dangling(conn, name):
         _close_soon(conn)
 
 
+# Whether this build carries device frames (built with `cuda`: docs/dask.md).
+_DEVICE_FRAMES = _ucxrs.transport_device_frames()
+
+
 def _retrieved(task):
     if not task.cancelled():
         task.exception()
@@ -164,6 +169,10 @@ class UCXRS(Comm):
     async def write(self, msg, serializers=None, on_error="message"):
         if self._closed:
             raise CommClosedError(f"{self!r} is closed")
+        if serializers is None and _DEVICE_FRAMES:
+            # Device objects (CuPy arrays, cuDF frames) travel as device frames, as on
+            # distributed-ucxx's comm; Dask's default would copy them through host memory.
+            serializers = ("cuda", "dask", "pickle", "error")
         frames = await to_frames(
             msg,
             allow_offload=self.allow_offload,
@@ -176,7 +185,13 @@ class UCXRS(Comm):
             },
         )
         try:
-            return await self._conn.send(frames)
+            # A frame that cannot be sent (a device array in a build without CUDA, one CUDA
+            # does not know) raises here, before anything is posted: the comm stays usable.
+            sending = self._conn.send(frames)
+        except UCXError as e:
+            raise self._lost(e) from e
+        try:
+            return await sending
         except UCXError as e:
             raise self._lost(e) from e
         except BaseException:

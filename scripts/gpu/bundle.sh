@@ -5,8 +5,9 @@
 #                       the release binaries built against it with `--features cuda`
 #                       (ucx-gpu-echo, the `cuda` test suite), and the ucxrs package built with
 #                       `--features cuda` for the GPU machine's Python (GPU_PYTHON, 3.12)
-#   .gpu/wheels/        real UCXX (ucxx-cu13 and what it needs beyond that machine's packages)
-#                       and pytest-asyncio, for the interop and the Python tests there
+#   .gpu/wheels/        real UCXX (ucxx-cu13 and what it needs beyond that machine's packages),
+#                       stock Dask (distributed and its dependencies), pytest-asyncio and
+#                       pytest-timeout, for the interop, the Dask comm and the Python tests there
 # Takes 10-15 minutes on 2 cores the first time (release builds), seconds after.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,6 +35,18 @@ download rmm_cu13 "rmm-cu13==$RAPIDS_VERSION"
 download librmm_cu13 "librmm-cu13==$RAPIDS_VERSION"
 download rapids_logger "rapids-logger==0.3.0"
 download pytest_asyncio "pytest-asyncio==1.5.0"
+download pytest_timeout "pytest-timeout==2.4.0"
+# Stock Dask for the Dask comm's device frames (python/tests_dask/test_device.py and
+# scripts/dask_comm_compare.py --memory cuda there): distributed and what it needs, all pure
+# Python or manylinux wheels (none of NumPy, CuPy or PyTorch, which that machine has).
+DASK_VERSION=2026.7.1
+if ! ls "$W/dl-dask"/distributed-"$DASK_VERSION"-*.whl >/dev/null 2>&1; then
+  rm -rf "$W/dl-dask"
+  timeout 600 python3 -m pip download -q --only-binary=:all: --python-version "$PYVER" \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$W/dl-dask" "distributed==$DASK_VERSION" \
+    || skip_or_fail gpu-bundle "could not download distributed $DASK_VERSION from PyPI (no network?)"
+fi
 
 # 2. The wheel's UCX, to build against (its headers) and to carry (its libraries).
 if [ ! -f "$W/libucx-cu13/libucx/include/ucp/api/ucp.h" ]; then
@@ -93,9 +106,17 @@ cp "$CUDA_TEST" "$S/bin/cuda-tests"
 tag=$(echo "$PYVER" | tr -d .)
 cp python/ucxrs/*.py "$S/site/ucxrs/"
 cp target/gpu-py/release/lib_ucxrs.so "$S/site/ucxrs/_ucxrs.cpython-$tag-x86_64-linux-gnu.so"
+# Its distribution's metadata, for the entry point by which Dask (and the worker processes it
+# spawns) finds the ucxrs:// comm (python/pyproject.toml's).
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' python/pyproject.toml | head -1)
+DI=$S/site/ucxrs-$VERSION.dist-info
+mkdir -p "$DI"
+printf 'Metadata-Version: 2.1\nName: ucxrs\nVersion: %s\n' "$VERSION" >"$DI/METADATA"
+printf '[distributed.comm.backends]\nucxrs = ucxrs.distributed:UCXRSBackend\n' >"$DI/entry_points.txt"
 strip "$S"/bin/* "$S/site/ucxrs/"*.so
 tar -C "$S" -cJf .gpu/bundle.tar.xz .
 rm -rf .gpu/wheels && mkdir -p .gpu/wheels
-cp "$W"/dl/{ucxx_cu13,libucxx_cu13,rmm_cu13,librmm_cu13,rapids_logger,pytest_asyncio}-*.whl .gpu/wheels/
+cp "$W"/dl/{ucxx_cu13,libucxx_cu13,rmm_cu13,librmm_cu13,rapids_logger,pytest_asyncio,pytest_timeout}-*.whl .gpu/wheels/
+cp "$W"/dl-dask/*.whl .gpu/wheels/
 du -sh .gpu/bundle.tar.xz .gpu/wheels | sed 's/^/bundle: /'
 log "done: carry .gpu and run scripts/gpu/prove.sh there (docs/gpu.md)"

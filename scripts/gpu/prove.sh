@@ -11,8 +11,11 @@
 # python (python/tests, device arrays included, in each progress mode), example (the seed's
 # CuPy demo on ucxrs), interop (CuPy arrays with real UCXX, both ways), echo and bench
 # (scripts/gpu/proof.py: ucx-rs device buffers across processes, every byte checked, and beside
-# `ucx_perftest -m cuda`), compare (ucxrs, UCXX and ucx_perftest with CuPy arrays,
-# scripts/python_compare.py).
+# `ucx_perftest -m cuda`), dask (python/tests_dask/test_device.py: CuPy through the ucxrs://
+# Dask comm, one comm and a two-worker cluster; and the comm's contract), dask-bench (CuPy
+# values between two Dask workers over tcp:// and ucxrs://, beside ucx_perftest -m cuda:
+# scripts/dask_comm_compare.py --memory cuda), compare (ucxrs, UCXX and ucx_perftest with CuPy
+# arrays, scripts/python_compare.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -86,7 +89,14 @@ pytests() { # pytests MODE
     $([ "$1" = thread ] && [ -z "${PROVE_QUICK:-}" ] && echo python/tests/test_core.py)
 }
 
-export -f info interop pytests
+dasktests() { # the Dask comm with device frames (CuPy), and its contract, on the GPU
+  (cd /tmp && "$PY" -m pytest -q -p no:cacheprovider -o asyncio_mode=auto \
+    -o asyncio_default_fixture_loop_scope=function --timeout 120 --timeout-method thread \
+    "$ROOT/python/tests_dask/test_device.py" "$ROOT/python/tests_dask/test_comm.py")
+}
+
+export -f info interop pytests dasktests
+export ROOT
 export PY
 export GPU_ECHO_BIN=$B/bin/ucx-gpu-echo
 step info 60 info
@@ -99,6 +109,9 @@ step interop:ucxx-server,ucxrs-client 120 interop ucxx ucxrs
 step interop:ucxrs-server,ucxx-client 120 interop ucxrs ucxx
 step echo 240 "$PY" scripts/gpu/proof.py --echo "$B/bin/ucx-gpu-echo" --perftest "$PERFTEST" --part echo --out "$LOGS"
 step bench 180 "$PY" scripts/gpu/proof.py --echo "$B/bin/ucx-gpu-echo" --perftest "$PERFTEST" --part bench --rounds 1 --out "$LOGS"
+step dask 300 dasktests
+step dask-bench 300 "$PY" scripts/dask_comm_compare.py --python "$PY" --memory cuda --protocols tcp,ucxrs \
+  --perftest "$PERFTEST" --rounds 1 --reps 6 --json "$LOGS/dask-cuda.json"
 step compare 300 "$PY" scripts/python_compare.py --python "$PY" --memory cuda --perftest "$PERFTEST" \
   --sizes 8,1m,64m --modes thread,polling --rounds 1 --json "$LOGS/compare-cuda.json"
 

@@ -135,8 +135,10 @@ fi
 # the wheel's UCX, as ucxx-peer is (both sides must run the same UCX), with host memory.
 if [ "$MEMORY" = host ]; then
   "$PY" -c "import maturin" 2>/dev/null || "$VENV/bin/pip" install -q --disable-pip-version-check maturin
+  # With `--features cuda` (runs without CUDA), as scripts/dask_backend_test.sh builds it into
+  # this venv too: one build serves both.
   UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=$PWD/target/ucx-ucxx-py PATH="$PWD/$VENV/bin:$PATH" CARGO_BUILD_JOBS=2 \
-    "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
+    MATURIN_PEP517_ARGS="--features cuda" "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
   echo "interop: ucxrs on UCX $("$PY" -c 'import ucxrs; print("%d.%d.%d" % ucxrs.get_ucx_version())')"
   PAIR_STEPS=tagless,tags,forced,obj,multi,am
   run_pair python ucxrs client

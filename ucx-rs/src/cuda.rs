@@ -108,11 +108,17 @@ pub fn gpu_available() -> bool {
 /// supports it, `cuMemAlloc` memory can be shared with other processes through CUDA IPC, which
 /// is what UCX's `cuda_ipc` transport needs for zero-copy transfers between processes on one
 /// node. Receives write from the start and set [`len`](Self::len) to the message size.
+///
+/// A buffer can also lend memory that something else owns ([`DeviceBuffer::lent`]: a CuPy or
+/// PyTorch array's), so that it travels as a device frame without a copy; dropping it then
+/// drops the owner instead of freeing the memory.
 pub struct DeviceBuffer {
     ptr: cu::CUdeviceptr,
     cap: usize,
     len: usize,
     stream: Arc<CudaStream>,
+    /// For lent memory: what keeps it alive (dropped, never freed, by this buffer).
+    owner: Option<Box<dyn Send + Sync>>,
 }
 
 impl fmt::Debug for DeviceBuffer {
@@ -121,6 +127,7 @@ impl fmt::Debug for DeviceBuffer {
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("len", &self.len)
             .field("capacity", &self.cap)
+            .field("lent", &self.owner.is_some())
             .finish()
     }
 }
@@ -143,7 +150,49 @@ impl DeviceBuffer {
             cap: capacity,
             len: 0,
             stream: Arc::clone(stream),
+            owner: None,
         })
+    }
+
+    /// A buffer over `len` bytes of device memory at `ptr` that `owner` keeps alive (a device
+    /// array of another library), ordered by `stream`: it holds `len` bytes of data, and
+    /// dropping it drops `owner` (after synchronising `stream`) instead of freeing the memory.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be device memory of `stream`'s context (or one UCX and CUDA can reach from
+    /// it), valid for `len` bytes and not freed or moved while `owner` lives. Work on it that
+    /// the sender must see has to be ordered before `stream` is synchronised (ucx-rs does that
+    /// before UCX reads). If the buffer is received into, the memory must be writable and
+    /// nothing else may use it meanwhile.
+    pub unsafe fn lent(
+        stream: &Arc<CudaStream>,
+        ptr: cu::CUdeviceptr,
+        len: usize,
+        owner: Box<dyn Send + Sync>,
+    ) -> Self {
+        DeviceBuffer {
+            ptr,
+            cap: len,
+            len,
+            stream: Arc::clone(stream),
+            owner: Some(owner),
+        }
+    }
+
+    /// Whether the memory is lent ([`DeviceBuffer::lent`]) rather than owned.
+    pub fn is_lent(&self) -> bool {
+        self.owner.is_some()
+    }
+
+    /// Waits for the work queued on the buffer's stream (a copy into it, a kernel), so that
+    /// other streams and processes see its contents.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .and_then(|()| self.stream.synchronize())
+            .map_err(cuda_err("cuStreamSynchronize"))
     }
 
     /// A buffer holding a copy of `data`.
@@ -219,6 +268,16 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        if let Some(owner) = self.owner.take() {
+            // Lent memory: the owner frees it, once the work queued on it here is done.
+            if self.ptr != 0 {
+                if let Err(e) = self.synchronize() {
+                    tracing::warn!(error = %e, "synchronising a lent device buffer failed");
+                }
+            }
+            drop(owner);
+            return;
+        }
         if self.ptr == 0 {
             return;
         }
@@ -236,8 +295,9 @@ impl Drop for DeviceBuffer {
     }
 }
 
-// SAFETY: the pointer is device memory owned by the buffer, valid for `len` bytes until the
-// buffer is dropped, and it does not change when the value moves.
+// SAFETY: the pointer is device memory owned by the buffer (or, for a lent one, kept alive by
+// its owner, as `lent`'s contract requires), valid for `len` bytes until the buffer is
+// dropped, and it does not change when the value moves.
 unsafe impl IoBuf for DeviceBuffer {
     fn stable_ptr(&self) -> *const u8 {
         self.ptr as *const u8
@@ -274,7 +334,8 @@ unsafe impl IoBuf for Arc<DeviceBuffer> {
     }
 }
 
-// SAFETY: as above; all `cap` bytes are writable device memory.
+// SAFETY: as above; all `cap` bytes are writable device memory (for a lent buffer, `lent`'s
+// caller promised so for buffers that are received into).
 unsafe impl IoBufMut for DeviceBuffer {
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.ptr as *mut u8

@@ -1,0 +1,115 @@
+//! Device frames of the Dask comm (built with `cuda`).
+//!
+//! Dask's `cuda` serialisers turn device objects (CuPy arrays, cuDF columns, RMM buffers) into
+//! frames that export `__cuda_array_interface__`. [`Conn::send`](crate::comm::Conn) sends each
+//! as a `transport` device frame that lends the object's memory ([`lend`]: no copy; the object
+//! is held until UCX has let go of it, and released through the queue of
+//! [`crate::buffer`], never under a transport or ucx-rs lock). The transport receives a device
+//! frame into device memory of its landing GPU (`transport::cuda`: GPU 0's default stream
+//! unless told otherwise; with one worker per GPU, as dask-cuda starts them, the worker's GPU),
+//! zero-copy where the loaded UCX has CUDA transports (`cuda_ipc` between processes of one
+//! node) and staged through pinned host memory where not. Python gets a [`DeviceFrame`]: bytes
+//! in device memory that export `__cuda_array_interface__` (version 3; the copy into it has
+//! finished), which Dask's CuPy, RMM and Numba deserialisers take as they take RMM's
+//! `DeviceBuffer` from distributed-ucxx; the memory is freed when the last reference to it
+//! goes (a CuPy array made from it holds one).
+//!
+//! Where no GPU can be used, the transport delivers device frames as host frames holding the
+//! same bytes (and says why, once per process); a build without `cuda` refuses to send device
+//! arrays with a `TypeError` that says how to build one that can.
+
+#[cfg(feature = "cuda")]
+pub(crate) use built::*;
+
+#[cfg(feature = "cuda")]
+mod built {
+    use std::sync::Arc;
+
+    use pyo3::exceptions::PyRuntimeError;
+    use pyo3::prelude::*;
+    use pyo3::types::PyDict;
+    use transport::Frame;
+    use ucx::cuda::DeviceBuffer;
+
+    use crate::buffer::PyBuf;
+
+    /// The transport frame for a buffer taken from a device array: a device frame that lends
+    /// its memory. Host buffers are handed back.
+    pub(crate) fn lend(buf: PyBuf) -> Result<Frame, PyBuf> {
+        buf.into_device_buffer().map(Frame::from)
+    }
+
+    /// An empty device frame (a device array of no bytes: it has no memory to lend, and
+    /// travels as a device frame so that the receiver gets a device object), on the
+    /// transport's landing GPU.
+    pub(crate) fn empty() -> PyResult<Frame> {
+        let stream = transport::cuda::landing_stream().ok_or_else(|| {
+            PyRuntimeError::new_err("CUDA: an empty device array, and no GPU to describe it on")
+        })?;
+        let d = DeviceBuffer::alloc(&stream, 0)
+            .map_err(|e| PyRuntimeError::new_err(format!("CUDA: {e}")))?;
+        Ok(Frame::from(d))
+    }
+
+    /// Waits for the copy into a received device frame (the staged path queues it on the
+    /// frame's stream), so that any stream of any library sees the bytes: the frame then
+    /// exports no stream to wait on.
+    pub(crate) fn settle(d: &DeviceBuffer) -> Result<(), String> {
+        if d.capacity() == 0 {
+            return Ok(());
+        }
+        d.synchronize()
+            .map_err(|e| format!("a received device frame: {e}"))
+    }
+
+    /// A received frame in device memory: `len(frame)` bytes, exported through
+    /// `__cuda_array_interface__` (one dimension of `uint8`), freed when the last reference
+    /// to the frame is gone.
+    #[pyclass(module = "ucxrs._ucxrs", frozen)]
+    #[derive(Debug)]
+    pub struct DeviceFrame {
+        pub(crate) buf: Arc<DeviceBuffer>,
+    }
+
+    #[pymethods]
+    impl DeviceFrame {
+        fn __len__(&self) -> usize {
+            self.buf.len()
+        }
+
+        /// Bytes in the frame (what Dask's `nbytes` asks).
+        #[getter]
+        fn nbytes(&self) -> usize {
+            self.buf.len()
+        }
+
+        /// Version 3 of the interface: the data is ready (no stream to wait on), writable.
+        #[getter(__cuda_array_interface__)]
+        fn cuda_array_interface<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let d = PyDict::new(py);
+            d.set_item("shape", (self.buf.len(),))?;
+            d.set_item("typestr", "|u1")?;
+            let ptr = if self.buf.is_empty() {
+                0
+            } else {
+                self.buf.device_ptr()
+            };
+            d.set_item("data", (ptr, false))?;
+            d.set_item("version", 3)?;
+            d.set_item("strides", py.None())?;
+            d.set_item("stream", py.None())?;
+            Ok(d)
+        }
+
+        fn __repr__(&self) -> String {
+            format!("<ucxrs DeviceFrame of {} bytes>", self.buf.len())
+        }
+    }
+}
+
+/// Whether this build sends and receives device frames (built with `cuda`; whether a GPU can
+/// be used is the transport's matter, see the module).
+#[pyo3::pyfunction]
+pub fn transport_device_frames() -> bool {
+    cfg!(feature = "cuda")
+}
