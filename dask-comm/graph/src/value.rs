@@ -17,19 +17,41 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// A frame of an encoded value: bytes that travel as they are. (Exhaustive on purpose: when
-/// device frames come, every place that moves frames must say what it does with them.)
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A frame of an encoded value: bytes that travel as they are. Every place that moves frames
+/// says what it does with device frames (feature `cuda`): the network sends them as device
+/// frames, spill copies them to host memory and back.
+#[derive(Debug, Clone)]
 pub enum Frame {
     /// Host memory.
     Host(Bytes),
+    /// CUDA device memory (feature `cuda`): its first `len` bytes; moved worker to worker
+    /// without touching host memory where UCX has CUDA transports (`transport`'s device
+    /// frames). Two device frames are equal when they are the same buffer.
+    #[cfg(feature = "cuda")]
+    Device(Arc<ucx::cuda::DeviceBuffer>),
 }
+
+impl PartialEq for Frame {
+    fn eq(&self, other: &Frame) -> bool {
+        match (self, other) {
+            (Frame::Host(a), Frame::Host(b)) => a == b,
+            #[cfg(feature = "cuda")]
+            (Frame::Device(a), Frame::Device(b)) => Arc::ptr_eq(a, b),
+            #[cfg(feature = "cuda")]
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Frame {}
 
 impl Frame {
     /// Bytes in the frame.
     pub fn len(&self) -> usize {
         match self {
             Frame::Host(b) => b.len(),
+            #[cfg(feature = "cuda")]
+            Frame::Device(d) => d.len(),
         }
     }
 
@@ -42,7 +64,39 @@ impl Frame {
     pub fn host(&self) -> Option<&Bytes> {
         match self {
             Frame::Host(b) => Some(b),
+            #[cfg(feature = "cuda")]
+            Frame::Device(_) => None,
         }
+    }
+
+    /// Whether the frame is in device memory.
+    pub fn is_device(&self) -> bool {
+        !matches!(self, Frame::Host(_))
+    }
+
+    /// The bytes in host memory: a host frame's own (no copy), a device frame's copied (for
+    /// spill, and for code that only reads host memory).
+    pub fn to_host(&self) -> Result<Bytes, DataError> {
+        match self {
+            Frame::Host(b) => Ok(b.clone()),
+            #[cfg(feature = "cuda")]
+            Frame::Device(d) => d
+                .to_host()
+                .map(Bytes::from)
+                .map_err(|e| DataError::Device(e.to_string())),
+        }
+    }
+
+    /// A device frame holding `bytes`, on `stream`'s GPU (feature `cuda`): a spilled device
+    /// frame read back.
+    #[cfg(feature = "cuda")]
+    pub fn device_from_host(
+        stream: &Arc<ucx::cuda::cudarc::driver::CudaStream>,
+        bytes: &[u8],
+    ) -> Result<Frame, DataError> {
+        ucx::cuda::DeviceBuffer::from_host(stream, bytes)
+            .map(|d| Frame::Device(Arc::new(d)))
+            .map_err(|e| DataError::Device(e.to_string()))
     }
 }
 
@@ -69,6 +123,9 @@ pub enum DataError {
         /// What went wrong.
         reason: String,
     },
+    /// A device frame could not be copied or made (no GPU, a CUDA error).
+    #[error("device memory: {0}")]
+    Device(String),
     /// A value is not of the type a function expects.
     #[error("expected {expected}, got {got}")]
     Mismatch {
@@ -546,7 +603,8 @@ impl Data for Bytes {
     }
     fn decode(_header: &[u8], frames: Vec<Frame>) -> Result<Self, DataError> {
         match <[Frame; 1]>::try_from(frames) {
-            Ok([Frame::Host(b)]) => Ok(b),
+            // A device frame (a peer's) is copied to host memory: `Bytes` are host bytes.
+            Ok([f]) => f.to_host(),
             Err(f) => Err(DataError::Decode {
                 type_name: "Bytes".into(),
                 reason: format!("{} frames, expected 1", f.len()),

@@ -25,8 +25,9 @@ pub enum DecodeError {
         /// Frames present.
         got: usize,
     },
-    /// A device frame where only host frames are supported.
-    #[error("a device frame in a control batch")]
+    /// A device frame where none can be taken: as a control or pack frame, in a slot for a
+    /// host frame, or at all by a build without `cuda`.
+    #[error("a device frame where none can be taken (a control or host slot, or a build without `cuda`)")]
     Device,
     /// The batch's layout does not match its frames (packed frames past or short of the packs).
     #[error("the batch's frame layout does not match its frames: {0}")]
@@ -39,6 +40,9 @@ pub const PACK_BELOW: usize = 16 << 10;
 pub const PACK_FRAME: usize = 16 << 20;
 /// A layout slot of a frame of its own (other slots are packed frames' lengths).
 const OWN: u32 = u32::MAX;
+/// A layout slot of a device frame of its own (feature `cuda`): it travels as a `transport`
+/// device frame, and arrives in device memory where the receiver has a GPU.
+const DEVICE: u32 = u32::MAX - 1;
 
 /// Where a batch's payload frames are: one slot per payload frame, in order.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -59,7 +63,16 @@ pub fn encode_batch<M: Serialize + Payloads>(mut msgs: Vec<M>) -> transport::Mes
         m.payloads(&mut |p| {
             p.nframes = p.frames.len() as u32;
             for f in p.frames.drain(..) {
-                let Frame::Host(b) = f;
+                #[cfg_attr(not(feature = "cuda"), allow(clippy::infallible_destructuring_match))]
+                let b = match f {
+                    Frame::Host(b) => b,
+                    #[cfg(feature = "cuda")]
+                    Frame::Device(d) => {
+                        layout.slots.push(DEVICE);
+                        own.push(transport::Frame::Cuda(d));
+                        continue;
+                    }
+                };
                 if b.len() >= PACK_BELOW {
                     layout.slots.push(OWN);
                     own.push(transport::Frame::Host(b));
@@ -102,14 +115,19 @@ struct Unpacker {
 }
 
 impl Unpacker {
-    fn next(&mut self, slot: u32) -> Result<Bytes, DecodeError> {
+    fn next(&mut self, slot: u32) -> Result<Frame, DecodeError> {
         let bad = |why: String| DecodeError::Layout(why);
-        if slot == OWN {
-            return match self.own.next() {
-                Some(transport::Frame::Host(b)) => Ok(b),
-                #[allow(unreachable_patterns)] // device frames exist with transport's `cuda`
-                Some(_) => Err(DecodeError::Device),
-                None => Err(DecodeError::Frames {
+        if slot == OWN || slot == DEVICE {
+            return match (self.own.next(), slot) {
+                (Some(transport::Frame::Host(b)), OWN) => Ok(Frame::Host(b)),
+                #[cfg(feature = "cuda")]
+                (Some(transport::Frame::Cuda(d)), DEVICE) => Ok(Frame::Device(d)),
+                // A device frame the transport landed in host memory (no GPU here): its bytes,
+                // for the value's decoder to take or refuse.
+                #[cfg(feature = "cuda")]
+                (Some(transport::Frame::Host(b)), DEVICE) => Ok(Frame::Host(b)),
+                (Some(_), _) => Err(DecodeError::Device),
+                (None, _) => Err(DecodeError::Frames {
                     announced: 0,
                     got: self.got,
                 }),
@@ -117,7 +135,7 @@ impl Unpacker {
         }
         let n = slot as usize;
         if n == 0 {
-            return Ok(Bytes::new());
+            return Ok(Frame::Host(Bytes::new()));
         }
         while self.pack.is_empty() {
             self.pack = self
@@ -131,7 +149,7 @@ impl Unpacker {
                 self.pack.len()
             )));
         }
-        Ok(self.pack.split_to(n))
+        Ok(Frame::Host(self.pack.split_to(n)))
     }
 }
 
@@ -166,7 +184,11 @@ pub fn decode_batch<M: for<'de> Deserialize<'de> + Payloads>(
     }
     let own: Vec<transport::Frame> = rest.collect();
     let got = own.len();
-    let own_announced = layout.slots.iter().filter(|&&s| s == OWN).count();
+    let own_announced = layout
+        .slots
+        .iter()
+        .filter(|&&s| s == OWN || s == DEVICE)
+        .count();
     let mut un = Unpacker {
         packs: packs.into_iter(),
         pack: Bytes::new(),
@@ -186,7 +208,7 @@ pub fn decode_batch<M: for<'de> Deserialize<'de> + Payloads>(
                     break;
                 };
                 match un.next(slot) {
-                    Ok(b) => p.frames.push(Frame::Host(b)),
+                    Ok(f) => p.frames.push(f),
                     Err(e) => {
                         bad.get_or_insert(e);
                         break;
@@ -217,4 +239,100 @@ pub fn decode_batch<M: for<'de> Deserialize<'de> + Payloads>(
         return Err(DecodeError::Layout("pack bytes that no frame uses".into()));
     }
     Ok(msgs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Payload;
+    use super::*;
+
+    /// A message of one payload.
+    #[derive(Debug, Serialize, Deserialize)]
+    struct One(Payload);
+
+    impl Payloads for One {
+        fn payloads(&mut self, f: &mut dyn FnMut(&mut Payload)) {
+            f(&mut self.0)
+        }
+    }
+
+    fn one(frames: Vec<Frame>) -> One {
+        One(Payload {
+            header: b"h".to_vec(),
+            nframes: 0,
+            frames,
+        })
+    }
+
+    /// A device slot whose frame arrived in host memory: its bytes, in a build with `cuda`
+    /// (the transport lands device frames in host memory where no GPU can be used); refused by
+    /// a build without it. A host slot never takes a device frame's place, nor a control frame.
+    #[test]
+    fn device_slots_take_device_frames_or_their_bytes() {
+        let msgs = vec![One(Payload {
+            header: b"h".to_vec(),
+            nframes: 1,
+            frames: Vec::new(),
+        })];
+        let layout = Layout {
+            packs: 0,
+            slots: vec![DEVICE],
+        };
+        let control = postcard::to_stdvec(&(&msgs, &layout)).unwrap();
+        let bytes = Bytes::from(vec![7u8; 100]);
+        let wire = transport::Message::from(vec![
+            transport::Frame::Host(Bytes::from(control)),
+            transport::Frame::Host(bytes.clone()),
+        ]);
+        let got = decode_batch::<One>(wire);
+        #[cfg(feature = "cuda")]
+        {
+            let got = got.unwrap();
+            assert_eq!(got[0].0.frames, vec![Frame::Host(bytes)]);
+        }
+        #[cfg(not(feature = "cuda"))]
+        assert_eq!(got.unwrap_err(), DecodeError::Device);
+    }
+
+    /// Host frames keep their slots (packed or their own) when device slots are about.
+    #[test]
+    fn host_frames_round_trip_beside_the_device_slot_kind() {
+        let frames = vec![
+            Frame::Host(Bytes::from(vec![1u8; 10])),
+            Frame::Host(Bytes::from(vec![2u8; PACK_BELOW])),
+        ];
+        let wire = encode_batch(vec![one(frames.clone())]);
+        let back = decode_batch::<One>(wire).unwrap();
+        assert_eq!(back[0].0.frames, frames);
+    }
+
+    /// On a GPU (feature `cuda`): a device frame travels as a transport device frame in its
+    /// own slot, and comes back as the same buffer.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn device_frames_travel_as_transport_device_frames() {
+        let Some(stream) = transport::cuda::landing_stream() else {
+            test_support::skip_without_gpu(
+                "dask-comm codec::device_frames_travel_as_transport_device_frames",
+                &ucx::cuda::open(0)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
+            );
+            return;
+        };
+        let d =
+            std::sync::Arc::new(ucx::cuda::DeviceBuffer::from_host(&stream, &[5u8; 4096]).unwrap());
+        let frames = vec![
+            Frame::Host(Bytes::from_static(b"small")),
+            Frame::Device(d.clone()),
+        ];
+        let wire = encode_batch(vec![one(frames.clone())]);
+        assert!(matches!(
+            wire.frames.last(),
+            Some(transport::Frame::Cuda(_))
+        ));
+        let back = decode_batch::<One>(wire).unwrap();
+        assert_eq!(back[0].0.frames, frames, "the same device buffer back");
+    }
 }
