@@ -3,7 +3,8 @@
 # machine that has no Rust toolchain and no network, into .gpu/ (ignored by git; carry it):
 #   .gpu/bundle.tar.xz  the libucx-cu13 wheel's UCX (its libraries, modules and ucx_perftest),
 #                       the release binaries built against it with `--features cuda`
-#                       (ucx-gpu-echo, the `cuda` test suite), and the ucxrs package built with
+#                       (ucx-gpu-echo, the `cuda` test suite, dask-comm's unit tests with device
+#                       frames), and the ucxrs package built with
 #                       `--features cuda` for the GPU machine's Python (GPU_PYTHON, 3.12)
 #   .gpu/wheels/        real UCXX (ucxx-cu13 and what it needs beyond that machine's packages),
 #                       stock Dask (distributed and its dependencies), pytest-asyncio and
@@ -68,6 +69,16 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cuda" and m.get("executable"):
         print(m["executable"])')
 [ -x "$CUDA_TEST" ] || { echo "bundle: the cuda test suite did not build" >&2; exit 1; }
+# dask-comm's unit tests with device frames (the batch codec's device slots, spill's device
+# mark); the GPU machine runs those whose names say device.
+DASK_TEST=$(CARGO_TARGET_DIR=$PWD/target/gpu-build cargo test -q --release -p dask-comm --features cuda --lib \
+  --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "dask_comm" and m.get("executable"):
+        print(m["executable"])')
+[ -x "$DASK_TEST" ] || { echo "bundle: dask-comm's unit tests did not build" >&2; exit 1; }
 
 # 4. ucxrs for the GPU machine's Python: pyo3 is told that interpreter's version (an extension
 #    module links no libpython, so none need be here).
@@ -103,6 +114,7 @@ chmod +x "$S/site/libucx/bin/"*  # a wheel keeps no file modes
 cp -r "$W/libucx-cu13/libucx_cu13.libs" "$S/site/"
 cp target/gpu-build/release/ucx-gpu-echo "$S/bin/"
 cp "$CUDA_TEST" "$S/bin/cuda-tests"
+cp "$DASK_TEST" "$S/bin/dask-comm-tests"
 tag=$(echo "$PYVER" | tr -d .)
 cp python/ucxrs/*.py "$S/site/ucxrs/"
 cp target/gpu-py/release/lib_ucxrs.so "$S/site/ucxrs/_ucxrs.cpython-$tag-x86_64-linux-gnu.so"

@@ -7,7 +7,8 @@
 #   bash scripts/gpu/prove.sh                 # every step, about 6 minutes on an H100
 #   bash scripts/gpu/prove.sh --only python,interop
 #
-# Steps: info (the GPU, the UCX loaded, ucxrs.cuda_support()), rust (ucx-rs's `cuda` suite),
+# Steps: info (the GPU, the UCX loaded, ucxrs.cuda_support()), rust (ucx-rs's `cuda` suite;
+# rust:dask-comm, dask-comm's device-frame unit tests),
 # python (python/tests, device arrays included, in each progress mode), example (the seed's
 # CuPy demo on ucxrs), interop (CuPy arrays with real UCXX, both ways), echo and bench
 # (scripts/gpu/proof.py: ucx-rs device buffers across processes, every byte checked, and beside
@@ -101,6 +102,7 @@ export PY
 export GPU_ECHO_BIN=$B/bin/ucx-gpu-echo
 step info 60 info
 step rust 180 "$B/bin/cuda-tests" --test-threads 1
+step rust:dask-comm 120 "$B/bin/dask-comm-tests" device
 step python:thread 240 pytests thread
 step python:polling 120 pytests polling
 step python:blocking 120 pytests blocking
