@@ -112,6 +112,15 @@ fn stream() -> std::sync::Arc<ucx::cuda::cudarc::driver::CudaStream> {
         .default_stream()
 }
 
+/// Runs `f` to completion on a current-thread runtime.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
 /// Two workers of one process joined by a listener and a client endpoint:
 /// (client endpoint, accepted endpoint).
 async fn in_process_pair(
@@ -202,11 +211,7 @@ fn device_active_messages() {
     if gpu("device_active_messages").is_none() {
         return;
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let ctx = ucx::Context::new().unwrap();
         let stream = stream();
         let (ep, peer) = in_process_pair(&ctx, ucx::ProgressMode::Thread).await;
@@ -256,11 +261,7 @@ fn rendezvous_in_one_process(mode: ucx::ProgressMode) {
     if gpu("rendezvous_in_one_process").is_none() {
         return;
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let ctx = ucx::Context::new().unwrap();
         let stream = stream();
         let (ep, peer) = in_process_pair(&ctx, mode).await;
@@ -285,11 +286,7 @@ fn lent_device_memory_is_sent_and_its_owner_dropped() {
     if gpu("lent_device_memory_is_sent_and_its_owner_dropped").is_none() {
         return;
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    block_on(async {
         let ctx = ucx::Context::new().unwrap();
         let stream = stream();
         let (ep, peer) = in_process_pair(&ctx, ucx::ProgressMode::Thread).await;

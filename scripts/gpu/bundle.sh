@@ -61,23 +61,24 @@ UCX=$W/libucx-cu13/libucx
 log "release build of ucx-gpu-echo and the cuda test suite (UCX $UCX_VERSION headers)"
 export UCX_PREFIX=$UCX CARGO_BUILD_JOBS=2
 CARGO_TARGET_DIR=$PWD/target/gpu-build cargo build -q --release --features cuda --bin ucx-gpu-echo
-CUDA_TEST=$(CARGO_TARGET_DIR=$PWD/target/gpu-build cargo test -q --release --features cuda --test cuda \
-  --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
+# test_binary TARGET_NAME CARGO_TEST_ARGS...: builds a test target (release, `cuda`) and prints
+# the path of its executable.
+test_binary() {
+  local name=$1
+  shift
+  CARGO_TARGET_DIR=$PWD/target/gpu-build cargo test -q --release --features cuda "$@" \
+    --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cuda" and m.get("executable"):
-        print(m["executable"])')
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$name"
+}
+CUDA_TEST=$(test_binary cuda --test cuda)
 [ -x "$CUDA_TEST" ] || { echo "bundle: the cuda test suite did not build" >&2; exit 1; }
 # dask-comm's unit tests with device frames (the batch codec's device slots, spill's device
 # mark); the GPU machine runs those whose names say device.
-DASK_TEST=$(CARGO_TARGET_DIR=$PWD/target/gpu-build cargo test -q --release -p dask-comm --features cuda --lib \
-  --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "dask_comm" and m.get("executable"):
-        print(m["executable"])')
+DASK_TEST=$(test_binary dask_comm -p dask-comm --lib)
 [ -x "$DASK_TEST" ] || { echo "bundle: dask-comm's unit tests did not build" >&2; exit 1; }
 
 # 4. ucxrs for the GPU machine's Python: pyo3 is told that interpreter's version (an extension
