@@ -278,6 +278,20 @@ fn rendezvous_in_one_process(mode: ucx::ProgressMode) {
     });
 }
 
+/// A second lent view of `owned`'s memory, for the checks that it is never written.
+fn unsafe_lent_copy(
+    stream: &std::sync::Arc<ucx::cuda::cudarc::driver::CudaStream>,
+    ptr: u64,
+    size: usize,
+    owned: &std::sync::Arc<ucx::cuda::DeviceBuffer>,
+) -> ucx::cuda::DeviceBuffer {
+    // SAFETY: `owned`'s allocation of `size` bytes at `ptr` on `stream`'s device is kept alive
+    // by the clone the buffer holds; it is never written through this buffer.
+    unsafe {
+        ucx::cuda::DeviceBuffer::lent(stream, ptr, size, Box::new(std::sync::Arc::clone(owned)))
+    }
+}
+
 /// Lent device memory (`DeviceBuffer::lent`: another owner's allocation, as a CuPy array's)
 /// travels like owned memory, and its owner is dropped, not the memory freed, once the send
 /// has let go of it.
@@ -301,6 +315,13 @@ fn lent_device_memory_is_sent_and_its_owner_dropped() {
             let lent =
                 unsafe { ucx::cuda::DeviceBuffer::lent(&stream, ptr, size, Box::new(owner)) };
             assert!(lent.is_lent() && lent.len() == size);
+            let mut written = unsafe_lent_copy(&stream, ptr, size, &owned);
+            assert!(
+                written.copy_from_host(&[0u8; 4]).is_err(),
+                "a lent buffer is not written"
+            );
+            assert_eq!(ucx::IoBufMut::bytes_total(&written), 0, "nor received into");
+            drop(written);
             let ((s, lent), (n, got)) = futures::join!(
                 ep.send(lent, 5),
                 peer.recv(ucx::cuda::DeviceBuffer::alloc(&stream, size).unwrap(), 5)

@@ -305,17 +305,14 @@ enum Received {
 }
 
 /// A frame of a received message, ready for Python; `Err` if it cannot be handed over (no
-/// memory; a device copy that failed).
+/// memory for a host frame's buffer).
 fn received(f: Frame) -> Result<Received, String> {
     match f {
         Frame::Host(b) => RecvFrame::from_bytes(b).map(Received::Host),
         #[cfg(feature = "cuda")]
-        Frame::Cuda(d) => {
-            crate::device_frames::settle(&d)?;
-            Ok(Received::Device(crate::device_frames::DeviceFrame {
-                buf: d,
-            }))
-        }
+        Frame::Cuda(d) => Ok(Received::Device(crate::device_frames::DeviceFrame {
+            buf: d,
+        })),
         #[allow(unreachable_patterns)] // `Frame` is non-exhaustive
         _ => Err("a frame of a kind this build does not know".into()),
     }

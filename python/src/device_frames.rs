@@ -9,10 +9,11 @@
 //! unless told otherwise; with one worker per GPU, as dask-cuda starts them, the worker's GPU),
 //! zero-copy where the loaded UCX has CUDA transports (`cuda_ipc` between processes of one
 //! node) and staged through pinned host memory where not. Python gets a [`DeviceFrame`]: bytes
-//! in device memory that export `__cuda_array_interface__` (version 3; the copy into it has
-//! finished), which Dask's CuPy, RMM and Numba deserialisers take as they take RMM's
-//! `DeviceBuffer` from distributed-ucxx; the memory is freed when the last reference to it
-//! goes (a CuPy array made from it holds one).
+//! in device memory that export `__cuda_array_interface__` (version 3, no stream: every path
+//! that fills a received device buffer has finished before the frame is handed over, UCX's
+//! completion or ucx-rs's copies, which wait for themselves), which Dask's CuPy, Numba and
+//! cuDF deserialisers take (RMM's asks for an `rmm.DeviceBuffer` and does not); the memory
+//! is freed when the last reference to it goes (a CuPy array made from it holds one).
 //!
 //! Where no GPU can be used, the transport delivers device frames as host frames holding the
 //! same bytes (and says why, once per process); a build without `cuda` refuses to send device
@@ -49,17 +50,6 @@ mod built {
         let d = DeviceBuffer::alloc(&stream, 0)
             .map_err(|e| PyRuntimeError::new_err(format!("CUDA: {e}")))?;
         Ok(Frame::from(d))
-    }
-
-    /// Waits for the copy into a received device frame (the staged path queues it on the
-    /// frame's stream), so that any stream of any library sees the bytes: the frame then
-    /// exports no stream to wait on.
-    pub(crate) fn settle(d: &DeviceBuffer) -> Result<(), String> {
-        if d.capacity() == 0 {
-            return Ok(());
-        }
-        d.synchronize()
-            .map_err(|e| format!("a received device frame: {e}"))
     }
 
     /// A received frame in device memory: `len(frame)` bytes, exported through

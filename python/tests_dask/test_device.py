@@ -47,6 +47,8 @@ async def echo_server(deserialize=True):
                 await comm.write(await comm.read())
         except CommClosedError:
             pass
+        finally:
+            await comm.close()
 
     listener = listen("ucxrs://127.0.0.1", echo, deserialize=deserialize)
     await listener.start()
@@ -92,10 +94,16 @@ async def test_a_stream_producers_work_is_sent():
     comm = await connect(listener.contact_address)
     s = cupy.cuda.Stream(non_blocking=True)
     with s:
-        x = cupy.ones(16 << 20, dtype="f4") * 3
+        # Enough work queued that the send would overtake it if the stream were not waited
+        # for (hundreds of passes over 64 MiB).
+        x = cupy.zeros(16 << 20, dtype="f4")
+        for _ in range(300):
+            x += 0.01
+        x += 3 - x[0]  # 3.0 everywhere once every pass has run
         await comm.write({"x": to_serialize(x)})
     back = await asyncio.wait_for(comm.read(), 60)
-    assert float(back["x"].sum()) == 3.0 * (16 << 20)
+    assert bool((back["x"] == 3).all())
+    assert float(back["x"].sum(dtype="f8")) == 3.0 * (16 << 20)
     await comm.close()
     listener.stop()
 
@@ -117,9 +125,10 @@ def test_cupy_between_workers():
             made = client.submit(cupy.full, size, 7, dtype="u1", workers=[a], pure=False)
             wait(made)
             assert client.submit(_sum, made, workers=[b], pure=False).result() == 7.0 * size
-            kinds = client.run(lambda dask_worker: [type(v).__name__ for v in dask_worker.data.values()],
+            kinds = client.run(lambda dask_worker: [type(v).__module__ + "." + type(v).__name__
+                                                    for v in dask_worker.data.values()],
                                workers=[b])[b]
-            assert "ndarray" in kinds
+            assert "cupy.ndarray" in kinds, kinds
         x = da.from_array(np.arange(4_000_000, dtype="f8"), chunks=500_000).map_blocks(cupy.asarray)
         total = (x * 2).sum().compute()
         assert float(total) == float((np.arange(4_000_000, dtype="f8") * 2).sum())

@@ -161,9 +161,7 @@ class UCXRS(Comm):
         return {"same_host_rings": {"out": ours, "in": theirs}}
 
     def _lost(self, e):
-        self._closed = True
-        self._finalizer.detach()
-        _close_soon(self._conn)
+        self.abort()
         return CommClosedError(f"in {self!r}: {e}")
 
     async def write(self, msg, serializers=None, on_error="message"):
@@ -205,7 +203,8 @@ class UCXRS(Comm):
             raise CommClosedError(f"{self!r} is closed")
         # Cancel-safe: a read cancelled while the message arrives, or while it is decoded,
         # leaves it to the next read (which then decodes with the first read's
-        # `deserializers`). Dask's TCP comm aborts itself instead.
+        # `deserializers`). Dask's TCP comm aborts itself instead. One read at a time, as
+        # Dask reads a comm.
         if self._decoding is None:
             try:
                 frames = await self._conn.recv()
@@ -227,23 +226,29 @@ class UCXRS(Comm):
         except asyncio.CancelledError:
             if decoding.cancelled():
                 # The decoding itself was cancelled (its loop is ending): the message is gone.
-                self._decoding = None
+                self._taken(decoding)
                 self.abort()
             raise
         except EOFError:
-            self._decoding = None
+            self._taken(decoding)
             self.abort()
             raise CommClosedError(f"in {self!r}: aborted on truncated data")
         except BaseException:
-            self._decoding = None
+            self._taken(decoding)
             raise
-        self._decoding = None
+        self._taken(decoding)
         return msg
+
+    def _taken(self, decoding):
+        # Only this read's own decoding is done with (a closed comm has dropped it already).
+        if self._decoding is decoding:
+            self._decoding = None
 
     async def close(self):
         if self._closed and self._conn.closed:
             return
         self._closed = True
+        self._decoding = None  # a message no read will take
         self._finalizer.detach()
         try:
             await self._conn.close()
@@ -252,6 +257,7 @@ class UCXRS(Comm):
 
     def abort(self):
         self._closed = True
+        self._decoding = None
         self._finalizer.detach()
         _close_soon(self._conn)
 

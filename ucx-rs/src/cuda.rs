@@ -163,8 +163,9 @@ impl DeviceBuffer {
     /// `ptr` must be device memory of `stream`'s context (or one UCX and CUDA can reach from
     /// it), valid for `len` bytes and not freed or moved while `owner` lives. Work on it that
     /// the sender must see has to be ordered before `stream` is synchronised (ucx-rs does that
-    /// before UCX reads). If the buffer is received into, the memory must be writable and
-    /// nothing else may use it meanwhile.
+    /// before UCX reads). The buffer is only read: it refuses
+    /// [`copy_from_host`](Self::copy_from_host) and offers no room to receives (the memory may
+    /// be a read-only export).
     pub unsafe fn lent(
         stream: &Arc<CudaStream>,
         ptr: cu::CUdeviceptr,
@@ -202,8 +203,14 @@ impl DeviceBuffer {
         Ok(b)
     }
 
-    /// Replaces the contents with `data` (at most [`capacity`](Self::capacity) bytes).
+    /// Replaces the contents with `data` (at most [`capacity`](Self::capacity) bytes; a lent
+    /// buffer refuses).
     pub fn copy_from_host(&mut self, data: &[u8]) -> Result<()> {
+        if self.is_lent() {
+            return Err(Error::InvalidArgument(
+                "a lent device buffer is only read, never written".into(),
+            ));
+        }
         if data.len() > self.cap {
             return Err(Error::InvalidArgument(format!(
                 "{} bytes do not fit a {}-byte device buffer",
@@ -334,14 +341,18 @@ unsafe impl IoBuf for Arc<DeviceBuffer> {
     }
 }
 
-// SAFETY: as above; all `cap` bytes are writable device memory (for a lent buffer, `lent`'s
-// caller promised so for buffers that are received into).
+// SAFETY: as above; all `cap` bytes of an owned buffer are writable device memory. A lent
+// buffer offers none (its memory may be a read-only export), so nothing is written to it.
 unsafe impl IoBufMut for DeviceBuffer {
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.ptr as *mut u8
     }
     fn bytes_total(&self) -> usize {
-        self.cap
+        if self.is_lent() {
+            0
+        } else {
+            self.cap
+        }
     }
     unsafe fn set_init(&mut self, n: usize) {
         self.len = n.min(self.cap);

@@ -28,6 +28,7 @@ mod options;
 mod pressure;
 mod serve;
 pub mod shuffle;
+mod spill_file;
 mod spiller;
 pub(crate) mod store;
 
