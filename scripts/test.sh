@@ -74,7 +74,10 @@ if [ "$tier" != drills ]; then
 fi
 [ "$tier" = fast ] && exit 0
 
-# The drills: the ignored tests (chaos, soak, storm, peer death at scale, namespaces, ...).
+# The drills: the ignored tests (chaos, soak, storm, peer death at scale, namespaces, ...),
+# with NVIDIA's PTX assembler for the array device kernels' drill (fetched once, ~10 s).
+PTXAS=$(bash scripts/ptxas.sh)
+export PTXAS
 cargo test -j2 "${ALL[@]}" --lib --bins --tests -- --ignored
 step_done "drills: ignored tests"
 # The examples run, not only compile.
@@ -93,6 +96,11 @@ echo "example gpu_echo (device buffers; says why it skips without a GPU):"
 timeout 300 "$STACK_DIR/examples/gpu_echo" | tee target/gpu_echo.txt
 if grep -q "^skipped" target/gpu_echo.txt; then
   echo "examples/gpu_echo: $(grep -m1 '^skipped' target/gpu_echo.txt)" >> "$TEST_SKIPS_FILE"
+fi
+echo "example device_tour (device arrays on two worker processes; says why it skips without a GPU):"
+timeout 300 "$STACK_DIR/examples/device_tour" | tee target/device_tour.txt
+if grep -q "^skipped" target/device_tour.txt; then
+  echo "examples/device_tour: $(grep -m1 '^skipped' target/device_tour.txt)" >> "$TEST_SKIPS_FILE"
 fi
 echo "example array_tour (dask-collections, small sizes):"
 timeout 300 "$STACK_DIR/examples/array_tour" --small

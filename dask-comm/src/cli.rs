@@ -9,7 +9,8 @@
 //!                     [--dashboard-address 127.0.0.1:8787 | --no-dashboard]
 //! dask-comm status (--scheduler-file F | --dashboard HOST:PORT) [--window 10]
 //! dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N]
-//!                  [--memory-limit 4GiB|auto|0] [--local-directory D] [--listen URI] [--name N]
+//!                  [--memory-limit 4GiB|auto|0] [--device-memory-limit 8GiB]
+//!                  [--local-directory D] [--listen URI] [--name N]
 //!                  [--no-nanny] [--scheduler-timeout 60]
 //! mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0]
 //!                            [--interface IF] [--address-family ipv4|ipv6]
@@ -165,7 +166,7 @@ fn secret_from(file: Option<String>) -> Result<Option<Secret>> {
 
 const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F] [--no-work-stealing] [--allowed-failures N] [--heartbeat-timeout S] [--client-timeout S] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm status (--scheduler-file F | --dashboard HOST:PORT) [--window SECONDS]
-       dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--local-directory D] [--listen URI] [--name N] [--no-nanny] [--scheduler-timeout S]
+       dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--device-memory-limit SIZE] [--local-directory D] [--listen URI] [--name N] [--no-nanny] [--scheduler-timeout S]
        mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0] [--interface IF] [--address-family ipv4|ipv6] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
 
@@ -302,6 +303,12 @@ fn worker(mut a: Args) -> Result<()> {
         None | Some("auto") => crate::worker::memory::machine_memory().unwrap_or(0),
         Some(m) => parse_bytes(m).ok_or_else(|| Error::Config(format!("--memory-limit {m:?}")))?,
     };
+    let device_memory_limit = a
+        .value("--device-memory-limit")?
+        .map(|m| {
+            parse_bytes(&m).ok_or_else(|| Error::Config(format!("--device-memory-limit {m:?}")))
+        })
+        .transpose()?;
     let local_dir = a.value("--local-directory")?.map(PathBuf::from);
     let listen = a.value("--listen")?.map(|l| address(&l)).transpose()?;
     let name = a.value("--name")?;
@@ -333,6 +340,7 @@ fn worker(mut a: Args) -> Result<()> {
     let mut opts = WorkerOptions::new(scheduler, secret, nthreads);
     opts.handle_signals = true;
     opts.memory_limit = memory_limit;
+    opts.device_memory_limit = device_memory_limit;
     opts.listen = listen;
     opts.zero_work = zero_work;
     opts.local_directory = local_dir;

@@ -44,6 +44,7 @@ const ENV_THREADS: &str = "DASK_COMM_NTHREADS";
 const ENV_NAME: &str = "DASK_COMM_NAME";
 const ENV_ZERO: &str = "DASK_COMM_ZERO_WORK";
 const ENV_MEMORY: &str = "DASK_COMM_MEMORY_LIMIT";
+const ENV_DEVICE_MEMORY: &str = "DASK_COMM_DEVICE_MEMORY_LIMIT";
 const ENV_LOCAL_DIR: &str = "DASK_COMM_LOCAL_DIRECTORY";
 const ENV_LISTEN: &str = "DASK_COMM_LISTEN";
 /// Set for a worker whose supervisor is its parent (its process id): it dies with the parent.
@@ -120,6 +121,16 @@ pub struct ClusterOptions {
     /// Environment variables for the worker processes, on top of this process's (UCX's
     /// `UCX_*` settings, `RUST_LOG`, ...).
     pub worker_env: Vec<(String, String)>,
+    /// GPUs to pin worker processes to, as `CUDA_VISIBLE_DEVICES` names them (`None`: the
+    /// workers see what this process sees). Worker `i` sees this list rotated to start at
+    /// its `i % len`-th entry, so its device 0 is a GPU of its own while there are as many
+    /// GPUs as workers, as dask-cuda's `LocalCUDACluster` does; a restarted worker takes the
+    /// GPU of the one it replaces. [`ClusterOptions::one_worker_per_gpu`] sets the worker
+    /// count to match. Worker processes only.
+    pub gpus: Option<Vec<usize>>,
+    /// Each worker's device memory limit in bytes (`None`: none): see
+    /// [`WorkerOptions::device_memory_limit`](crate::WorkerOptions::device_memory_limit).
+    pub device_memory_limit: Option<u64>,
 }
 
 impl Default for ClusterOptions {
@@ -135,11 +146,29 @@ impl Default for ClusterOptions {
             scheduler: Config::default(),
             dashboard: None,
             worker_env: Vec::new(),
+            gpus: None,
+            device_memory_limit: None,
         }
     }
 }
 
 impl ClusterOptions {
+    /// One worker process per GPU of `gpus` (CUDA device ids), each pinned to its own
+    /// (see [`ClusterOptions::gpus`]), over `ucx://`, where device frames move GPU to GPU.
+    ///
+    /// ```
+    /// let o = dask_comm::ClusterOptions::one_worker_per_gpu(&[0, 1]);
+    /// assert_eq!((o.workers, o.gpus.as_deref()), (2, Some(&[0, 1][..])));
+    /// ```
+    pub fn one_worker_per_gpu(gpus: &[usize]) -> ClusterOptions {
+        ClusterOptions {
+            workers: gpus.len(),
+            protocol: Protocol::Ucx,
+            gpus: Some(gpus.to_vec()),
+            ..ClusterOptions::default()
+        }
+    }
+
     /// The memory limit each worker gets (0: none).
     pub fn worker_memory_limit(&self) -> u64 {
         match self.memory_limit {
@@ -158,14 +187,32 @@ struct Spawner {
     args: Vec<std::ffi::OsString>,
     env: Vec<(String, std::ffi::OsString)>,
     local_dir: PathBuf,
+    /// GPUs to pin workers to ([`ClusterOptions::gpus`]; empty: none).
+    gpus: Vec<usize>,
+}
+
+/// `CUDA_VISIBLE_DEVICES` for the worker in `slot`: `gpus` rotated to start at its
+/// `slot % len`-th entry (its device 0), the others after it, as dask-cuda's does.
+pub(crate) fn cuda_visible_devices(slot: usize, gpus: &[usize]) -> String {
+    let n = gpus.len().max(1);
+    (0..gpus.len())
+        .map(|i| gpus[(slot + i) % n].to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl Spawner {
-    fn spawn(&self, name: &str) -> Result<Child> {
+    /// Starts the worker process `name` in `slot` (its place among the workers: its GPU).
+    fn spawn(&self, name: &str, slot: usize) -> Result<Child> {
         let mut cmd = Command::new(&self.exe);
         cmd.args(&self.args).env(ENV_ROLE, "1").env(ENV_NAME, name);
         for (k, v) in &self.env {
             cmd.env(k, v);
+        }
+        if !self.gpus.is_empty() {
+            let visible = cuda_visible_devices(slot, &self.gpus);
+            tracing::debug!(%name, %visible, "pinning a worker to its GPU");
+            cmd.env("CUDA_VISIBLE_DEVICES", visible);
         }
         cmd.spawn()
             .map_err(|e| Error::os("starting a worker process", e))
@@ -188,8 +235,8 @@ impl Spawner {
 /// Worker processes and their supervisor's books.
 #[derive(Debug, Default)]
 struct Supervised {
-    /// Each live process, with its name and start time.
-    children: Vec<(Child, String, Instant)>,
+    /// Each live process, with its name, start time and slot (its GPU).
+    children: Vec<(Child, String, Instant, usize)>,
     stopping: bool,
     restarts: u64,
     /// Worker processes that ended while supervised: process id and exit code (`None`: a
@@ -240,7 +287,7 @@ fn supervise(sup: Arc<Mutex<Supervised>>, spawner: Spawner, restart: bool) {
                     continue;
                 }
             };
-            let (child, name, started) = s.children.remove(i);
+            let (child, name, started, slot) = s.children.remove(i);
             spawner.clean_after(child.id());
             if s.exits.len() == EXITS_KEPT {
                 s.exits.pop_front();
@@ -263,10 +310,10 @@ fn supervise(sup: Arc<Mutex<Supervised>>, spawner: Spawner, restart: bool) {
             tracing::warn!(%name, pid = child.id(), %status, "a worker process died: restarting it");
             s.next_name += 1;
             let fresh = format!("local-{}", s.next_name - 1);
-            match spawner.spawn(&fresh) {
+            match spawner.spawn(&fresh, slot) {
                 Ok(c) => {
                     s.restarts += 1;
-                    s.children.push((c, fresh, Instant::now()));
+                    s.children.push((c, fresh, Instant::now(), slot));
                 }
                 Err(e) => tracing::error!(error = %e, "restarting a worker process failed"),
             }
@@ -440,6 +487,9 @@ fn worker_from_env() -> Result<()> {
         .ok()
         .and_then(|m| m.parse().ok())
         .unwrap_or(0);
+    opts.device_memory_limit = std::env::var(ENV_DEVICE_MEMORY)
+        .ok()
+        .and_then(|m| m.parse().ok());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -472,6 +522,18 @@ impl LocalCluster {
             return Err(Error::Config(
                 "inproc:// works only with in-process workers".into(),
             ));
+        }
+        match &opts.gpus {
+            Some(_) if !opts.processes => return Err(Error::Config(
+                "pinning workers to GPUs needs worker processes (one process sees one set of GPUs)"
+                    .into(),
+            )),
+            Some(g) if g.is_empty() => {
+                return Err(Error::Config(
+                    "an empty list of GPUs to pin workers to".into(),
+                ))
+            }
+            _ => {}
         }
         let rt = Runtime::new("dask-cluster")?;
         let secret = Secret::generate();
@@ -535,19 +597,23 @@ impl LocalCluster {
             if opts.zero_work {
                 env.push((ENV_ZERO.into(), "1".into()));
             }
+            if let Some(d) = opts.device_memory_limit {
+                env.push((ENV_DEVICE_MEMORY.into(), d.to_string().into()));
+            }
             let spawner = Spawner {
                 exe,
                 args: std::env::args_os().skip(1).collect(),
                 env,
                 local_dir: local_dir.clone(),
+                gpus: opts.gpus.clone().unwrap_or_default(),
             };
             let supervised = Arc::new(Mutex::new(Supervised::default()));
             {
                 let mut s = supervised.lock().unwrap_or_else(|e| e.into_inner());
                 for i in 0..opts.workers {
                     let name = format!("local-{i}");
-                    let child = spawner.spawn(&name)?;
-                    s.children.push((child, name, Instant::now()));
+                    let child = spawner.spawn(&name, i)?;
+                    s.children.push((child, name, Instant::now(), i));
                 }
                 s.next_name = opts.workers;
             }
@@ -600,10 +666,11 @@ impl LocalCluster {
             } => {
                 let mut s = supervised.lock().unwrap_or_else(|e| e.into_inner());
                 for _ in 0..n {
-                    let name = format!("local-{}", s.next_name);
+                    let slot = s.next_name;
+                    let name = format!("local-{slot}");
                     s.next_name += 1;
-                    let child = spawner.spawn(&name)?;
-                    s.children.push((child, name, Instant::now()));
+                    let child = spawner.spawn(&name, slot)?;
+                    s.children.push((child, name, Instant::now(), slot));
                 }
             }
             Workers::InProcess(tasks) => {
@@ -631,7 +698,7 @@ impl LocalCluster {
                 .unwrap_or_else(|e| e.into_inner())
                 .children
                 .iter()
-                .map(|(c, _, _)| c.id())
+                .map(|(c, ..)| c.id())
                 .collect(),
             Workers::InProcess(_) => Vec::new(),
         }
@@ -772,7 +839,7 @@ impl LocalCluster {
                 let mut s = supervised.lock().unwrap_or_else(|e| e.into_inner());
                 // Told to close by the scheduler; give them a moment, then make sure.
                 let deadline = Instant::now() + Duration::from_secs(5);
-                for (c, _, _) in s.children.iter_mut() {
+                for (c, ..) in s.children.iter_mut() {
                     while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
                         std::thread::sleep(Duration::from_millis(10));
                     }
@@ -816,6 +883,9 @@ pub(crate) fn nanny(opts: &WorkerOptions) -> Result<()> {
     if opts.zero_work {
         env.push((ENV_ZERO.into(), "1".into()));
     }
+    if let Some(d) = opts.device_memory_limit {
+        env.push((ENV_DEVICE_MEMORY.into(), d.to_string().into()));
+    }
     let spawner = Spawner {
         exe,
         args: Vec::new(),
@@ -824,11 +894,12 @@ pub(crate) fn nanny(opts: &WorkerOptions) -> Result<()> {
             .local_directory
             .clone()
             .unwrap_or_else(std::env::temp_dir),
+        gpus: Vec::new(),
     };
     let mut quick = 0;
     loop {
         let started = Instant::now();
-        let mut child = spawner.spawn(&opts.name)?;
+        let mut child = spawner.spawn(&opts.name, 0)?;
         let status = child
             .wait()
             .map_err(|e| Error::os("waiting for the worker process", e))?;
@@ -867,6 +938,7 @@ fn in_process_worker(
     o.name = format!("inproc-{i}");
     o.zero_work = opts.zero_work;
     o.memory_limit = opts.worker_memory_limit();
+    o.device_memory_limit = opts.device_memory_limit;
     o.local_directory = Some(local_dir.to_path_buf());
     // One process for all: its RSS is not one worker's.
     o.process_memory = false;
@@ -876,5 +948,19 @@ fn in_process_worker(
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cuda_visible_devices;
+
+    #[test]
+    fn each_worker_sees_its_own_gpu_first() {
+        let gpus = [2, 4, 6];
+        assert_eq!(cuda_visible_devices(0, &gpus), "2,4,6");
+        assert_eq!(cuda_visible_devices(1, &gpus), "4,6,2");
+        assert_eq!(cuda_visible_devices(5, &gpus), "6,2,4");
+        assert_eq!(cuda_visible_devices(1, &[0]), "0");
     }
 }

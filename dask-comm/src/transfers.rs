@@ -5,7 +5,7 @@
 //!
 //! ```
 //! use dask_comm::{transfers::pair_rates, Transfer};
-//! let t = |peer: &str, bytes, micros| Transfer { peer: peer.into(), bytes, micros };
+//! let t = |peer: &str, bytes, micros| Transfer { peer: peer.into(), bytes, micros, fetched: false };
 //! let before = vec![("a".to_string(), vec![t("b", 1, 1)])];
 //! let after = vec![
 //!     ("a".to_string(), vec![t("b", 1, 1), t("b", 8_000_000, 4_000), t("b", 8_000_000, 2_000)]),
@@ -18,6 +18,12 @@
 //! assert_eq!(dask_comm::transfers::totals(&pairs), (17_000_000, 7_000, 3));
 //! // 2,000 and 4,000 MB/s: the quartiles between them.
 //! assert_eq!(pairs[0].mb_s, [2_500.0, 3_000.0, 3_500.0]);
+//! // A fetch is logged by the receiver: its pair is (peer, receiver).
+//! let fetch = Transfer { peer: "a".into(), bytes: 64, micros: 1, fetched: true };
+//! let pairs = pair_rates(&[], &[("c".to_string(), vec![fetch])]);
+//! assert_eq!((pairs[0].from.as_str(), pairs[0].to.as_str()), ("a", "c"));
+//! // Only the deliveries (what the shuffle's benchmarks count):
+//! assert!(dask_comm::transfers::deliveries(after.clone()).iter().all(|(_, e)| e.iter().all(|t| !t.fetched)));
 //! ```
 
 use crate::Transfer;
@@ -57,8 +63,16 @@ pub fn totals(pairs: &[PairRates]) -> (u64, u64, u64) {
     })
 }
 
-/// The deliveries logged in `after` and not yet in `before` (two reads of the same workers'
-/// logs, which grow at their end), per (sender, receiver), sorted by pair.
+/// The logs with their fetches left out: shuffle deliveries only.
+pub fn deliveries(logs: Vec<(String, Vec<Transfer>)>) -> Vec<(String, Vec<Transfer>)> {
+    logs.into_iter()
+        .map(|(w, e)| (w, e.into_iter().filter(|t| !t.fetched).collect()))
+        .collect()
+}
+
+/// The transfers logged in `after` and not yet in `before` (two reads of the same workers'
+/// logs, which grow at their end), per (sender, receiver), sorted by pair: a delivery's sender
+/// is the worker that logged it, a fetch's is its peer.
 pub fn pair_rates(
     before: &[(String, Vec<Transfer>)],
     after: &[(String, Vec<Transfer>)],
@@ -71,7 +85,12 @@ pub fn pair_rates(
             .find(|(w, _)| w == worker)
             .map_or(0, |(_, e)| e.len());
         for t in entries.iter().skip(seen) {
-            let pair = pairs.entry((worker.clone(), t.peer.clone())).or_default();
+            let pair = if t.fetched {
+                (t.peer.clone(), worker.clone())
+            } else {
+                (worker.clone(), t.peer.clone())
+            };
+            let pair = pairs.entry(pair).or_default();
             pair.0 += t.bytes;
             pair.1 += t.micros;
             pair.2.push(t.bytes as f64 / (t.micros.max(1) as f64));

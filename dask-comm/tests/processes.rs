@@ -20,6 +20,10 @@ fn register() {
         std::thread::sleep(Duration::from_millis(20));
         x + 1
     });
+    registry().register("p-visible-gpus", |_: i64| {
+        std::thread::sleep(Duration::from_millis(20));
+        std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default()
+    });
 }
 
 fn int(v: &Value) -> i64 {
@@ -299,6 +303,41 @@ fn owner_killed_leaves_nothing_behind() {
     }
 }
 
+/// One worker per GPU: each worker process sees the GPU list rotated to start at its own
+/// (its device 0), as `LocalCUDACluster` pins them; no GPU is needed to see the pinning.
+fn workers_are_pinned_to_their_gpus() {
+    let c = LocalCluster::with(ClusterOptions {
+        protocol: Protocol::Tcp,
+        ..ClusterOptions::one_worker_per_gpu(&[3, 5])
+    })
+    .unwrap();
+    let client = c.client().unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    // Slow tasks spread over both one-thread workers; a few rounds at most.
+    for round in 0..10i64 {
+        let fs = client
+            .map_blocking("p-visible-gpus", (0..40).map(|i| i + round * 40))
+            .unwrap();
+        for v in client.gather_blocking(&fs).unwrap() {
+            seen.insert(v.downcast_ref::<String>().unwrap().clone());
+        }
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    let want: std::collections::BTreeSet<String> = ["3,5".into(), "5,3".into()].into();
+    assert_eq!(seen, want);
+    // In-process workers cannot be pinned.
+    let e = LocalCluster::with(ClusterOptions {
+        processes: false,
+        protocol: Protocol::Inproc,
+        gpus: Some(vec![0]),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("worker processes"), "{e}");
+}
+
 fn main() {
     register();
     dask_comm::run_if_worker();
@@ -328,6 +367,10 @@ fn main() {
             Box::new(killed_worker_loses_nothing),
         ),
         ("command_line", Box::new(command_line)),
+        (
+            "workers_are_pinned_to_their_gpus",
+            Box::new(workers_are_pinned_to_their_gpus),
+        ),
         (
             "owner_killed_leaves_nothing_behind",
             Box::new(owner_killed_leaves_nothing_behind),

@@ -4,7 +4,8 @@
 #   .gpu/bundle.tar.xz  the libucx-cu13 wheel's UCX (its libraries, modules and ucx_perftest),
 #                       the release binaries built against it with `--features cuda`
 #                       (ucx-gpu-echo, the `cuda` test suite, dask-comm's unit tests with device
-#                       frames), and the ucxrs package built with
+#                       frames, dask-collections' unit tests and its device tour), and the
+#                       ucxrs package built with
 #                       `--features cuda` for the GPU machine's Python (GPU_PYTHON, 3.12)
 #   .gpu/wheels/        real UCXX (ucxx-cu13 and what it needs beyond that machine's packages),
 #                       stock Dask (distributed and its dependencies), pytest-asyncio and
@@ -80,6 +81,13 @@ CUDA_TEST=$(test_binary cuda --test cuda)
 # mark); the GPU machine runs those whose names say device.
 DASK_TEST=$(test_binary dask_comm -p dask-comm --lib)
 [ -x "$DASK_TEST" ] || { echo "bundle: dask-comm's unit tests did not build" >&2; exit 1; }
+# Device arrays: dask-collections' unit tests (its device tests compute on the GPU there) and
+# the device tour (a two-worker cluster's device arrays checked against the host, and the
+# device-block transfer benchmark).
+ARRAY_TEST=$(test_binary dask_collections -p dask-collections --lib)
+[ -x "$ARRAY_TEST" ] || { echo "bundle: dask-collections' unit tests did not build" >&2; exit 1; }
+CARGO_TARGET_DIR=$PWD/target/gpu-build cargo build -q --release --features cuda -p dask-collections \
+  --example device_tour
 
 # 4. ucxrs for the GPU machine's Python: pyo3 is told that interpreter's version (an extension
 #    module links no libpython, so none need be here).
@@ -116,6 +124,8 @@ cp -r "$W/libucx-cu13/libucx_cu13.libs" "$S/site/"
 cp target/gpu-build/release/ucx-gpu-echo "$S/bin/"
 cp "$CUDA_TEST" "$S/bin/cuda-tests"
 cp "$DASK_TEST" "$S/bin/dask-comm-tests"
+cp "$ARRAY_TEST" "$S/bin/dask-collections-tests"
+cp target/gpu-build/release/examples/device_tour "$S/bin/device-tour"
 tag=$(echo "$PYVER" | tr -d .)
 cp python/ucxrs/*.py "$S/site/ucxrs/"
 cp target/gpu-py/release/lib_ucxrs.so "$S/site/ucxrs/_ucxrs.cpython-$tag-x86_64-linux-gnu.so"

@@ -7,7 +7,7 @@ Runs against the UCX of the PyPI libucx-cu13 wheel (cuda_copy/cuda_ipc). Needs t
   UCX_PREFIX=$W/libucx cargo build --release --features cuda --bin ucx-gpu-echo
   LD_LIBRARY_PATH=$W/libucx/lib:$W/libucx_cu13.libs UCX_MODULE_DIR=$W/libucx/lib/ucx \
     python3 scripts/gpu/proof.py --echo target/release/ucx-gpu-echo --perftest $W/libucx/bin/ucx_perftest \
-    [--part echo|bench|sweep|mixed|floor|all]
+    [--part echo|bench|sweep|mixed|floor|array|all] [--tour device_tour]
 
 Parts:
   echo   two processes echo 1 B .. 1 GiB, every byte of every round trip compared, for
@@ -18,6 +18,9 @@ Parts:
   bench  ping-pong with device buffers beside ucx_perftest -m cuda (tag_lat, and tag_bw for
          reference), interleaved rounds, ratios of medians.
   sweep  small device messages: UCX's own device path vs staging through pinned host memory.
+  array  device blocks of 64 MiB fetched between two workers of a dask-comm cluster
+         (dask-collections' device_tour --bench) over ucx:// and tcp://, per worker pair,
+         beside ucx_perftest -m cuda tag_bw at 64 MiB.
   floor  where the ~150 us floor of small device messages comes from: ucx_perftest -m cuda
          variants (receive or send side on the device, transports) and ucx-gpu-echo with one or
          both sides in device memory, staged or not.
@@ -147,6 +150,44 @@ def part_bench(a, env, results):
             f"{p_bw:>15.2f}GB/s {o_bw:>9.2f}GB/s {o_bw / p_bw:>10.2f}  {p_tbw:>13.2f}GB/s")
 
 
+def part_array(a, env, results):
+    """Device blocks of 64 MiB fetched worker to worker (dask-collections' device tour, two
+    worker processes on the GPU) over ucx:// and tcp://, beside ucx_perftest -m cuda tag_bw at
+    64 MiB in the same run, printed as the seed's per-worker-pair table."""
+    if not a.tour:
+        raise SystemExit("--part array needs --tour (the device_tour example)")
+    size = 64 << 20
+    out = {"perftest_bw_MBps": [], "tour": []}
+    # perftest before and after the cluster's rounds (a fetch per round, --rounds of them).
+    for when in ("before", "after"):
+        if when == "after":
+            p = subprocess.run([a.tour, "--require-gpu", "--bench", "--protocols", "ucx,tcp", "--mib", "64",
+                                "--rounds", str(max(a.rounds, 2))], env=env, capture_output=True,
+                               text=True, timeout=240)
+            if p.returncode != 0:
+                raise RuntimeError(f"device_tour --bench: {p.stdout[-2000:]}{p.stderr[-2000:]}")
+            out["tour"] += [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        bw = perftest(a.perftest, "tag_bw", size, 200, env)["bw_MiBps"] * (1 << 20) / 1e6
+        out["perftest_bw_MBps"].append(bw)
+    results["array"] = out
+    ref = statistics.median(out["perftest_bw_MBps"])
+    log("\nDevice blocks (64 MiB) fetched worker to worker, per pair (MB/s: 25% 50% 75%; total bytes),")
+    log(f"beside ucx_perftest -m cuda tag_bw at 64 MiB: {ref:,.0f} MB/s")
+    log("| protocol | (from, to) | 25% | 50% | 75% | bytes | 50% of perftest |")
+    log("|---|---|---|---|---|---|---|")
+    worst = None
+    for t in out["tour"]:
+        for pr in t["pairs"]:
+            q = pr["mb_s"]
+            ratio = q[1] / ref
+            if t["protocol"] == "ucx":
+                worst = ratio if worst is None else min(worst, ratio)
+            log(f"| {t['protocol']}:// | ({pr['from']}, {pr['to']}) | {q[0]:,.0f} | {q[1]:,.0f} | {q[2]:,.0f} "
+                f"| {pr['bytes']:,} | {ratio:.2f} |")
+    log(f"ucx:// device blocks at {worst:.2f} of ucx_perftest -m cuda (target: 0.8 or more)"
+        if worst is not None else "no ucx:// pair measured")
+
+
 def part_sweep(a, env, results):
     sizes = [8, 256, 4096, 16384, 65536, 262144]
     out = {}
@@ -201,6 +242,7 @@ def main():
     ap.add_argument("--part", default="all")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--tour", help="dask-collections' device_tour example (--part array)")
     a = ap.parse_args()
     env = dict(os.environ)
     results = {}
@@ -208,7 +250,7 @@ def main():
     try:
         for p in parts:
             {"echo": part_echo, "bench": part_bench, "sweep": part_sweep, "mixed": part_mixed,
-             "floor": part_floor}[p](a, env, results)
+             "floor": part_floor, "array": part_array}[p](a, env, results)
     finally:
         with open(os.path.join(a.out, "gpu-proof.json"), "w") as f:
             json.dump(results, f, indent=1)

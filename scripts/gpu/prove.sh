@@ -8,7 +8,10 @@
 #   bash scripts/gpu/prove.sh --only python,interop
 #
 # Steps: info (the GPU, the UCX loaded, ucxrs.cuda_support()), rust (ucx-rs's `cuda` suite;
-# rust:dask-comm, dask-comm's device-frame unit tests),
+# rust:dask-comm, dask-comm's device-frame unit tests; rust:dask-collections, device blocks),
+# array (device arrays on a two-worker cluster, checked against the host: the device tour),
+# array-bench (device blocks fetched worker to worker over ucx:// and tcp://, per pair, beside
+# ucx_perftest -m cuda: scripts/gpu/proof.py --part array),
 # python (python/tests, device arrays included, in each progress mode), example (the seed's
 # CuPy demo on ucxrs), interop (CuPy arrays with real UCXX, both ways), echo and bench
 # (scripts/gpu/proof.py: ucx-rs device buffers across processes, every byte checked, and beside
@@ -58,6 +61,18 @@ tar -C "$B" -xJf .gpu/bundle.tar.xz
 export PYTHONPATH=$B/site:$B/wheels PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export LD_LIBRARY_PATH=$B/site/libucx/lib:$B/site/libucx_cu13.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export UCX_MODULE_DIR=$B/site/libucx/lib/ucx
+# cuBLAS for device matmul: the machine's Python wheels carry libcublas.so.<major> (CuPy's,
+# PyTorch's); cudarc opens libcublas.so, which a link here names.
+SITES=$("$PY" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
+# shellcheck disable=SC2086
+CUBLAS=$(find $SITES /usr/local/cuda*/lib64 /usr/lib/x86_64-linux-gnu -name 'libcublas.so.[0-9]*' \
+  2>/dev/null | sort -V | tail -1)
+if [ -n "$CUBLAS" ]; then
+  mkdir -p "$B/cublas" && ln -sf "$CUBLAS" "$B/cublas/libcublas.so"
+  export LD_LIBRARY_PATH=$B/cublas:$(dirname "$CUBLAS"):$LD_LIBRARY_PATH
+else
+  note "prove: no libcublas.so.* on this machine: device matmul will say so"
+fi
 PERFTEST=$B/site/libucx/bin/ucx_perftest
 
 info() {
@@ -103,6 +118,10 @@ export GPU_ECHO_BIN=$B/bin/ucx-gpu-echo
 step info 60 info
 step rust 180 "$B/bin/cuda-tests" --test-threads 1
 step rust:dask-comm 120 "$B/bin/dask-comm-tests" device
+step rust:dask-collections 120 "$B/bin/dask-collections-tests" device
+step array 240 "$B/bin/device-tour" --require-gpu
+step array-bench 300 "$PY" scripts/gpu/proof.py --echo "$B/bin/ucx-gpu-echo" --perftest "$PERFTEST" \
+  --part array --tour "$B/bin/device-tour" --rounds 8 --out "$LOGS"
 step python:thread 240 pytests thread
 step python:polling 120 pytests polling
 step python:blocking 120 pytests blocking

@@ -144,6 +144,13 @@ pub trait Data: Any + Send + Sync + fmt::Debug {
     /// Bytes this value holds, for memory accounting (Dask's `sizeof`).
     fn nbytes(&self) -> usize;
 
+    /// Of [`Data::nbytes`], the bytes held in device (GPU) memory: a worker counts them
+    /// against its device memory limit, not its host memory, and moves values that hold them
+    /// to host memory, then disk, as device memory fills (as dask-cuda's do). Default: none.
+    fn device_nbytes(&self) -> usize {
+        0
+    }
+
     /// Encodes the value as a header and frames. Bulk bytes should become frames without a
     /// copy (`Bytes::from_owner` and the like).
     fn encode(&self) -> Result<Encoded, DataError>;
@@ -309,6 +316,7 @@ trait DynData: Send + Sync + fmt::Debug {
     fn wire_name(&self) -> &'static str;
     fn type_info(&self) -> TypeInfo;
     fn nbytes(&self) -> usize;
+    fn device_nbytes(&self) -> usize;
     fn encode(&self) -> Result<Encoded, DataError>;
 }
 
@@ -327,6 +335,9 @@ impl<T: Data> DynData for T {
     }
     fn nbytes(&self) -> usize {
         Data::nbytes(self)
+    }
+    fn device_nbytes(&self) -> usize {
+        Data::device_nbytes(self)
     }
     fn encode(&self) -> Result<Encoded, DataError> {
         Data::encode(self)
@@ -375,6 +386,11 @@ impl Value {
     /// Bytes the value holds (for memory accounting).
     pub fn nbytes(&self) -> usize {
         self.0.nbytes()
+    }
+
+    /// Of those, the bytes in device memory ([`Data::device_nbytes`]).
+    pub fn device_nbytes(&self) -> usize {
+        self.0.device_nbytes()
     }
 
     /// Encodes the value with its type's name.

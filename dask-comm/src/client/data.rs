@@ -122,8 +122,9 @@ impl Client {
         Ok(())
     }
 
-    /// Each worker's latest shuffle deliveries ([`Transfer`]s: peer, bytes, time), by data
-    /// address: what the per-worker-pair transfer rates of a shuffle are computed from.
+    /// Each worker's latest transfers ([`Transfer`]s: shuffle deliveries and fetches of
+    /// values for its tasks; peer, bytes, time), by data address: what per-worker-pair
+    /// transfer rates are computed from ([`crate::transfers::pair_rates`]).
     pub async fn transfer_log(&self) -> Result<Vec<(String, Vec<Transfer>)>> {
         let mut out = Vec::new();
         for w in self.workers() {

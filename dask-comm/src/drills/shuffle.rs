@@ -221,7 +221,11 @@ pub fn shuffle_throughput(
             )));
         }
         let logs_after = client.transfer_log_blocking()?;
-        let pairs = crate::transfers::pair_rates(&logs_before, &logs_after);
+        // The shuffle's deliveries, not the fetches of its other tasks.
+        let pairs = crate::transfers::pair_rates(
+            &crate::transfers::deliveries(logs_before),
+            &crate::transfers::deliveries(logs_after),
+        );
         let (moved, micros, deliveries) = crate::transfers::totals(&pairs);
         out.push(ThroughputRound {
             seconds,

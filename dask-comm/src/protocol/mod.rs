@@ -552,16 +552,21 @@ impl Payloads for FromWorker {
     }
 }
 
-/// One delivery of shuffle pieces from a worker to a peer, as the sender timed it (from the
-/// first byte sent to the peer's acknowledgement of the last batch).
+/// One transfer in a worker's log: a delivery of shuffle pieces to a peer, as the sender timed
+/// it (from the first byte sent to the peer's acknowledgement of the last batch), or a fetch
+/// of values a task here needs from a peer, as the receiver timed it (from the request to the
+/// last byte of the answer).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Transfer {
     /// The peer's data address.
     pub peer: String,
-    /// Bytes of pieces (their encodings).
+    /// Bytes of pieces or values (their encodings).
     pub bytes: u64,
     /// How long it took, in microseconds.
     pub micros: u64,
+    /// A fetch from the peer (`true`) rather than a delivery to it.
+    #[serde(default)]
+    pub fetched: bool,
 }
 
 /// On data connections (worker ↔ worker, client ↔ worker).
@@ -589,16 +594,17 @@ pub enum DataMsg {
         /// The pieces.
         values: Vec<(Key, Payload)>,
     },
-    /// Which shuffle deliveries did you make? (Answered with [`DataMsg::Transfers`].)
+    /// Which transfers did you make (shuffle deliveries, fetches)? (Answered with
+    /// [`DataMsg::Transfers`].)
     TransferLog,
-    /// The worker's latest shuffle deliveries (at most [`TRANSFER_LOG`]), oldest first.
+    /// The worker's latest transfers (at most [`TRANSFER_LOG`]), oldest first.
     Transfers {
         /// The deliveries.
         entries: Vec<Transfer>,
     },
 }
 
-/// The most deliveries a worker remembers.
+/// The most transfers a worker remembers.
 pub const TRANSFER_LOG: usize = 10_000;
 
 impl Payloads for DataMsg {

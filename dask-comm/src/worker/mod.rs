@@ -112,6 +112,7 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
     } else {
         store::Store::in_memory_only()
     };
+    let store = store.with_device_target(opts.device_memory_limit.unwrap_or(0));
     let listener = net::listen(&listen).await?;
     let address = listener.local_addr().to_string();
     let store: Store = spiller::start(store);
@@ -895,6 +896,15 @@ impl Worker {
 
     fn on_fetched(&mut self, f: Fetched) {
         if let Some(summary) = f.summary() {
+            if summary.bytes > 0 {
+                // The transfer log: per-pair rates of what moved (`Client::transfer_log`).
+                self.shuffles.log().record(crate::Transfer {
+                    peer: summary.peer.clone(),
+                    bytes: summary.bytes,
+                    micros: summary.micros,
+                    fetched: true,
+                });
+            }
             if self.fetches.len() == FETCHES_KEPT {
                 self.fetches.pop_front();
             }

@@ -26,6 +26,11 @@ pub struct WorkerOptions {
     pub memory_limit: u64,
     /// The fractions of the memory limit where the worker spills, pauses and exits.
     pub thresholds: MemoryThresholds,
+    /// Device (GPU) memory the worker's values may hold, in bytes (`None`: no limit): above
+    /// it, the least recently used ones move to host memory, and from there to disk as host
+    /// memory fills, as dask-cuda's `device_memory_limit` (values count their device bytes
+    /// with `Data::device_nbytes`).
+    pub device_memory_limit: Option<u64>,
     /// Where spilled values go (a folder of their own is made there, and removed when the
     /// worker stops; default: the system's temporary directory).
     pub local_directory: Option<PathBuf>,
@@ -62,6 +67,7 @@ impl WorkerOptions {
             nthreads,
             memory_limit: 0,
             thresholds: MemoryThresholds::default(),
+            device_memory_limit: None,
             local_directory: None,
             process_memory: true,
             name: format!("worker-{}", std::process::id()),

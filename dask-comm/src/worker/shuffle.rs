@@ -64,7 +64,7 @@ impl dask_graph::Data for Piece {
 pub(crate) struct TransferLog(Arc<Mutex<VecDeque<Transfer>>>);
 
 impl TransferLog {
-    fn record(&self, t: Transfer) {
+    pub(crate) fn record(&self, t: Transfer) {
         let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if log.len() == TRANSFER_LOG {
             log.pop_front();
@@ -277,6 +277,7 @@ async fn deliver(
         peer: address,
         bytes: bytes as u64,
         micros: t0.elapsed().as_micros() as u64,
+        fetched: false,
     });
     Ok(())
 }

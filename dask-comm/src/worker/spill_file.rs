@@ -27,11 +27,12 @@ fn checksum(parts: &[&[u8]]) -> u64 {
 /// host → disk, and back to the device when read, as dask-cuda's does).
 const DEVICE_FRAME: u64 = 1 << 63;
 
-/// `MAGIC`, checksum of the rest (u64), header length (u32), header, frame count (u32), then
-/// each frame as length (u64, [`DEVICE_FRAME`] set for a device frame) and bytes (a device
-/// frame's copied to host memory first).
-pub(super) fn write_spill(path: &Path, p: &Payload) -> std::io::Result<()> {
-    use std::io::Write;
+/// The parts a spill file sums and holds after `MAGIC` and the checksum: the head (header
+/// length, header, frame count), then each frame's length word ([`DEVICE_FRAME`] set for a
+/// device frame) and bytes (a device frame's copied to host memory first).
+type Parts = (Vec<u8>, Vec<[u8; 8]>, Vec<Bytes>);
+
+fn parts(p: &Payload) -> std::io::Result<Parts> {
     let mut head = Vec::with_capacity(16 + p.header.len());
     head.extend_from_slice(&(p.header.len() as u32).to_le_bytes());
     head.extend_from_slice(&p.header);
@@ -43,20 +44,56 @@ pub(super) fn write_spill(path: &Path, p: &Payload) -> std::io::Result<()> {
         lens.push((f.len() as u64 | kind).to_le_bytes());
         bytes.push(f.to_host().map_err(std::io::Error::other)?);
     }
-    let mut parts: Vec<&[u8]> = vec![&head];
-    for (len, b) in lens.iter().zip(&bytes) {
-        parts.push(len);
-        parts.push(b);
+    Ok((head, lens, bytes))
+}
+
+/// `MAGIC`, the checksum, then the parts ([`parts`]), written in order by `out`.
+fn emit(
+    (head, lens, bytes): &Parts,
+    mut out: impl FnMut(&[u8]) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut all: Vec<&[u8]> = vec![head];
+    for (len, b) in lens.iter().zip(bytes) {
+        all.push(len);
+        all.push(b);
     }
-    let sum = checksum(&parts).to_le_bytes();
+    out(MAGIC)?;
+    out(&checksum(&all).to_le_bytes())?;
+    for part in all {
+        out(part)?;
+    }
+    Ok(())
+}
+
+/// `MAGIC`, checksum of the rest (u64), header length (u32), header, frame count (u32), then
+/// each frame as length (u64, [`DEVICE_FRAME`] set for a device frame) and bytes (a device
+/// frame's copied to host memory first).
+pub(super) fn write_spill(path: &Path, p: &Payload) -> std::io::Result<()> {
+    use std::io::Write;
+    let parts = parts(p)?;
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-    f.write_all(MAGIC)?;
-    f.write_all(&sum)?;
-    for part in parts {
-        f.write_all(part)?;
-    }
+    emit(&parts, |b| f.write_all(b))?;
     f.into_inner().map_err(|e| e.into_error())?;
     Ok(())
+}
+
+/// What [`write_spill`] would write, in host memory: how a value moved out of device memory
+/// is kept (a worker over its device memory limit), and written to disk as it is when host
+/// memory fills in turn ([`write_blob`]); [`parse_spill`] reads it back, to the device.
+pub(super) fn spill_bytes(p: &Payload) -> std::io::Result<Bytes> {
+    let parts = parts(p)?;
+    let len = 16 + parts.0.len() + parts.2.iter().map(|b| 8 + b.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(len);
+    emit(&parts, |b| {
+        out.extend_from_slice(b);
+        Ok(())
+    })?;
+    Ok(Bytes::from(out))
+}
+
+/// Writes a value kept as its spill file's bytes ([`spill_bytes`]).
+pub(super) fn write_blob(path: &Path, blob: &[u8]) -> std::io::Result<()> {
+    std::fs::write(path, blob)
 }
 
 pub(super) fn parse_spill(bytes: Bytes) -> Result<Payload, String> {
@@ -152,6 +189,11 @@ mod tests {
             ],
         };
         write_spill(&path, &p).unwrap();
+        // The same bytes in memory, for a value staged out of device memory.
+        assert_eq!(
+            spill_bytes(&p).unwrap(),
+            Bytes::from(std::fs::read(&path).unwrap())
+        );
         // Mark the second frame as a device frame by hand, as a device frame's spill writes
         // it, and fix the checksum over the parts.
         let mut bytes = std::fs::read(&path).unwrap();

@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap;
 
 use crate::protocol::Payload;
 
-use super::spill_file::{parse_spill, write_spill};
+use super::spill_file::{parse_spill, spill_bytes, write_blob, write_spill};
 
 /// Why a spilled value could not be read back.
 #[derive(Debug, thiserror::Error)]
@@ -52,9 +52,35 @@ pub enum SpillError {
     },
 }
 
+/// What an entry in memory holds.
+enum Held {
+    /// The value, ready.
+    Live(Value),
+    /// A value moved out of device memory (the store was over its device target): its spill
+    /// file's bytes, in host memory, read back to the device when it is used, and written to
+    /// disk as they are when host memory fills.
+    Staged(Bytes),
+}
+
+impl Held {
+    /// The value, read back to the device first if it was staged.
+    fn value(&self, k: &Key) -> Result<Value, String> {
+        match self {
+            Held::Live(v) => Ok(v.clone()),
+            Held::Staged(blob) => parse_spill(blob.clone())
+                .and_then(|p| p.to_value().map_err(|e| e.to_string()))
+                .map_err(|e| format!("reading back {k}, moved out of device memory: {e}")),
+        }
+    }
+}
+
 struct InMemory {
-    value: Value,
+    held: Held,
+    /// Bytes in host memory (counted in `in_memory`).
     nbytes: u64,
+    /// Bytes in device memory (counted in `on_device`): a value holding any is moved to host
+    /// memory, not to disk, when the store is over its device target.
+    device: u64,
     /// When it was last used (the store's clock): its entry in `lru` with this tick is the
     /// live one.
     used: u64,
@@ -73,10 +99,12 @@ struct OnDisk {
 pub(crate) struct Store {
     memory: FxHashMap<Key, InMemory>,
     disk: FxHashMap<Key, OnDisk>,
-    /// Uses of values in memory, oldest first; an entry whose tick is not its value's last
-    /// use is stale and skipped (amortised O(1) per use, compacted when mostly stale).
+    /// Uses of values in host memory, oldest first; an entry whose tick is not its value's
+    /// last use is stale and skipped (amortised O(1) per use, compacted when mostly stale).
     lru: VecDeque<(u64, Key)>,
-    /// Values in memory that may be spilled (not pinned, not being written).
+    /// Uses of values in device memory, the same way (kept while there is a device target).
+    device_lru: VecDeque<(u64, Key)>,
+    /// Values in host memory that may be spilled (not pinned, not being written).
     spillable: usize,
     /// Bytes of the values being written, and since when the oldest write has been going.
     writing: u64,
@@ -91,6 +119,9 @@ pub(crate) struct Store {
     clock: u64,
     in_memory: u64,
     on_disk: u64,
+    on_device: u64,
+    /// Move values out of device memory above this many bytes there (0: never).
+    device_target: u64,
     /// Where values spill (none: they never do).
     dir: Option<PathBuf>,
     /// Spill above this many bytes in memory (0: never).
@@ -108,6 +139,7 @@ impl Store {
             memory: FxHashMap::default(),
             disk: FxHashMap::default(),
             lru: VecDeque::new(),
+            device_lru: VecDeque::new(),
             spillable: 0,
             writing: 0,
             write_started: None,
@@ -118,6 +150,8 @@ impl Store {
             clock: 0,
             in_memory: 0,
             on_disk: 0,
+            on_device: 0,
+            device_target: 0,
             dir,
             target,
             files: 0,
@@ -127,6 +161,20 @@ impl Store {
     /// A store that never spills.
     pub fn in_memory_only() -> Store {
         Store::new(None, 0).expect("no directory to create")
+    }
+
+    /// The store, moving the least recently used values out of device memory (to host memory,
+    /// kept as their spill files' bytes) above `target` bytes there (0: never), as dask-cuda's
+    /// device → host → disk spilling does.
+    pub fn with_device_target(mut self, target: u64) -> Store {
+        self.device_target = target;
+        self
+    }
+
+    /// Bytes of the values held in device memory.
+    #[cfg(test)]
+    pub fn device_bytes(&self) -> u64 {
+        self.on_device
     }
 
     /// Whether the key's value is here (in memory or on disk).
@@ -200,16 +248,68 @@ impl Store {
             && self.in_memory - self.writing > self.target
     }
 
-    /// Records a use (only where values may spill), compacting when most entries are stale.
+    /// Records a use of a value in memory (only where values may spill or move out of device
+    /// memory), compacting when most entries are stale.
     fn note_use(&mut self, tick: u64, k: Key) {
-        if self.dir.is_none() || self.target == 0 {
-            return;
-        }
-        self.lru.push_back((tick, k));
-        if self.lru.len() > 2 * self.memory.len() + 64 {
+        let on_device = self.memory.get(&k).is_some_and(|e| e.device > 0);
+        let lru = if on_device {
+            if self.device_target == 0 {
+                return;
+            }
+            &mut self.device_lru
+        } else {
+            if self.dir.is_none() || self.target == 0 {
+                return;
+            }
+            &mut self.lru
+        };
+        lru.push_back((tick, k));
+        if lru.len() > 2 * self.memory.len() + 64 {
             let memory = &self.memory;
-            self.lru
-                .retain(|(t, k)| memory.get(k).is_some_and(|e| e.used == *t && !e.pinned));
+            lru.retain(|(t, k)| {
+                memory
+                    .get(k)
+                    .is_some_and(|e| e.used == *t && !e.pinned && (e.device > 0) == on_device)
+            });
+        }
+    }
+
+    /// Moves the least recently used values out of device memory while the store is over its
+    /// device target: each becomes its spill file's bytes in host memory (a value that does
+    /// not encode, or whose copy fails, stays on the device and is not tried again).
+    fn stage_to_device_target(&mut self) {
+        while self.device_target > 0 && self.on_device > self.device_target {
+            let Some((tick, k)) = self.device_lru.pop_front() else {
+                return;
+            };
+            let Some(e) = self.memory.get_mut(&k) else {
+                continue; // stale: removed
+            };
+            let Held::Live(value) = &e.held else {
+                continue;
+            };
+            if e.used != tick || e.pinned || e.writing || e.device == 0 {
+                continue; // stale: used since
+            }
+            let blob = Payload::from_value(value)
+                .map_err(|err| err.to_string())
+                .and_then(|p| spill_bytes(&p).map_err(|err| err.to_string()));
+            let blob = match blob {
+                Ok(b) => b,
+                Err(err) => {
+                    tracing::warn!(key = %k, error = %err, "a value could not leave device memory: it stays there");
+                    e.pinned = true;
+                    continue;
+                }
+            };
+            tracing::debug!(key = %k, bytes = e.device, "moved a value out of device memory");
+            self.on_device -= e.device;
+            self.in_memory += blob.len() as u64;
+            e.device = 0;
+            e.nbytes = blob.len() as u64;
+            e.held = Held::Staged(blob);
+            self.spillable += 1;
+            self.note_use(tick, k);
         }
     }
 
@@ -218,24 +318,31 @@ impl Store {
         self.clock
     }
 
-    /// Keeps `value` (replacing what was there), then spills down to the target.
+    /// Keeps `value` (replacing what was there); a value in device memory may move others
+    /// out of it (the device target). Spilling to disk is the spill thread's.
     pub fn insert(&mut self, k: Key, value: Value) {
         self.remove(&k);
-        let nbytes = value.nbytes() as u64;
+        let device = value.device_nbytes() as u64;
+        let nbytes = (value.nbytes() as u64).saturating_sub(device);
         let used = self.tick();
-        self.note_use(used, k);
-        self.spillable += 1;
+        if device == 0 {
+            self.spillable += 1;
+        }
         self.memory.insert(
             k,
             InMemory {
-                value,
+                held: Held::Live(value),
                 nbytes,
+                device,
                 used,
                 pinned: false,
                 writing: false,
             },
         );
         self.in_memory += nbytes;
+        self.on_device += device;
+        self.note_use(used, k);
+        self.stage_to_device_target();
     }
 
     /// Spills above `target` bytes in memory from now on (at least 1: a store that spills
@@ -252,10 +359,31 @@ impl Store {
     /// [`Store::unspilled`]).
     pub fn use_value(&mut self, k: &Key) -> Located {
         if let Some(e) = self.memory.get_mut(k) {
+            if matches!(e.held, Held::Staged(_)) && !e.writing {
+                // Back to the device, for good: it is in use.
+                return match e.held.value(k) {
+                    Ok(v) => {
+                        let value = v.clone();
+                        self.insert(*k, v);
+                        Located::Memory(value)
+                    }
+                    Err(err) => {
+                        tracing::error!(error = %err, "a value moved out of device memory is lost");
+                        Located::Absent
+                    }
+                };
+            }
             let used = self.clock + 1;
             self.clock = used;
             e.used = used;
-            let (pinned, writing, value) = (e.pinned, e.writing, e.value.clone());
+            let (pinned, writing) = (e.pinned, e.writing);
+            let value = match e.held.value(k) {
+                Ok(v) => v,
+                Err(err) => {
+                    tracing::error!(error = %err, "a value moved out of device memory is lost");
+                    return Located::Absent;
+                }
+            };
             if !pinned && !writing {
                 self.note_use(used, *k);
             }
@@ -268,7 +396,8 @@ impl Store {
     /// goes) if it is still the value spilled there and fits under the target; otherwise it
     /// stays on disk (keeping it would only spill another value).
     pub fn unspilled(&mut self, k: Key, path: &Path, value: Value) {
-        let fits = self.in_memory + value.nbytes() as u64 <= self.target;
+        let host = value.nbytes().saturating_sub(value.device_nbytes()) as u64;
+        let fits = self.in_memory + host <= self.target;
         if fits && self.spilled_at(&k, path) {
             self.insert(k, value);
         }
@@ -288,9 +417,10 @@ impl Store {
     pub fn remove(&mut self, k: &Key) {
         if let Some(e) = self.memory.remove(k) {
             self.in_memory -= e.nbytes;
+            self.on_device -= e.device;
             if e.writing {
                 self.writing -= e.nbytes;
-            } else if !e.pinned {
+            } else if !e.pinned && e.device == 0 {
                 self.spillable -= 1;
             }
         }
@@ -331,11 +461,15 @@ impl Store {
             let Some(e) = self.memory.get_mut(&k) else {
                 continue; // stale: removed
             };
-            if e.used != tick || e.pinned || e.writing {
-                continue; // stale: used since, or pinned
+            if e.used != tick || e.pinned || e.writing || e.device > 0 {
+                continue; // stale: used since, pinned, or back on the device
             }
-            let payload = match Payload::from_value(&e.value) {
-                Ok(p) => p,
+            let contents = match &e.held {
+                Held::Staged(blob) => Ok(Contents::Blob(blob.clone())),
+                Held::Live(v) => Payload::from_value(v).map(Contents::Payload),
+            };
+            let contents = match contents {
+                Ok(c) => c,
                 Err(err) => {
                     tracing::warn!(key = %k, error = %err, "a value does not encode: it stays in memory");
                     e.pinned = true;
@@ -353,7 +487,7 @@ impl Store {
                 key: k,
                 used: tick,
                 path: dir.join(format!("{}.spill", self.files)),
-                payload,
+                contents,
             });
         }
         None
@@ -402,7 +536,7 @@ impl Store {
     #[cfg(test)]
     pub fn spill_to_target(&mut self) {
         while let Some(job) = self.next_spill() {
-            let r = write_spill(&job.path, &job.payload);
+            let r = job.write();
             if let Written::Failed(e) = self.spill_written(job, r) {
                 panic!("spilling failed: {e}");
             }
@@ -427,7 +561,14 @@ impl Store {
     /// (see [`read_spill`]).
     pub fn locate(&self, k: &Key) -> Located {
         if let Some(e) = self.memory.get(k) {
-            return Located::Memory(e.value.clone());
+            // A value moved out of device memory is read back for this reader only.
+            return match e.held.value(k) {
+                Ok(v) => Located::Memory(v),
+                Err(err) => {
+                    tracing::error!(error = %err, "a value moved out of device memory is lost");
+                    Located::Absent
+                }
+            };
         }
         match self.disk.get(k) {
             Some(d) => Located::Disk(d.path.clone()),
@@ -448,13 +589,24 @@ pub(crate) struct SpillJob {
     /// Its last use when it was picked.
     used: u64,
     pub path: PathBuf,
-    pub payload: Payload,
+    contents: Contents,
+}
+
+/// What a spill file is written from.
+enum Contents {
+    /// A value's encoding.
+    Payload(Payload),
+    /// The file's bytes already (a value moved out of device memory).
+    Blob(Bytes),
 }
 
 impl SpillJob {
     /// Writes the file (blocking; without the store's lock).
     pub fn write(&self) -> std::io::Result<()> {
-        write_spill(&self.path, &self.payload)
+        match &self.contents {
+            Contents::Payload(p) => write_spill(&self.path, p),
+            Contents::Blob(b) => write_blob(&self.path, b),
+        }
     }
 }
 
@@ -538,297 +690,5 @@ impl Drop for Store {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn dir(name: &str) -> PathBuf {
-        std::env::temp_dir().join(format!(
-            "dask-comm-store-test-{name}-{}-{:x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ))
-    }
-
-    fn k(i: u32) -> Key {
-        Key::at(dask_graph::Name::new("v"), &[i])
-    }
-
-    fn val(i: u8) -> Value {
-        Value::new(Bytes::from(vec![i; 1000]))
-    }
-
-    /// What a task's thread does: the value, read back and kept in memory if it was spilled.
-    fn get(s: &mut Store, k: &Key) -> Result<Option<Value>, SpillError> {
-        match s.use_value(k) {
-            Located::Memory(v) => Ok(Some(v)),
-            Located::Absent => Ok(None),
-            Located::Disk(path) => {
-                let v = read_spill(k, &path)?;
-                s.unspilled(*k, &path, v.clone());
-                s.spill_to_target();
-                Ok(Some(v))
-            }
-        }
-    }
-
-    /// What a peer's read does: the value, left on disk if it was spilled.
-    fn peek(s: &Store, k: &Key) -> Result<Option<Value>, SpillError> {
-        match s.locate(k) {
-            Located::Memory(v) => Ok(Some(v)),
-            Located::Absent => Ok(None),
-            Located::Disk(path) => read_spill(k, &path).map(Some),
-        }
-    }
-
-    fn bytes_of(v: &Value) -> Vec<u8> {
-        v.downcast_ref::<Bytes>().unwrap().to_vec()
-    }
-
-    /// Out of descriptors (a wide shuffle) is tried again; a file that is gone, or a disk
-    /// error, is a loss at once.
-    #[test]
-    fn transient_read_errors_are_told_from_losses() {
-        use std::io::{Error, ErrorKind};
-        for e in [libc::EMFILE, libc::ENFILE, libc::EINTR, libc::EAGAIN] {
-            assert!(transient(&Error::from_raw_os_error(e)), "{e}");
-        }
-        for e in [
-            Error::from(ErrorKind::NotFound),
-            Error::from_raw_os_error(libc::EIO),
-        ] {
-            assert!(!transient(&e), "{e}");
-        }
-    }
-
-    #[test]
-    fn least_recently_used_values_spill_and_come_back() {
-        let d = dir("lru");
-        let mut s = Store::new(Some(d.clone()), 2500).unwrap();
-        for i in 0..3 {
-            s.insert(k(i), val(i as u8));
-        }
-        assert!(s.over_target());
-        s.spill_to_target();
-        assert!(!s.over_target());
-        // 3000 bytes > 2500: the oldest went to disk.
-        assert_eq!((s.memory_bytes(), s.disk_bytes()), (2000, 1000));
-        assert_eq!(s.spilled_keys(), 1);
-        assert!(s.contains(&k(0)));
-        // Read back with no room under the target: it stays on disk.
-        assert_eq!(
-            bytes_of(&get(&mut s, &k(0)).unwrap().unwrap()),
-            vec![0; 1000]
-        );
-        assert!(s.disk.contains_key(&k(0)));
-        // With room, it comes back (its file goes), and k(1), the oldest now, spills.
-        s.set_target(3000);
-        assert_eq!(
-            bytes_of(&get(&mut s, &k(0)).unwrap().unwrap()),
-            vec![0; 1000]
-        );
-        s.set_target(2500);
-        s.spill_to_target();
-        assert!(s.memory.contains_key(&k(0)) && s.disk.contains_key(&k(1)));
-        // A peer's read leaves the value on disk.
-        assert_eq!(bytes_of(&peek(&s, &k(1)).unwrap().unwrap()), vec![1; 1000]);
-        assert!(s.disk.contains_key(&k(1)));
-        s.delete_doomed(); // k(0)'s old file, from before it came back
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
-        s.remove(&k(1));
-        assert_eq!(
-            std::fs::read_dir(&d).unwrap().count(),
-            1,
-            "deleted by the spill thread"
-        );
-        assert!(s.has_doomed());
-        s.delete_doomed();
-        assert_eq!(
-            std::fs::read_dir(&d).unwrap().count(),
-            0,
-            "released: file gone"
-        );
-        assert!(get(&mut s, &k(9)).unwrap().is_none());
-        drop(s);
-        assert!(!d.exists(), "the directory goes with the store");
-    }
-
-    #[test]
-    fn a_lower_target_spills_at_once_and_bounds_later_inserts() {
-        let d = dir("set-target");
-        let mut s = Store::new(Some(d.clone()), 5000).unwrap();
-        for i in 0..4 {
-            s.insert(k(i), val(i as u8));
-        }
-        assert_eq!(s.memory_bytes(), 4000);
-        s.set_target(1500);
-        s.spill_to_target();
-        assert_eq!((s.memory_bytes(), s.disk_bytes()), (1000, 3000));
-        s.insert(k(4), val(4));
-        s.spill_to_target();
-        assert_eq!(
-            s.memory_bytes(),
-            1000,
-            "inserts spill down to the new target"
-        );
-        s.set_target(0);
-        s.spill_to_target();
-        assert_eq!(
-            s.memory_bytes(),
-            0,
-            "a target of 0 still spills (at least 1 byte)"
-        );
-        let mut never = Store::in_memory_only();
-        never.set_target(10);
-        never.insert(k(0), val(0));
-        assert!(!never.over_target() && never.next_spill().is_none());
-        assert_eq!(
-            never.memory_bytes(),
-            1000,
-            "a store that never spills stays so"
-        );
-    }
-
-    #[test]
-    fn corrupt_or_missing_spill_files_are_errors_for_their_key() {
-        let d = dir("corrupt");
-        let mut s = Store::new(Some(d.clone()), 1).unwrap();
-        s.insert(k(0), val(7));
-        s.insert(k(1), val(8));
-        s.spill_to_target();
-        assert_eq!(s.spilled_keys(), 2);
-        let path0 = s.disk[&k(0)].path.clone();
-        let mut bytes = std::fs::read(&path0).unwrap();
-        let last = bytes.len() - 1;
-        bytes[last] ^= 1;
-        std::fs::write(&path0, bytes).unwrap();
-        std::fs::remove_file(&s.disk[&k(1)].path).unwrap();
-        assert!(matches!(
-            get(&mut s, &k(0)),
-            Err(SpillError::Corrupt { .. })
-        ));
-        assert!(matches!(peek(&s, &k(1)), Err(SpillError::Io { .. })));
-        std::fs::write(&path0, b"short").unwrap();
-        assert!(matches!(
-            get(&mut s, &k(0)),
-            Err(SpillError::Corrupt { .. })
-        ));
-        s.remove(&k(0));
-        s.remove(&k(1));
-        assert_eq!((s.memory_bytes(), s.disk_bytes()), (0, 0));
-    }
-
-    #[test]
-    fn values_that_do_not_encode_stay_in_memory() {
-        #[derive(Debug)]
-        struct Opaque;
-        impl dask_graph::Data for Opaque {
-            fn nbytes(&self) -> usize {
-                5000
-            }
-            fn encode(&self) -> Result<dask_graph::Encoded, dask_graph::DataError> {
-                Err(dask_graph::DataError::Encode {
-                    type_name: "Opaque",
-                    reason: "not meant to travel".into(),
-                })
-            }
-            fn decode(_: &[u8], _: Vec<dask_graph::Frame>) -> Result<Self, dask_graph::DataError> {
-                Ok(Opaque)
-            }
-        }
-        let mut s = Store::new(Some(dir("opaque")), 100).unwrap();
-        s.insert(k(0), Value::new(Opaque));
-        s.spill_to_target();
-        assert_eq!((s.memory_bytes(), s.spilled_keys()), (5000, 0));
-        assert_eq!(s.spillable(), 0);
-        assert!(get(&mut s, &k(0)).unwrap().is_some());
-    }
-
-    #[test]
-    fn a_value_being_written_stays_readable_and_a_change_meanwhile_keeps_it_in_memory() {
-        let d = dir("writing");
-        let mut s = Store::new(Some(d.clone()), 1500).unwrap();
-        s.insert(k(0), val(0));
-        s.insert(k(1), val(1));
-        let job = s.next_spill().expect("over target");
-        assert_eq!(job.key, k(0), "the least recently used");
-        assert!(s.next_spill().is_none(), "one write at a time");
-        assert!(!s.over_target(), "the bytes being written count out");
-        assert_eq!(s.spillable(), 2, "one free to spill, one being written");
-        // Readable while written, and reading it makes it recent: the spill is dropped.
-        assert!(matches!(s.use_value(&k(0)), Located::Memory(_)));
-        let r = job.write();
-        assert!(matches!(s.spill_written(job, r), Written::Dropped));
-        assert_eq!((s.memory_bytes(), s.disk_bytes()), (2000, 0));
-        s.delete_doomed();
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0, "its file went");
-        // Now k(1) is the oldest; released while written: its file goes too.
-        let job = s.next_spill().unwrap();
-        assert_eq!(job.key, k(1));
-        s.remove(&k(1));
-        let r = job.write();
-        assert!(matches!(s.spill_written(job, r), Written::Dropped));
-        assert_eq!((s.memory_bytes(), s.disk_bytes()), (1000, 0));
-        s.delete_doomed();
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
-        assert!(s.next_spill().is_none(), "at the target now");
-    }
-
-    #[test]
-    fn a_failed_write_leaves_the_value_in_memory_to_be_tried_again() {
-        let mut s = Store::new(Some(dir("failed")), 500).unwrap();
-        s.insert(k(0), val(0));
-        let job = s.next_spill().unwrap();
-        let failed = Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
-        assert!(matches!(s.spill_written(job, failed), Written::Failed(_)));
-        assert_eq!((s.memory_bytes(), s.disk_bytes()), (1000, 0));
-        assert!(s.over_target());
-        s.spill_to_target();
-        assert_eq!((s.memory_bytes(), s.disk_bytes()), (0, 1000), "tried again");
-    }
-
-    #[test]
-    fn a_stalled_write_no_longer_counts_as_a_way_to_free_memory() {
-        let mut s = Store::new(Some(dir("stalled")), 500).unwrap();
-        s.insert(k(0), val(0));
-        s.insert(k(1), val(1));
-        let job = s.next_spill().unwrap();
-        assert_eq!(s.spillable(), 2);
-        assert!(s.stall_to_tell().is_none());
-        s.write_started = Some(std::time::Instant::now() - STALLED_WRITE);
-        assert_eq!(s.spillable(), 0);
-        assert!(s.stall_to_tell().is_some());
-        assert!(s.stall_to_tell().is_none(), "told once");
-        let r = job.write();
-        assert!(matches!(s.spill_written(job, r), Written::Spilled));
-        assert_eq!(s.spillable(), 1);
-    }
-
-    #[test]
-    fn a_task_reading_back_a_value_keeps_it_only_if_it_is_still_that_file_and_fits() {
-        let mut s = Store::new(Some(dir("unspill")), 1).unwrap();
-        s.insert(k(0), val(0));
-        s.spill_to_target();
-        let Located::Disk(path) = s.use_value(&k(0)) else {
-            panic!("spilled")
-        };
-        let v = read_spill(&k(0), &path).unwrap();
-        s.remove(&k(0));
-        s.unspilled(k(0), &path, v.clone());
-        assert!(!s.contains(&k(0)), "released meanwhile: not brought back");
-        s.insert(k(0), val(0));
-        s.spill_to_target();
-        let Located::Disk(path) = s.locate(&k(0)) else {
-            panic!("spilled")
-        };
-        s.unspilled(k(0), &path, v.clone());
-        assert!(
-            matches!(s.locate(&k(0)), Located::Disk(_)),
-            "no room: left on disk"
-        );
-        s.set_target(1000);
-        s.unspilled(k(0), &path, v);
-        assert!(matches!(s.locate(&k(0)), Located::Memory(_)));
-        s.delete_doomed();
-        assert!(!path.exists(), "its file went");
-    }
-}
+#[path = "store_tests.rs"]
+mod tests;

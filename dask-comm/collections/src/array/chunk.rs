@@ -314,9 +314,57 @@ impl Chunk {
 }
 
 #[derive(Serialize, Deserialize)]
-struct Header {
-    dtype: DType,
-    shape: Vec<u64>,
+pub(crate) struct Header {
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<u64>,
+}
+
+impl Header {
+    /// The header of a block of `dtype` and `shape`.
+    pub(crate) fn encode(
+        type_name: &'static str,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<Vec<u8>, DataError> {
+        postcard::to_stdvec(&Header {
+            dtype,
+            shape: shape.iter().map(|&n| n as u64).collect(),
+        })
+        .map_err(|e| DataError::Encode {
+            type_name,
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// The element type and shape a block's `header` announces, checked against the `len` bytes
+/// of its frame before anything is built: a peer's header cannot make the decoder allocate.
+pub(crate) fn checked_header(
+    type_name: &str,
+    header: &[u8],
+    len: usize,
+) -> Result<(DType, Vec<usize>), DataError> {
+    let bad = |reason: String| DataError::Decode {
+        type_name: type_name.into(),
+        reason,
+    };
+    let h: Header = postcard::from_bytes(header).map_err(|e| bad(e.to_string()))?;
+    let shape = h
+        .shape
+        .iter()
+        .map(|&n| usize::try_from(n).map_err(|_| bad(format!("axis length {n}"))))
+        .collect::<Result<Vec<usize>, _>>()?;
+    let n = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
+    if n.checked_mul(h.dtype.size()) != Some(len) {
+        return Err(bad(format!(
+            "{len} bytes for a {shape:?} {} block",
+            h.dtype.name()
+        )));
+    }
+    Ok((h.dtype, shape))
 }
 
 impl Data for Chunk {
@@ -325,14 +373,7 @@ impl Data for Chunk {
     }
 
     fn encode(&self) -> Result<Encoded, DataError> {
-        let header = postcard::to_stdvec(&Header {
-            dtype: self.dtype(),
-            shape: self.shape().iter().map(|&n| n as u64).collect(),
-        })
-        .map_err(|e| DataError::Encode {
-            type_name: "Chunk",
-            reason: e.to_string(),
-        })?;
+        let header = Header::encode("Chunk", self.dtype(), self.shape())?;
         let mut bytes = Vec::with_capacity(self.nbytes());
         each!(self, a => a.iter().for_each(|v| v.put(&mut bytes)));
         Ok(Encoded {
@@ -342,36 +383,18 @@ impl Data for Chunk {
     }
 
     fn decode(header: &[u8], frames: Vec<Frame>) -> Result<Self, DataError> {
-        let bad = |reason: String| DataError::Decode {
-            type_name: "Chunk".into(),
-            reason,
-        };
-        let h: Header = postcard::from_bytes(header).map_err(|e| bad(e.to_string()))?;
         let [Frame::Host(bytes)] = frames.as_slice() else {
-            return Err(bad(format!("{} frames where one belongs", frames.len())));
+            return Err(DataError::Decode {
+                type_name: "Chunk".into(),
+                reason: format!("{} frames where one host frame belongs", frames.len()),
+            });
         };
-        let shape = h
-            .shape
-            .iter()
-            .map(|&n| usize::try_from(n).map_err(|_| bad(format!("axis length {n}"))))
-            .collect::<Result<Vec<usize>, _>>()?;
-        let n = shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
-        // The frame's length decides: the shape must match it before anything is built.
-        if n.checked_mul(h.dtype.size()) != Some(bytes.len()) {
-            return Err(bad(format!(
-                "{} bytes for a {shape:?} {} chunk",
-                bytes.len(),
-                h.dtype.name()
-            )));
-        }
+        let (dtype, shape) = checked_header("Chunk", header, bytes.len())?;
         fn build<T: ChunkElem>(shape: Vec<usize>, bytes: &[u8]) -> Chunk {
             let v: Vec<T> = bytes.chunks_exact(T::DTYPE.size()).map(T::get).collect();
             T::wrap(ArrayD::from_shape_vec(IxDyn(&shape), v).expect("length checked"))
         }
-        Ok(match h.dtype {
+        Ok(match dtype {
             DType::Bool => build::<bool>(shape, bytes),
             DType::U8 => build::<u8>(shape, bytes),
             DType::I32 => build::<i32>(shape, bytes),

@@ -272,7 +272,7 @@ pub(crate) fn unary_chunk(op: UnaryOp, a: &Chunk) -> Chunk {
 /// The type a scalar takes beside an array of `array` (NumPy's value-based casting): the
 /// array's own float type; a float for a fractional scalar; `u8` for a small integer with a
 /// `u8` array; otherwise at least `i32`.
-fn scalar_dtype(array: DType, s: f64) -> DType {
+pub(crate) fn scalar_dtype(array: DType, s: f64) -> DType {
     if array.is_float() {
         array
     } else if s.fract() != 0.0 || !s.is_finite() {
@@ -521,13 +521,26 @@ impl Array {
         function: &str,
         param: dask_graph::Value,
     ) -> Result<Array, ArrayError> {
+        self.blockwise_fn(prefix, dtype, function, Some(param))
+    }
+
+    /// One task per block: `function(param, block)`, or `function(block)` without a
+    /// parameter; same chunks.
+    pub(crate) fn blockwise_fn(
+        &self,
+        prefix: &str,
+        dtype: DType,
+        function: &str,
+        param: Option<dask_graph::Value>,
+    ) -> Result<Array, ArrayError> {
         let name = fresh_name(prefix);
         let (source, function) = (self.name.clone(), function.to_string());
         let task = move |idx: &[usize]| {
-            Task::new(
-                &function,
-                [Arg::Lit(param.clone()), Arg::key(key(&source, idx))],
-            )
+            let block = Arg::key(key(&source, idx));
+            match &param {
+                Some(p) => Task::new(&function, [Arg::Lit(p.clone()), block]),
+                None => Task::new(&function, [block]),
+            }
         };
         Ok(Array::from_blocks(
             name,

@@ -211,5 +211,7 @@ pub fn register() {
             reduce::finish(&spec, &a)
         });
         super::linalg::register_kernels(r);
+        #[cfg(feature = "cuda")]
+        super::device::register();
     });
 }

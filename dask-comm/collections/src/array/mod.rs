@@ -19,6 +19,8 @@ mod arg;
 mod chunk;
 mod chunks;
 mod create;
+#[cfg(feature = "cuda")]
+pub mod device;
 mod elementwise;
 mod fastmath;
 mod kernels;
