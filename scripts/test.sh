@@ -76,7 +76,7 @@ fi
 
 # The drills: the ignored tests (chaos, soak, storm, peer death at scale, namespaces, ...),
 # with NVIDIA's PTX assembler for the array device kernels' drill (fetched once, ~10 s).
-PTXAS=$(bash scripts/ptxas.sh)
+PTXAS=$(bash scripts/ptxas.sh) || { echo "drills: NVIDIA's ptxas could not be fetched (PyPI)" >&2; exit 1; }
 export PTXAS
 cargo test -j2 "${ALL[@]}" --lib --bins --tests -- --ignored
 step_done "drills: ignored tests"

@@ -666,8 +666,9 @@ impl LocalCluster {
             } => {
                 let mut s = supervised.lock().unwrap_or_else(|e| e.into_inner());
                 for _ in 0..n {
-                    let slot = s.next_name;
-                    let name = format!("local-{slot}");
+                    // The next place among the live workers (restarts keep theirs).
+                    let slot = s.children.len();
+                    let name = format!("local-{}", s.next_name);
                     s.next_name += 1;
                     let child = spawner.spawn(&name, slot)?;
                     s.children.push((child, name, Instant::now(), slot));

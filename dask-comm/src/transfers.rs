@@ -5,11 +5,11 @@
 //!
 //! ```
 //! use dask_comm::{transfers::pair_rates, Transfer};
-//! let t = |peer: &str, bytes, micros| Transfer { peer: peer.into(), bytes, micros, fetched: false };
-//! let before = vec![("a".to_string(), vec![t("b", 1, 1)])];
+//! let t = |peer: &str, bytes, micros, seq| Transfer { peer: peer.into(), bytes, micros, fetched: false, seq };
+//! let before = vec![("a".to_string(), vec![t("b", 1, 1, 1)])];
 //! let after = vec![
-//!     ("a".to_string(), vec![t("b", 1, 1), t("b", 8_000_000, 4_000), t("b", 8_000_000, 2_000)]),
-//!     ("b".to_string(), vec![t("a", 1_000_000, 1_000)]),
+//!     ("a".to_string(), vec![t("b", 1, 1, 1), t("b", 8_000_000, 4_000, 2), t("b", 8_000_000, 2_000, 3)]),
+//!     ("b".to_string(), vec![t("a", 1_000_000, 1_000, 1)]),
 //! ];
 //! let pairs = pair_rates(&before, &after);
 //! assert_eq!(pairs.len(), 2);
@@ -19,7 +19,7 @@
 //! // 2,000 and 4,000 MB/s: the quartiles between them.
 //! assert_eq!(pairs[0].mb_s, [2_500.0, 3_000.0, 3_500.0]);
 //! // A fetch is logged by the receiver: its pair is (peer, receiver).
-//! let fetch = Transfer { peer: "a".into(), bytes: 64, micros: 1, fetched: true };
+//! let fetch = Transfer { peer: "a".into(), bytes: 64, micros: 1, fetched: true, seq: 1 };
 //! let pairs = pair_rates(&[], &[("c".to_string(), vec![fetch])]);
 //! assert_eq!((pairs[0].from.as_str(), pairs[0].to.as_str()), ("a", "c"));
 //! // Only the deliveries (what the shuffle's benchmarks count):
@@ -71,8 +71,8 @@ pub fn deliveries(logs: Vec<(String, Vec<Transfer>)>) -> Vec<(String, Vec<Transf
 }
 
 /// The transfers logged in `after` and not yet in `before` (two reads of the same workers'
-/// logs, which grow at their end), per (sender, receiver), sorted by pair: a delivery's sender
-/// is the worker that logged it, a fetch's is its peer.
+/// logs: entries numbered past the last `before` had), per (sender, receiver), sorted by
+/// pair: a delivery's sender is the worker that logged it, a fetch's is its peer.
 pub fn pair_rates(
     before: &[(String, Vec<Transfer>)],
     after: &[(String, Vec<Transfer>)],
@@ -83,8 +83,9 @@ pub fn pair_rates(
         let seen = before
             .iter()
             .find(|(w, _)| w == worker)
-            .map_or(0, |(_, e)| e.len());
-        for t in entries.iter().skip(seen) {
+            .and_then(|(_, e)| e.iter().map(|t| t.seq).max())
+            .unwrap_or(0);
+        for t in entries.iter().filter(|t| t.seq > seen) {
             let pair = if t.fetched {
                 (t.peer.clone(), worker.clone())
             } else {

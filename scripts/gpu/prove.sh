@@ -66,10 +66,11 @@ export UCX_MODULE_DIR=$B/site/libucx/lib/ucx
 SITES=$("$PY" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
 # shellcheck disable=SC2086
 CUBLAS=$(find $SITES /usr/local/cuda*/lib64 /usr/lib/x86_64-linux-gnu -name 'libcublas.so.[0-9]*' \
-  2>/dev/null | sort -V | tail -1)
+  2>/dev/null | head -1)
 if [ -n "$CUBLAS" ]; then
   mkdir -p "$B/cublas" && ln -sf "$CUBLAS" "$B/cublas/libcublas.so"
-  export LD_LIBRARY_PATH=$B/cublas:$(dirname "$CUBLAS"):$LD_LIBRARY_PATH
+  # After the bundle's UCX: a system folder here must not shadow its libraries.
+  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$B/cublas:$(dirname "$CUBLAS")
 else
   note "prove: no libcublas.so.* on this machine: device matmul will say so"
 fi

@@ -41,11 +41,20 @@ fn close(what: &str, got: f64, want: f64, tol: f64) -> Result<()> {
     }
 }
 
+/// The GPUs to pin the workers to: those this process was given (`CUDA_VISIBLE_DEVICES`, by
+/// number), else all `count`; `None` (no pinning) for a list of UUIDs.
+fn visible(count: usize) -> Option<Vec<usize>> {
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(v) if !v.trim().is_empty() => v.split(',').map(|d| d.trim().parse().ok()).collect(),
+        _ => Some((0..count).collect()),
+    }
+}
+
 fn cluster(protocol: Protocol, gpus: usize, device_limit: Option<u64>) -> Result<LocalCluster> {
     Ok(LocalCluster::with(ClusterOptions {
         workers: 2,
         protocol,
-        gpus: Some((0..gpus).collect()),
+        gpus: visible(gpus),
         device_memory_limit: device_limit,
         ..ClusterOptions::default()
     })?)

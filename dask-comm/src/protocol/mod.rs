@@ -565,8 +565,10 @@ pub struct Transfer {
     /// How long it took, in microseconds.
     pub micros: u64,
     /// A fetch from the peer (`true`) rather than a delivery to it.
-    #[serde(default)]
     pub fetched: bool,
+    /// Its number in the worker's log (from 1, in the order recorded; set by the log): a
+    /// later read of the log has what came after by this, however much the log forgot.
+    pub seq: u64,
 }
 
 /// On data connections (worker ↔ worker, client ↔ worker).

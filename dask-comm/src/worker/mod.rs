@@ -903,6 +903,7 @@ impl Worker {
                     bytes: summary.bytes,
                     micros: summary.micros,
                     fetched: true,
+                    seq: 0,
                 });
             }
             if self.fetches.len() == FETCHES_KEPT {

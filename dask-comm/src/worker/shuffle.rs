@@ -59,13 +59,18 @@ impl dask_graph::Data for Piece {
     }
 }
 
-/// The worker's latest deliveries (its data server answers [`DataMsg::TransferLog`] with them).
+/// The worker's latest transfers (its data server answers [`DataMsg::TransferLog`] with them),
+/// numbered from 1 in the order they were recorded.
 #[derive(Clone, Default)]
-pub(crate) struct TransferLog(Arc<Mutex<VecDeque<Transfer>>>);
+pub(crate) struct TransferLog(Arc<Mutex<(VecDeque<Transfer>, u64)>>);
 
 impl TransferLog {
-    pub(crate) fn record(&self, t: Transfer) {
-        let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+    /// Keeps `t` (its `seq` set here), forgetting the oldest past [`TRANSFER_LOG`].
+    pub(crate) fn record(&self, mut t: Transfer) {
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (log, seq) = &mut *guard;
+        *seq += 1;
+        t.seq = *seq;
         if log.len() == TRANSFER_LOG {
             log.pop_front();
         }
@@ -77,6 +82,7 @@ impl TransferLog {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .0
             .iter()
             .cloned()
             .collect()
@@ -278,6 +284,7 @@ async fn deliver(
         bytes: bytes as u64,
         micros: t0.elapsed().as_micros() as u64,
         fetched: false,
+        seq: 0,
     });
     Ok(())
 }

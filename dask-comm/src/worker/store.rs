@@ -276,12 +276,19 @@ impl Store {
 
     /// Moves the least recently used values out of device memory while the store is over its
     /// device target: each becomes its spill file's bytes in host memory (a value that does
-    /// not encode, or whose copy fails, stays on the device and is not tried again).
-    fn stage_to_device_target(&mut self) {
+    /// not encode, or whose copy fails, stays on the device and is not tried again). `keep`,
+    /// the value just stored or used, stays (one value over the target alone would otherwise
+    /// go back and forth on every use).
+    fn stage_to_device_target(&mut self, keep: Key) {
+        let mut kept = None;
         while self.device_target > 0 && self.on_device > self.device_target {
             let Some((tick, k)) = self.device_lru.pop_front() else {
-                return;
+                break;
             };
+            if k == keep {
+                kept = Some((tick, k));
+                continue;
+            }
             let Some(e) = self.memory.get_mut(&k) else {
                 continue; // stale: removed
             };
@@ -304,12 +311,15 @@ impl Store {
             };
             tracing::debug!(key = %k, bytes = e.device, "moved a value out of device memory");
             self.on_device -= e.device;
-            self.in_memory += blob.len() as u64;
+            self.in_memory = self.in_memory - e.nbytes + blob.len() as u64;
             e.device = 0;
             e.nbytes = blob.len() as u64;
             e.held = Held::Staged(blob);
             self.spillable += 1;
             self.note_use(tick, k);
+        }
+        if let Some(entry) = kept {
+            self.device_lru.push_front(entry);
         }
     }
 
@@ -342,7 +352,7 @@ impl Store {
         self.in_memory += nbytes;
         self.on_device += device;
         self.note_use(used, k);
-        self.stage_to_device_target();
+        self.stage_to_device_target(k);
     }
 
     /// Spills above `target` bytes in memory from now on (at least 1: a store that spills
@@ -368,7 +378,10 @@ impl Store {
                         Located::Memory(value)
                     }
                     Err(err) => {
+                        // Lost here (the scheduler recomputes it or finds another copy): it
+                        // goes, so nothing counts or offers it any more.
                         tracing::error!(error = %err, "a value moved out of device memory is lost");
+                        self.remove(k);
                         Located::Absent
                     }
                 };

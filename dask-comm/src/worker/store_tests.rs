@@ -409,3 +409,26 @@ fn staged_device_values_spill_to_disk_and_read_back() {
     drop(s);
     assert!(!d.exists());
 }
+
+/// A value over the device target by itself stays while it is the one just stored or used
+/// (it would otherwise go back and forth on every use); the others make room.
+#[test]
+fn the_value_in_use_stays_on_the_device() {
+    let mut s = Store::in_memory_only().with_device_target(50);
+    s.insert(k(0), dev(0));
+    assert_eq!(s.device_bytes(), 100);
+    s.insert(k(1), dev(1));
+    assert_eq!(s.device_bytes(), 100);
+    assert!(matches!(s.memory.get(&k(0)).unwrap().held, Held::Staged(_)));
+    assert_eq!(
+        dev_bytes(&get(&mut s, &k(0)).unwrap().unwrap()),
+        vec![0u8; 100]
+    );
+    assert_eq!(s.device_bytes(), 100);
+    assert!(matches!(s.memory.get(&k(1)).unwrap().held, Held::Staged(_)));
+    let host = s.memory_bytes();
+    s.remove(&k(1));
+    assert!(s.memory_bytes() < host);
+    s.remove(&k(0));
+    assert_eq!((s.device_bytes(), s.memory_bytes()), (0, 0));
+}

@@ -182,6 +182,18 @@ impl Gpu {
         if m == 0 || n == 0 {
             return Ok(());
         }
+        if k == 0 {
+            // An empty sum: zeros (cuBLAS wants leading dimensions of at least one).
+            if !accumulate {
+                let len = m * n * if double { 8 } else { 4 };
+                // SAFETY: `c` holds `m·n` elements of that size (the caller's contract).
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(c, 0, len, self.stream.cu_stream())
+                }
+                .map_err(driver("zeroing a matrix"))?;
+            }
+            return Ok(());
+        }
         let mut held = self.blas.lock().unwrap_or_else(|e| e.into_inner());
         if held.is_none() {
             // SAFETY: only tries to dlopen the library (and closes it again).

@@ -354,7 +354,9 @@ impl DeviceArray {
                 dtype: self.dtype().name(),
             });
         }
-        let total = self.sum()?.astype(self.dtype().floating())?;
+        // Integers are summed as float64 (an int64 sum could wrap), as the host's mean does.
+        let t = self.dtype().floating();
+        let total = self.astype(t)?.sum()?;
         total.scalar(BinaryOp::Div, n as f64, false)
     }
 

@@ -376,12 +376,19 @@ pub(crate) fn reduce(op: Reduction, a: DType) -> Kernel {
     address(&mut s, "%u7", "%u0", a);
     let _ = writeln!(s, "\tld.global.{} {}, [%u7];", ty(a), reg(a, 0));
     let _ = writeln!(s, "\t{}", convert(r, &reg(r, 1), a, &reg(a, 0)));
-    let instr = match op {
-        Reduction::Sum => format!("add.{t}"),
-        Reduction::Min => format!("min.{t}"),
-        Reduction::Max => format!("max.{t}"),
+    let x = reg(r, 1);
+    let _ = match op {
+        Reduction::Sum => writeln!(s, "\tadd.{t} {acc}, {acc}, {x};"),
+        // A NaN wins, as NumPy's (PTX's min and max would take the other operand): where
+        // either is NaN, their sum (NaN) is kept.
+        Reduction::Min | Reduction::Max if r.is_float() => writeln!(
+            s,
+            "\tsetp.nan.{t} %p1, {acc}, {x};\n\t@%p1 add.{t} {acc}, {acc}, {x};\n\t@!%p1 {}.{t} {acc}, {acc}, {x};",
+            if op == Reduction::Min { "min" } else { "max" }
+        ),
+        Reduction::Min => writeln!(s, "\tmin.{t} {acc}, {acc}, {x};"),
+        Reduction::Max => writeln!(s, "\tmax.{t} {acc}, {acc}, {x};"),
     };
-    let _ = writeln!(s, "\t{instr} {acc}, {acc}, {};", reg(r, 1));
     let _ = write!(
         s,
         "\tadd.u64 %u4, %u4, %u5;\n\tbra LOOP;\nSTORE:\n\tmul.lo.u64 %u9, %u13, {};\n\
@@ -485,6 +492,11 @@ mod tests {
         assert!(reduce(Reduction::Max, DType::I64)
             .ptx
             .contains("mov.s64 %l5, -9223372036854775807;\n\tsub.s64 %l5, %l5, 1;"));
+        // A NaN wins a float minimum or maximum, as NumPy's.
+        assert!(reduce(Reduction::Min, DType::F32).ptx.contains(
+            "setp.nan.f32 %p1, %f5, %f1;\n\t@%p1 add.f32 %f5, %f5, %f1;\n\t@!%p1 min.f32"
+        ));
+        assert!(!reduce(Reduction::Max, DType::I32).ptx.contains("setp.nan"));
     }
 
     #[test]
