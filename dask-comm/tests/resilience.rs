@@ -143,12 +143,12 @@ fn freeze_trials() -> usize {
 }
 
 /// Trials per starvation drill (`stalled_spill`, `fd_limit`) and protocol:
-/// `DASK_COMM_STARVE_TRIALS` (CI runs 5; the figures in `docs/resilience.md` are from 50).
+/// `DASK_COMM_STARVE_TRIALS` (CI runs 4; the figures in `docs/resilience.md` are from 50).
 fn starve_trials() -> usize {
     std::env::var("DASK_COMM_STARVE_TRIALS")
         .ok()
         .and_then(|t| t.parse().ok())
-        .unwrap_or(5)
+        .unwrap_or(4)
 }
 
 /// The protocols the freeze drills run over: `DASK_COMM_FREEZE_PROTOCOLS` (`tcp,ucx` unless

@@ -311,6 +311,23 @@ impl Chunk {
     pub fn to_f64(&self) -> ArrayD<f64> {
         each!(self, a => a.mapv(Elem::to_f64))
     }
+
+    /// The chunk of `dtype` and `shape` whose elements are `bytes` (little-endian, row-major:
+    /// exactly the shape's elements, which the caller has checked).
+    pub(crate) fn from_le_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Chunk {
+        fn build<T: ChunkElem>(shape: &[usize], bytes: &[u8]) -> Chunk {
+            let v: Vec<T> = bytes.chunks_exact(T::DTYPE.size()).map(T::get).collect();
+            T::wrap(ArrayD::from_shape_vec(IxDyn(shape), v).expect("length checked"))
+        }
+        match dtype {
+            DType::Bool => build::<bool>(shape, bytes),
+            DType::U8 => build::<u8>(shape, bytes),
+            DType::I32 => build::<i32>(shape, bytes),
+            DType::I64 => build::<i64>(shape, bytes),
+            DType::F32 => build::<f32>(shape, bytes),
+            DType::F64 => build::<f64>(shape, bytes),
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -390,18 +407,7 @@ impl Data for Chunk {
             });
         };
         let (dtype, shape) = checked_header("Chunk", header, bytes.len())?;
-        fn build<T: ChunkElem>(shape: Vec<usize>, bytes: &[u8]) -> Chunk {
-            let v: Vec<T> = bytes.chunks_exact(T::DTYPE.size()).map(T::get).collect();
-            T::wrap(ArrayD::from_shape_vec(IxDyn(&shape), v).expect("length checked"))
-        }
-        Ok(match dtype {
-            DType::Bool => build::<bool>(shape, bytes),
-            DType::U8 => build::<u8>(shape, bytes),
-            DType::I32 => build::<i32>(shape, bytes),
-            DType::I64 => build::<i64>(shape, bytes),
-            DType::F32 => build::<f32>(shape, bytes),
-            DType::F64 => build::<f64>(shape, bytes),
-        })
+        Ok(Chunk::from_le_bytes(dtype, &shape, bytes))
     }
 
     fn type_name() -> &'static str {

@@ -14,7 +14,7 @@ use ucx::cuda::DeviceBuffer;
 use super::gpu::{gpu, Param};
 use super::ptx::{self, Reduction};
 use crate::array::chunk::{checked_header, Header};
-use crate::array::{BinaryOp, Chunk, ChunkElem, DType, Elem, UnaryOp};
+use crate::array::{BinaryOp, Chunk, DType, Elem, UnaryOp};
 
 /// One block of an array whose elements live in device memory (little-endian, row-major, as a
 /// host [`Chunk`]'s frame).
@@ -82,7 +82,7 @@ impl DeviceChunk {
     pub fn to_host(&self) -> Result<Chunk, String> {
         gpu()?.bind()?;
         let bytes = self.buf.to_host().map_err(|e| e.to_string())?;
-        Ok(host_chunk(self.dtype, &self.shape, &bytes))
+        Ok(Chunk::from_le_bytes(self.dtype, &self.shape, &bytes))
     }
 
     /// A new block of `dtype` and `shape` whose elements `fill` writes (a kernel over
@@ -105,22 +105,6 @@ impl DeviceChunk {
             shape: shape.to_vec(),
             buf: Arc::new(buf),
         })
-    }
-}
-
-/// The host chunk of `dtype` and `shape` whose elements are `bytes`.
-fn host_chunk(dtype: DType, shape: &[usize], bytes: &[u8]) -> Chunk {
-    fn build<T: ChunkElem>(shape: &[usize], bytes: &[u8]) -> Chunk {
-        let v: Vec<T> = bytes.chunks_exact(T::DTYPE.size()).map(T::get).collect();
-        T::wrap(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), v).expect("sizes agree"))
-    }
-    match dtype {
-        DType::Bool => build::<bool>(shape, bytes),
-        DType::U8 => build::<u8>(shape, bytes),
-        DType::I32 => build::<i32>(shape, bytes),
-        DType::I64 => build::<i64>(shape, bytes),
-        DType::F32 => build::<f32>(shape, bytes),
-        DType::F64 => build::<f64>(shape, bytes),
     }
 }
 
@@ -500,6 +484,6 @@ mod tests {
         let Frame::Host(bytes) = &e.frames[0] else {
             unreachable!()
         };
-        assert_eq!(host_chunk(DType::I32, &[2, 3], bytes), c);
+        assert_eq!(Chunk::from_le_bytes(DType::I32, &[2, 3], bytes), c);
     }
 }

@@ -213,49 +213,36 @@ impl Gpu {
         // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS sees B (n × k, leading n) times
         // A (k × m, leading k) into C (n × m, leading n), with no transposition.
         let (lda, ldb, ldc) = (ni, ki, ni);
+        // The same call in either precision.
+        macro_rules! gemm {
+            ($f:path, $t:ty) => {{
+                let (one, beta): ($t, $t) = (1.0, if accumulate { 1.0 } else { 0.0 });
+                // SAFETY: the caller's contract on the pointers and sizes; alpha and beta are
+                // host values, read during the call (the handle's default pointer mode).
+                unsafe {
+                    $f(
+                        h,
+                        op,
+                        op,
+                        ni,
+                        mi,
+                        ki,
+                        &one,
+                        b as *const $t,
+                        lda,
+                        a as *const $t,
+                        ldb,
+                        &beta,
+                        c as *mut $t,
+                        ldc,
+                    )
+                }
+            }};
+        }
         if double {
-            let (one, beta) = (1.0f64, if accumulate { 1.0f64 } else { 0.0 });
-            // SAFETY: the caller's contract on the pointers and sizes; alpha and beta are host
-            // values, read during the call (the handle's default pointer mode).
-            unsafe {
-                blas::dgemm(
-                    h,
-                    op,
-                    op,
-                    ni,
-                    mi,
-                    ki,
-                    &one,
-                    b as *const f64,
-                    lda,
-                    a as *const f64,
-                    ldb,
-                    &beta,
-                    c as *mut f64,
-                    ldc,
-                )
-            }
+            gemm!(blas::dgemm, f64)
         } else {
-            let (one, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
-            // SAFETY: as above, in single precision.
-            unsafe {
-                blas::sgemm(
-                    h,
-                    op,
-                    op,
-                    ni,
-                    mi,
-                    ki,
-                    &one,
-                    b as *const f32,
-                    lda,
-                    a as *const f32,
-                    ldb,
-                    &beta,
-                    c as *mut f32,
-                    ldc,
-                )
-            }
+            gemm!(blas::sgemm, f32)
         }
         .map_err(|e| format!("cuBLAS gemm: {e}"))
     }
