@@ -118,8 +118,15 @@ def perftest(test, size, iters, env=None, extra=(), binary="ucx_perftest", cpus=
                            stderr=subprocess.DEVNULL, env=env)
     try:
         time.sleep(0.5)
-        out = subprocess.run([binary, "127.0.0.1", "-p", p, "-c", cpus[1], "-t", test, "-s", str(size),
-                              "-n", str(iters), *extra], capture_output=True, text=True, timeout=600, env=env)
+        # On a loaded machine the server may not listen yet after half a second: a client
+        # refused while the server still runs tries again, 10 times at most, 0.3 s apart.
+        for _ in range(10):
+            out = subprocess.run([binary, "127.0.0.1", "-p", p, "-c", cpus[1], "-t", test, "-s", str(size),
+                                  "-n", str(iters), *extra], capture_output=True, text=True, timeout=600, env=env)
+            refused = "Connection refused" in out.stdout + out.stderr
+            if not refused or srv.poll() is not None:
+                break
+            time.sleep(0.3)
     finally:
         stop(srv)
     final = [l for l in out.stdout.splitlines() if l.startswith("Final:")]
