@@ -248,10 +248,9 @@ impl Store {
             && self.in_memory - self.writing > self.target
     }
 
-    /// Records a use of a value in memory (only where values may spill or move out of device
-    /// memory), compacting when most entries are stale.
-    fn note_use(&mut self, tick: u64, k: Key) {
-        let on_device = self.memory.get(&k).is_some_and(|e| e.device > 0);
+    /// Records a use of a value in memory, in device memory or not (only where values may
+    /// spill or move out of device memory), compacting when most entries are stale.
+    fn note_use(&mut self, tick: u64, k: Key, on_device: bool) {
         let lru = if on_device {
             if self.device_target == 0 {
                 return;
@@ -316,7 +315,7 @@ impl Store {
             e.nbytes = blob.len() as u64;
             e.held = Held::Staged(blob);
             self.spillable += 1;
-            self.note_use(tick, k);
+            self.note_use(tick, k, false);
         }
         if let Some(entry) = kept {
             self.device_lru.push_front(entry);
@@ -351,7 +350,7 @@ impl Store {
         );
         self.in_memory += nbytes;
         self.on_device += device;
-        self.note_use(used, k);
+        self.note_use(used, k, device > 0);
         self.stage_to_device_target(k);
     }
 
@@ -389,7 +388,7 @@ impl Store {
             let used = self.clock + 1;
             self.clock = used;
             e.used = used;
-            let (pinned, writing) = (e.pinned, e.writing);
+            let (pinned, writing, on_device) = (e.pinned, e.writing, e.device > 0);
             let value = match e.held.value(k) {
                 Ok(v) => v,
                 Err(err) => {
@@ -398,7 +397,7 @@ impl Store {
                 }
             };
             if !pinned && !writing {
-                self.note_use(used, *k);
+                self.note_use(used, *k, on_device);
             }
             return Located::Memory(value);
         }
@@ -528,13 +527,14 @@ impl Store {
             self.doomed.push(path);
             let tick = self.tick();
             self.memory.get_mut(&key).expect("present").used = tick;
-            self.note_use(tick, key);
+            // A value written to disk is in host memory.
+            self.note_use(tick, key, false);
             return Written::Failed(err);
         }
         if self.closed || now_used != used {
             // Used while it was written (it is recent again), or the store is closing.
             self.doomed.push(path);
-            self.note_use(now_used, key);
+            self.note_use(now_used, key, false);
             return Written::Dropped;
         }
         self.memory.remove(&key);
