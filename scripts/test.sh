@@ -118,7 +118,7 @@ step_done "drills: Python package (pip install, pytest)"
 # Every decoder of bytes from the wire, fuzzed for a bounded total (kept crash inputs replayed
 # first; scripts/fuzz.sh with no argument is the long run).
 echo "disk: $(free_mb) MB free before the fuzzers' build (about 1 GB, fuzz/target)"
-bash scripts/fuzz.sh --total "${FUZZ_TOTAL_SECONDS:-120}"
+bash scripts/fuzz.sh --total "${FUZZ_TOTAL_SECONDS:-60}"
 step_done "drills: fuzzers (install, build, run)"
 if [ "$(free_mb)" -lt 16000 ]; then
   echo "disk: $(free_mb) MB free: removing the fuzzers' build (fuzz/target)"

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dask_collections::array::{
-    self, random, Array, ArrayError, Boundary, Chunk, DType, Index, UnaryOp,
+    self, Array, ArrayError, Boundary, Chunk, DType, Index, UnaryOp, random,
 };
 use dask_comm::{ClusterOptions, LocalCluster};
 use dask_graph::{Scheduler, Threaded};
@@ -178,7 +178,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         for _ in 0..rounds {
             let (secs, answer) = run(&name, small, s)?;
-            println!("{{\"workload\":\"{name}\",\"scheduler\":\"{sched}\",\"seconds\":{secs:.6},\"answer\":{answer}}}");
+            println!(
+                "{{\"workload\":\"{name}\",\"scheduler\":\"{sched}\",\"seconds\":{secs:.6},\"answer\":{answer}}}"
+            );
         }
         return Ok(());
     }
@@ -195,7 +197,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ] {
         let (t1, v1) = run(name, small, &threaded)?;
         let (t2, v2) = run(name, small, &client)?;
-        println!("{name:<12} threaded {t1:>8.3} s   cluster (2 processes) {t2:>8.3} s   answer {v1} / {v2}");
+        println!(
+            "{name:<12} threaded {t1:>8.3} s   cluster (2 processes) {t2:>8.3} s   answer {v1} / {v2}"
+        );
     }
     Ok(())
 }

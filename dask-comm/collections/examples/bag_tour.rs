@@ -19,8 +19,8 @@ use std::time::Instant;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use dask_collections::bag::{self, Bag, BagError, Item};
 use dask_collections::ShuffleMethod;
+use dask_collections::bag::{self, Bag, BagError, Item};
 use dask_comm::{ClusterOptions, LocalCluster};
 use dask_graph::{Scheduler, Threaded};
 

@@ -188,7 +188,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 format!("{name}: threaded ({r1}, {v1}) but the cluster ({r2}, {v2})").into(),
             );
         }
-        println!("{name:<8} threaded {t1:>7.3} s   cluster (2 processes) {t2:>7.3} s   rows {r1}, total {v1}");
+        println!(
+            "{name:<8} threaded {t1:>7.3} s   cluster (2 processes) {t2:>7.3} s   rows {r1}, total {v1}"
+        );
     }
     std::fs::remove_dir_all(&dir)?;
     Ok(())

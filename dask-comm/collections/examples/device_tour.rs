@@ -14,8 +14,8 @@
 
 use std::time::Instant;
 
-use dask_collections::array::{self, device, BinaryOp, Chunk, DType, UnaryOp};
-use dask_comm::{transfers, ClusterOptions, LocalCluster, Protocol};
+use dask_collections::array::{self, BinaryOp, Chunk, DType, UnaryOp, device};
+use dask_comm::{ClusterOptions, LocalCluster, Protocol, transfers};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use dask_collections::array::{self, DType};
 use dask_comm::{Client, LaunchOptions, Protocol, Secret};
-use dask_graph::{registry, Arg};
+use dask_graph::{Arg, registry};
 
 fn is_prime(n: u64) -> bool {
     if n < 4 {

@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dask_collections::bag::{self, Item};
-use dask_collections::{dataframe, ShuffleMethod};
+use dask_collections::{ShuffleMethod, dataframe};
 use dask_comm::{Client, ClusterOptions, LocalCluster};
 use dask_graph::Scheduler;
 use polars::prelude::*;

@@ -7,7 +7,7 @@ use dask_graph::{Arg, Task};
 use ndarray::{ArrayD, Axis, IxDyn};
 use serde::{Deserialize, Serialize};
 
-use super::{kernels, Array, ArrayError, Chunk, DType, Elem};
+use super::{Array, ArrayError, Chunk, DType, Elem, kernels};
 
 /// Which end an arg-reduction looks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,11 +84,7 @@ impl ArgSpec {
 
 /// The carrier type for elements of `t`.
 fn carrier(t: DType) -> DType {
-    if t.is_float() {
-        DType::F64
-    } else {
-        DType::I64
-    }
+    if t.is_float() { DType::F64 } else { DType::I64 }
 }
 
 /// Two rows (values, indices) on a new leading axis.

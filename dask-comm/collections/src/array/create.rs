@@ -4,7 +4,7 @@ use dask_graph::{Arg, Graph, Task, Value};
 use ndarray::{ArrayD, Slice};
 
 use super::{
-    block_indices, fresh_name, kernels, normalize, Array, ArrayError, ChunkElem, ChunkSpec, DType,
+    Array, ArrayError, ChunkElem, ChunkSpec, DType, block_indices, fresh_name, kernels, normalize,
 };
 
 pub(crate) fn check_rank(ndim: usize) -> Result<(), ArrayError> {

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::create::key;
 use super::{
-    block_indices, cast, each, fresh_name, kernels, Array, ArrayError, Chunk, ChunkElem, DType,
-    Elem,
+    Array, ArrayError, Chunk, ChunkElem, DType, Elem, block_indices, cast, each, fresh_name,
+    kernels,
 };
 
 /// A binary elementwise operation.
@@ -308,11 +308,7 @@ pub(crate) fn common_chunks(a: &[usize], b: &[usize]) -> Vec<usize> {
         })
         .filter(|&l| l > 0)
         .collect();
-    if out.is_empty() {
-        vec![0]
-    } else {
-        out
-    }
+    if out.is_empty() { vec![0] } else { out }
 }
 
 /// Rechunks `a` and `b` so that their blocks line up along every axis both have at full length
@@ -424,7 +420,7 @@ impl Array {
                         axis,
                         a: a.clone(),
                         b: b.clone(),
-                    })
+                    });
                 }
                 (Some(a), _) => a.clone(),
                 (None, Some(b)) => b.clone(),

@@ -45,11 +45,7 @@ fn kernel<const COS: bool>(x: f64) -> f64 {
     let q = k + if COS { 1.0 } else { 0.0 };
     let q = q - 4.0 * (q * 0.25).floor();
     let v = if q == 0.0 || q == 2.0 { s } else { c };
-    if q >= 2.0 {
-        -v
-    } else {
-        v
-    }
+    if q >= 2.0 { -v } else { v }
 }
 
 fn each<const COS: bool>(src: &[f64], dst: &mut [f64]) {

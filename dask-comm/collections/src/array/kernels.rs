@@ -4,13 +4,13 @@
 
 use std::sync::Once;
 
-use dask_graph::{registry, Value};
+use dask_graph::{Value, registry};
 use ndarray::{ArrayD, IxDyn};
 
 use super::arg;
 use super::elementwise::{binary_chunks, unary_chunk};
 use super::reduce::{self, Spec};
-use super::{each, BinaryOp, Chunk, ChunkElem, DType, UnaryOp};
+use super::{BinaryOp, Chunk, ChunkElem, DType, UnaryOp, each};
 
 pub(crate) const FULL: &str = "dask-array-full";
 pub(crate) const ARANGE: &str = "dask-array-arange";

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use dask_graph::{registry, Arg, Graph, Task};
+use dask_graph::{Arg, Graph, Task, registry};
 use ndarray::{IxDyn, Zip};
 
 use super::create::key;
-use super::elementwise::{broadcast_shape, unify_all, Operand};
-use super::{block_indices, fresh_name, kernels, Array, ArrayError, Chunk, DType};
+use super::elementwise::{Operand, broadcast_shape, unify_all};
+use super::{Array, ArrayError, Chunk, DType, block_indices, fresh_name, kernels};
 
 /// `x` where `cond` is true, else `y`, broadcasting the three (the kernel of [`where_`]).
 pub(crate) fn select_chunks(t: DType, cond: &Chunk, x: &Chunk, y: &Chunk) -> Result<Chunk, String> {

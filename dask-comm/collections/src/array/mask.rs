@@ -9,7 +9,7 @@ use dask_graph::{Arg, Scheduler, Task};
 use ndarray::{ArrayD, IxDyn};
 
 use super::create::key;
-use super::{each, fresh_name, kernels, Array, ArrayError, Chunk, DType};
+use super::{Array, ArrayError, Chunk, DType, each, fresh_name, kernels};
 
 /// A length not known until computed (a block of a masked array).
 pub const UNKNOWN: usize = usize::MAX;
@@ -28,7 +28,7 @@ pub(crate) fn mask_chunk(x: &Chunk, mask: &Chunk) -> Result<Chunk, String> {
         unreachable!("cast to bool")
     };
     Ok(each!(x, a => {
-        let v: Vec<_> = a.iter().zip(m.iter()).filter(|(_, &k)| k).map(|(e, _)| *e).collect();
+        let v: Vec<_> = a.iter().zip(m.iter()).filter(|&(_, &k)| k).map(|(e, _)| *e).collect();
         let n = v.len();
         Chunk::from(ArrayD::from_shape_vec(IxDyn(&[n]), v).expect("one axis of n"))
     }))

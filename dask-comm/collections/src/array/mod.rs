@@ -42,8 +42,8 @@ use std::sync::Arc;
 use dask_graph::{ComputeError, Graph, Key, Node, Scheduler, Task};
 use ndarray::Axis;
 
-pub use chunk::{cast, Chunk, ChunkElem, DType, Elem};
-pub use chunks::{block_indices, normalize, regular, ChunkSpec, AUTO_BYTES};
+pub use chunk::{Chunk, ChunkElem, DType, Elem, cast};
+pub use chunks::{AUTO_BYTES, ChunkSpec, block_indices, normalize, regular};
 pub use create::{arange, eye, from_array, full, linspace, ones, zeros};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use kernels::register;

@@ -12,7 +12,7 @@ use dask_graph::{Arg, Graph, Scheduler, Task};
 use serde::{Deserialize, Serialize};
 
 use super::create::key;
-use super::{each, fresh_name, kernels, Array, ArrayError, Chunk, DType, Elem};
+use super::{Array, ArrayError, Chunk, DType, Elem, each, fresh_name, kernels};
 
 /// Why a `.npy` file or stack could not be read or written.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::create::key;
 use super::slice::Local;
-use super::{block_indices, each, fresh_name, kernels, Array, ArrayError, Chunk, DType};
+use super::{Array, ArrayError, Chunk, DType, block_indices, each, fresh_name, kernels};
 
 /// What lies beyond the array's edge along an axis (Dask's `boundary`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -110,13 +110,13 @@ pub(crate) fn pick_chunk(c: &Chunk, picks: &[Pick]) -> Result<Chunk, String> {
         ));
     }
     for (axis, p) in picks.iter().enumerate() {
-        if let Pick::Indices(ix) = p {
-            if let Some(&bad) = ix.iter().find(|&&i| i as usize >= c.shape()[axis]) {
-                return Err(format!(
-                    "index {bad} outside axis {axis} of a block of {:?}",
-                    c.shape()
-                ));
-            }
+        if let Pick::Indices(ix) = p
+            && let Some(&bad) = ix.iter().find(|&&i| i as usize >= c.shape()[axis])
+        {
+            return Err(format!(
+                "index {bad} outside axis {axis} of a block of {:?}",
+                c.shape()
+            ));
         }
     }
     Ok(each!(c, a => {

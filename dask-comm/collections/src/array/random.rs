@@ -8,7 +8,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::create::generated;
-use super::{kernels, normalize, Array, ArrayError, Chunk, ChunkSpec, DType};
+use super::{Array, ArrayError, Chunk, ChunkSpec, DType, kernels, normalize};
 
 /// Which distribution.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -84,11 +84,11 @@ pub(crate) fn block(dist: Distribution, seed: u64, idx: &[u64], shape: &[usize])
     let dim = IxDyn(shape);
     match dist {
         Distribution::Uniform(lo, hi) => Chunk::from(ArrayD::from_shape_simple_fn(dim, || {
-            lo + (hi - lo) * rng.gen::<f64>()
+            lo + (hi - lo) * rng.r#gen::<f64>()
         })),
         Distribution::Normal(mean, sd) => Chunk::from(ArrayD::from_shape_simple_fn(dim, || {
             // Box–Muller; 1 - u keeps the logarithm finite.
-            let (u, v): (f64, f64) = (rng.gen(), rng.gen());
+            let (u, v): (f64, f64) = (rng.r#gen(), rng.r#gen());
             mean + sd * (-2.0 * (1.0 - u).ln()).sqrt() * (std::f64::consts::TAU * v).cos()
         })),
         Distribution::Integers(lo, hi) => {

@@ -9,7 +9,7 @@ use dask_graph::{Arg, Graph, Task};
 
 use super::create::key;
 use super::slice::Local;
-use super::{block_indices, fresh_name, kernels, normalize, Array, ArrayError, ChunkSpec};
+use super::{Array, ArrayError, ChunkSpec, block_indices, fresh_name, kernels, normalize};
 
 /// Along one axis, for each new block: the (old block, start, end) ranges it is made of.
 fn plan_axis(old: &[usize], new: &[usize]) -> Vec<Vec<(usize, usize, usize)>> {

@@ -8,7 +8,7 @@ use ndarray::{ArrayD, Axis, IxDyn};
 use serde::{Deserialize, Serialize};
 
 use super::create::key;
-use super::{block_indices, each, fresh_name, kernels, Array, ArrayError, Chunk, DType, Elem};
+use super::{Array, ArrayError, Chunk, DType, Elem, block_indices, each, fresh_name, kernels};
 
 /// How many partial results one combine task takes, over all reduced axes together (Dask's
 /// default `split_every`): per axis its `len(axes)`-th root, at least 2.

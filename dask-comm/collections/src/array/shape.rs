@@ -7,7 +7,7 @@ use ndarray::IxDyn;
 
 use super::create::key;
 use super::elementwise::common_chunks;
-use super::{block_indices, each, fresh_name, full, kernels, Array, ArrayError, Chunk, DType};
+use super::{Array, ArrayError, Chunk, DType, block_indices, each, fresh_name, full, kernels};
 
 /// Reshapes a block (row-major) to `shape`.
 pub(crate) fn reshape_chunk(c: &Chunk, shape: &[usize]) -> Result<Chunk, String> {
@@ -76,11 +76,7 @@ fn after(axes: &std::ops::Range<usize>, shape: &[usize], lead: usize) -> usize {
 }
 
 fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 impl Array {

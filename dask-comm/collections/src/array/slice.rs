@@ -7,7 +7,7 @@ use ndarray::{Axis, Slice};
 use serde::{Deserialize, Serialize};
 
 use super::create::key;
-use super::{block_indices, each, fresh_name, kernels, Array, ArrayError, Chunk};
+use super::{Array, ArrayError, Chunk, block_indices, each, fresh_name, kernels};
 
 /// What to take along one axis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use dask_graph::{Arg, Graph, Task};
 
 use super::create::key;
 use super::overlap::Pick;
-use super::{block_indices, fresh_name, kernels, regular, Array, ArrayError};
+use super::{Array, ArrayError, block_indices, fresh_name, kernels, regular};
 
 impl Array {
     /// The elements at `indices` along `axis` (negative indices count from the end; repeats
@@ -180,7 +180,7 @@ impl Array {
         let picks: Vec<isize> = mask
             .iter()
             .enumerate()
-            .filter(|(_, &m)| m)
+            .filter(|&(_, &m)| m)
             .map(|(i, _)| i as isize)
             .collect();
         self.take(&picks, axis)

@@ -6,7 +6,7 @@ use dask_graph::{Arg, Graph, Key, Task};
 
 use super::functions;
 use super::reduce::Agg;
-use super::{fresh_name, kernels, stack, Bag, BagError, Item, Scalar};
+use super::{Bag, BagError, Item, Scalar, fresh_name, kernels, stack};
 
 impl Bag {
     /// The partial results, the combining tree, and the key of the single combined one.

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::Item;
 use super::functions::Func;
 use super::reduce::add;
-use super::Item;
 
 /// `json.loads`: a string item parsed as JSON.
 pub const JSON_LOADS: &str = "json.loads";

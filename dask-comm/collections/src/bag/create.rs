@@ -3,7 +3,7 @@
 use dask_graph::{Arg, Graph, Key, Task};
 
 use super::{
-    fresh_name, kernels, register, text, Bag, BagError, Item, Part, JSON_LOADS, NOT_BLANK,
+    Bag, BagError, Item, JSON_LOADS, NOT_BLANK, Part, fresh_name, kernels, register, text,
 };
 
 /// A bag of `items` in `npartitions` partitions of nearly equal length (Dask's

@@ -4,13 +4,13 @@
 
 use std::sync::{Arc, Once};
 
-use dask_graph::{registry, List, ShuffleId, Value};
+use dask_graph::{List, ShuffleId, Value, registry};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use super::reduce::{self, Acc, Agg};
 use super::steps::{Input, Pipeline, Steps};
-use super::{text, Item, Part};
+use super::{Item, Part, text};
 
 pub(crate) const RANGE: &str = "dask-bag-range";
 pub(crate) const READ: &str = "dask-bag-read";

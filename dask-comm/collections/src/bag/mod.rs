@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 use dask_graph::{Arg, ComputeError, FailureKind, Graph, Key, Scheduler, Task};
 
-use crate::layers::{fresh_name, graph_for, stack, Layers};
+use crate::layers::{Layers, fresh_name, graph_for, stack};
 use serde::{Deserialize, Serialize};
 
 pub use builtins::{
@@ -49,8 +49,8 @@ pub use builtins::{
 };
 pub use create::{from_sequence, range, read_json, read_text};
 pub use functions::{
-    register_aggregate, register_binary, register_map, register_partition, register_predicate,
-    Kind, Outcome,
+    Kind, Outcome, register_aggregate, register_binary, register_map, register_partition,
+    register_predicate,
 };
 pub use item::Item;
 pub use kernels::register;
@@ -146,13 +146,13 @@ pub enum BagError {
 }
 
 fn typed_failure(e: ComputeError) -> BagError {
-    if let Some(c) = e.cause() {
-        if c.kind == FailureKind::Error && c.function.starts_with("dask-bag-") {
-            if let Some(rest) = c.message.strip_prefix(reduce::EMPTY) {
-                let op = rest.split(' ').next().unwrap_or("reduction").to_string();
-                return BagError::Empty { op, key: c.key };
-            }
-        }
+    if let Some(c) = e.cause()
+        && c.kind == FailureKind::Error
+        && c.function.starts_with("dask-bag-")
+        && let Some(rest) = c.message.strip_prefix(reduce::EMPTY)
+    {
+        let op = rest.split(' ').next().unwrap_or("reduction").to_string();
+        return BagError::Empty { op, key: c.key };
     }
     BagError::Compute(e)
 }
@@ -373,7 +373,7 @@ impl Bag {
                         key: k,
                         expected: "a partition",
                         got: v.type_info().name().to_string(),
-                    })
+                    });
                 }
             }
         }

@@ -162,11 +162,7 @@ fn agg_fn(name: &str) -> Result<AggFn, String> {
 fn top_order(largest: bool) -> impl Fn(&(Item, Item), &(Item, Item)) -> Ordering {
     move |a, b| {
         let o = a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1));
-        if largest {
-            o.reverse()
-        } else {
-            o
-        }
+        if largest { o.reverse() } else { o }
     }
 }
 

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use dask_graph::{Arg, Graph, Key, Task};
 
-use crate::layers::{p2p_shuffle, shuffle_id};
 use crate::ShuffleMethod;
+use crate::layers::{p2p_shuffle, shuffle_id};
 
 use super::functions;
 use super::steps::Steps;
-use super::{fresh_name, kernels, Bag, BagError, Source};
+use super::{Bag, BagError, Source, fresh_name, kernels};
 
 /// The input of partition `i` of `a.product(b)`: partition `i / m` of `a` and `i % m` of `b`
 /// (`m` the partitions of `b`), paired as they are read.

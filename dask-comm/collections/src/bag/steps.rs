@@ -69,10 +69,10 @@ impl<'a> Input<'a> {
         if let Some(p) = v.downcast_ref::<Part>() {
             return Ok(Input::Part(p));
         }
-        if let Some([a, b]) = v.downcast_ref::<List>().map(|l| &l.0[..]) {
-            if let (Some(a), Some(b)) = (a.downcast_ref::<Part>(), b.downcast_ref::<Part>()) {
-                return Ok(Input::Product(a, b));
-            }
+        if let Some([a, b]) = v.downcast_ref::<List>().map(|l| &l.0[..])
+            && let (Some(a), Some(b)) = (a.downcast_ref::<Part>(), b.downcast_ref::<Part>())
+        {
+            return Ok(Input::Product(a, b));
         }
         Err(format!(
             "a bag partition expected, the task got a {}",
@@ -157,7 +157,7 @@ fn pluck(item: Item, field: &Field, default: &Option<Item>) -> Result<Item, Stri
                         "list"
                     }
                 })
-            })
+            });
         }
     };
     got.or_else(|| default.clone()).ok_or_else(|| match &item {

@@ -5,8 +5,8 @@
 //! last step turns the partials into the asked-for statistics.
 
 use polars::prelude::{
-    self as pl, len, DataFrame as PlFrame, DataType, IntoLazy, LazyFrame, SortMultipleOptions,
-    UniqueKeepStrategy,
+    self as pl, DataFrame as PlFrame, DataType, IntoLazy, LazyFrame, SortMultipleOptions,
+    UniqueKeepStrategy, len,
 };
 use serde::{Deserialize, Serialize};
 
@@ -246,11 +246,7 @@ impl Spec {
                 Agg::Mean => f(Partial::FloatSum) / f(Partial::Count),
                 Agg::Var | Agg::Std => {
                     let var = f(Partial::M2) / (f(Partial::Count) - pl::lit(1.0));
-                    if a == Agg::Std {
-                        var.sqrt()
-                    } else {
-                        var
-                    }
+                    if a == Agg::Std { var.sqrt() } else { var }
                 }
             }
         };

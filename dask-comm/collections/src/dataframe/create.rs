@@ -10,7 +10,7 @@ use polars::prelude::{DataFrame as PlFrame, Schema};
 
 use super::frame::{self, ColumnType, Frame};
 use super::ops::{self, Ops, Scan};
-use super::{fresh_name, kernels, register, stack, DataFrame, DataFrameError, Source};
+use super::{DataFrame, DataFrameError, Source, fresh_name, kernels, register, stack};
 
 /// The rows of `df` in `npartitions` partitions of nearly equal length.
 ///

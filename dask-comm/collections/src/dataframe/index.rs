@@ -15,12 +15,12 @@ use polars::prelude::{DataFrame as PlFrame, IdxCa, IdxSize, Series, SortMultiple
 
 use dask_graph::{Arg, Graph, Key, Scheduler, Task};
 
-use super::expr::{col, lit, Lit};
+use super::expr::{Lit, col, lit};
 use super::frame::{self, Frame};
 use super::merge::JoinSpec;
 use super::ops::Op;
-use super::sort::{self, series_keys, Keys};
-use super::{fresh_name, graph_for, kernels, stack, DataFrame, DataFrameError, Source};
+use super::sort::{self, Keys, series_keys};
+use super::{DataFrame, DataFrameError, Source, fresh_name, graph_for, kernels, stack};
 
 /// A dataframe's index: its column, and the divisions when known.
 #[derive(Debug, Clone)]

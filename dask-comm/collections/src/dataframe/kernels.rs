@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::sync::{Arc, Once};
 
-use dask_graph::{registry, List, ShuffleId, Value};
+use dask_graph::{List, ShuffleId, Value, registry};
 use polars::prelude::{CsvWriter, ParquetWriter, SerWriter};
 
 use super::aggregate::Spec;

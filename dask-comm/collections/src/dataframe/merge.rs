@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use dask_graph::{Arg, Graph, Key, Task};
 
 use super::frame::{ColumnType, Frame};
-use super::{fresh_name, kernels, stack, DataFrame, DataFrameError, Source};
+use super::{DataFrame, DataFrameError, Source, fresh_name, kernels, stack};
 use crate::layers::{p2p_shuffle, shuffle_id};
 
 /// How rows without a match are kept.
@@ -229,10 +229,10 @@ impl DataFrame {
         })?;
         let broadcast_right = other.npartitions == 1 && how != How::Outer;
         let broadcast_left = self.npartitions == 1 && how == How::Inner && !broadcast_right;
-        if !(broadcast_left || broadcast_right) {
-            if let Some(d) = self.aligned_merge(other, &spec, meta.schema().clone())? {
-                return Ok(d);
-            }
+        if !(broadcast_left || broadcast_right)
+            && let Some(d) = self.aligned_merge(other, &spec, meta.schema().clone())?
+        {
+            return Ok(d);
         }
         let name = fresh_name("merge");
         let mut g = Graph::new();

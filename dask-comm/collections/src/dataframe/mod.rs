@@ -36,14 +36,14 @@ use dask_graph::{Arg, ComputeError, Graph, Key, Scheduler, Task};
 use polars::prelude::{DataFrame as PlFrame, IntoLazy, Schema};
 
 use crate::bag::SPLIT_EVERY;
-use crate::layers::{fresh_name, graph_for, stack, Layers};
+use crate::layers::{Layers, fresh_name, graph_for, stack};
 
 pub use aggregate::Agg;
 pub use create::{from_polars, read_csv, read_parquet};
-pub use expr::{col, lit, BinOp, Expr, Lit};
+pub use expr::{BinOp, Expr, Lit, col, lit};
 pub use frame::{ColumnType, Columns, Frame};
 pub use kernels::register;
-pub use merge::{How, ShuffleMethod, RIGHT_SUFFIX};
+pub use merge::{How, RIGHT_SUFFIX, ShuffleMethod};
 pub use ops::register_partition;
 
 use aggregate::Spec;

@@ -13,9 +13,9 @@ use polars::prelude::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::expr::Expr;
-use super::frame::{schema_of, Columns, Frame};
 use super::DataFrameError;
+use super::expr::Expr;
+use super::frame::{Columns, Frame, schema_of};
 
 /// One pending operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

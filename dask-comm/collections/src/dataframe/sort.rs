@@ -21,7 +21,7 @@ use dask_graph::{Arg, Graph, Key, ShuffleId, Task, Value};
 
 use super::frame::{self, Frame};
 use super::ops::{self, Ops};
-use super::{fresh_name, kernels, stack, DataFrame, DataFrameError};
+use super::{DataFrame, DataFrameError, fresh_name, kernels, stack};
 use crate::layers::{p2p_shuffle, shuffle_id};
 
 /// Most values each partition contributes to the boundaries.
@@ -363,7 +363,7 @@ impl DataFrame {
                 return Err(DataFrameError::Invalid {
                     op: "sort_values",
                     reason: format!("{l} descending flags for {} columns", by.len()),
-                })
+                });
             }
         };
         for c in by {

@@ -48,11 +48,7 @@ fn reference_var(x: &ArrayD<f64>, axes: &[usize], ddof: f64, sqrt: bool) -> Arra
         .map(|row| {
             let m = row.sum() / per as f64;
             let v = row.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (per as f64 - ddof);
-            if sqrt {
-                v.sqrt()
-            } else {
-                v
-            }
+            if sqrt { v.sqrt() } else { v }
         })
         .collect();
     let shape: Vec<usize> = kept.iter().map(|&a| x.shape()[a]).collect();
@@ -474,10 +470,12 @@ fn persisted_arrays_compute_from_kept_blocks() {
     let want = x.compute(&Sync).unwrap().to_f64();
     // Locally the blocks become values in the graph: no random task is left.
     let local = x.persist(&Threaded::new(2)).unwrap();
-    assert!(local
-        .graph()
-        .iter()
-        .all(|(_, n)| matches!(n, dask_graph::Node::Value(_))));
+    assert!(
+        local
+            .graph()
+            .iter()
+            .all(|(_, n)| matches!(n, dask_graph::Node::Value(_)))
+    );
     check(
         &(&local * 2.0).unwrap(),
         &want.mapv(|v| v * 2.0),

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::common::{cluster, schedulers};
-use dask_collections::bag::{self, Bag, BagError, Item};
 use dask_collections::ShuffleMethod;
+use dask_collections::bag::{self, Bag, BagError, Item};
 use dask_graph::Scheduler;
 use proptest::prelude::*;
 

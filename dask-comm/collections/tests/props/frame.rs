@@ -4,7 +4,7 @@
 //! processes).
 
 use crate::common::{cluster, schedulers};
-use dask_collections::dataframe::{self, col, lit, Agg, DataFrameError, How, ShuffleMethod};
+use dask_collections::dataframe::{self, Agg, DataFrameError, How, ShuffleMethod, col, lit};
 use dask_graph::Scheduler;
 use polars::prelude::*;
 use proptest::prelude::*;

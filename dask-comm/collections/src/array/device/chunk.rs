@@ -11,9 +11,9 @@ use std::sync::Arc;
 use dask_graph::{Data, DataError, Encoded, Frame};
 use ucx::cuda::DeviceBuffer;
 
-use super::gpu::{gpu, Param};
+use super::gpu::{Param, gpu};
 use super::ptx::{self, Reduction};
-use crate::array::chunk::{checked_header, Header};
+use crate::array::chunk::{Header, checked_header};
 use crate::array::{BinaryOp, Chunk, DType, Elem, UnaryOp};
 
 /// One block of an array whose elements live in device memory (little-endian, row-major, as a

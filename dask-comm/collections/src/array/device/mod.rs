@@ -30,15 +30,15 @@ mod ptx;
 
 use std::sync::{Arc, Once};
 
-use dask_graph::{registry, Arg, Graph, Scheduler, Task, Value};
+use dask_graph::{Arg, Graph, Scheduler, Task, Value, registry};
 
 pub use chunk::DeviceChunk;
 pub use ptx::Reduction;
 
 use super::create::{check_rank, key};
 use super::{
-    block_indices, fresh_name, normalize, Array, ArrayError, BinaryOp, Chunk, ChunkSpec, DType,
-    UnaryOp,
+    Array, ArrayError, BinaryOp, Chunk, ChunkSpec, DType, UnaryOp, block_indices, fresh_name,
+    normalize,
 };
 
 const TO_DEVICE: &str = "dask-array-device-from-host";

@@ -480,18 +480,26 @@ mod tests {
 
     #[test]
     fn reductions_start_from_their_identity() {
-        assert!(reduce(Reduction::Sum, DType::I32)
-            .ptx
-            .contains("mov.s64 %l5, 0;"));
-        assert!(reduce(Reduction::Min, DType::F64)
-            .ptx
-            .contains("mov.f64 %d5, 0d7FF0000000000000;"));
-        assert!(reduce(Reduction::Max, DType::F32)
-            .ptx
-            .contains("mov.f32 %f5, 0fFF800000;"));
-        assert!(reduce(Reduction::Max, DType::I64)
-            .ptx
-            .contains("mov.s64 %l5, -9223372036854775807;\n\tsub.s64 %l5, %l5, 1;"));
+        assert!(
+            reduce(Reduction::Sum, DType::I32)
+                .ptx
+                .contains("mov.s64 %l5, 0;")
+        );
+        assert!(
+            reduce(Reduction::Min, DType::F64)
+                .ptx
+                .contains("mov.f64 %d5, 0d7FF0000000000000;")
+        );
+        assert!(
+            reduce(Reduction::Max, DType::F32)
+                .ptx
+                .contains("mov.f32 %f5, 0fFF800000;")
+        );
+        assert!(
+            reduce(Reduction::Max, DType::I64)
+                .ptx
+                .contains("mov.s64 %l5, -9223372036854775807;\n\tsub.s64 %l5, %l5, 1;")
+        );
         // A NaN wins a float minimum or maximum, as NumPy's.
         assert!(reduce(Reduction::Min, DType::F32).ptx.contains(
             "setp.nan.f32 %p1, %f5, %f1;\n\t@%p1 add.f32 %f5, %f5, %f1;\n\t@!%p1 min.f32"

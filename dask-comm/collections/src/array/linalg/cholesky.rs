@@ -6,7 +6,7 @@ use dask_graph::{Arg, Graph, Task};
 
 use super::super::create::key;
 use super::super::elementwise::common_chunks;
-use super::super::{fresh_name, kernels as array_kernels, Array, ArrayError, DType};
+use super::super::{Array, ArrayError, DType, fresh_name, kernels as array_kernels};
 use super::{kernels, square};
 
 /// A square array in square blocks: the same boundaries on both axes (every boundary either
@@ -76,9 +76,5 @@ pub fn cholesky(a: &Array, lower: bool) -> Result<Array, ArrayError> {
         layer,
         &[&a],
     );
-    if lower {
-        Ok(l)
-    } else {
-        l.t()
-    }
+    if lower { Ok(l) } else { l.t() }
 }

@@ -36,12 +36,12 @@ use dask_graph::{Arg, ComputeError, FailureKind, Graph, Task, Value};
 use ndarray::{Array2, Ix2};
 
 use super::create::key;
-use super::{block_indices, fresh_name, kernels as array_kernels, Array, ArrayError, Chunk, DType};
+use super::{Array, ArrayError, Chunk, DType, block_indices, fresh_name, kernels as array_kernels};
 
 pub use cholesky::cholesky;
 pub(crate) use kernels::register_kernels;
-pub use norm::{norm, NormOrd};
-pub use solve::{inv, lstsq, solve, solve_spd, solve_triangular, Lstsq};
+pub use norm::{NormOrd, norm};
+pub use solve::{Lstsq, inv, lstsq, solve, solve_spd, solve_triangular};
 pub use tsqr::{qr, svd, svd_compressed};
 
 /// The type a product of `a` and `b` elements is computed in (booleans as integers).
@@ -221,14 +221,15 @@ impl Array {
 /// The error a failed computation stands for: a linear algebra task's refusal of a matrix
 /// that is not positive definite or is singular becomes its own variant.
 pub(crate) fn typed_failure(e: ComputeError) -> ArrayError {
-    if let Some(c) = e.cause() {
-        if c.kind == FailureKind::Error && c.function.starts_with("dask-array-linalg-") {
-            if c.message.starts_with(kernels::NOT_SPD) {
-                return ArrayError::NotPositiveDefinite { key: c.key };
-            }
-            if c.message.starts_with(kernels::SINGULAR) {
-                return ArrayError::Singular { key: c.key };
-            }
+    if let Some(c) = e.cause()
+        && c.kind == FailureKind::Error
+        && c.function.starts_with("dask-array-linalg-")
+    {
+        if c.message.starts_with(kernels::NOT_SPD) {
+            return ArrayError::NotPositiveDefinite { key: c.key };
+        }
+        if c.message.starts_with(kernels::SINGULAR) {
+            return ArrayError::Singular { key: c.key };
         }
     }
     ArrayError::Compute(e)

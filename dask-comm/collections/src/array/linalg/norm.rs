@@ -113,11 +113,7 @@ fn matrix(
         } else {
             s.min(&[outer as isize], true)?
         };
-        if keepdims {
-            Ok(m)
-        } else {
-            m.squeeze(&both)
-        }
+        if keepdims { Ok(m) } else { m.squeeze(&both) }
     };
     match ord {
         NormOrd::Fro => (x * x)?.sum(&both, keepdims)?.unary(UnaryOp::Sqrt),

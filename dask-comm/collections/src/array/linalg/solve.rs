@@ -8,7 +8,7 @@ use dask_graph::{Arg, Graph, Task};
 use super::super::create::key;
 use super::super::elementwise::common_chunks;
 use super::super::{
-    eye, fresh_name, kernels as array_kernels, Array, ArrayError, ChunkSpec, DType,
+    Array, ArrayError, ChunkSpec, DType, eye, fresh_name, kernels as array_kernels,
 };
 use super::{kernels, square, tsqr};
 

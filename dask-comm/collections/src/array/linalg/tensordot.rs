@@ -6,7 +6,7 @@ use ndarray::{ArrayD, IxDyn, LinalgScalar};
 
 use super::super::create::key;
 use super::super::elementwise::common_chunks;
-use super::super::{block_indices, fresh_name, kernels as array_kernels, Array, ArrayError};
+use super::super::{Array, ArrayError, block_indices, fresh_name, kernels as array_kernels};
 use super::{kernels, product_type};
 
 /// `a` and `b` contracted over `axes_a` and `axes_b` (NumPy's `tensordot` of two blocks).

@@ -8,7 +8,7 @@ use dask_graph::{Arg, Graph, Task};
 
 use super::super::create::key;
 use super::super::{
-    fresh_name, kernels as array_kernels, random, Array, ArrayError, ChunkSpec, DType, Index,
+    Array, ArrayError, ChunkSpec, DType, Index, fresh_name, kernels as array_kernels, random,
 };
 use super::{factor, kernels};
 
