@@ -25,11 +25,11 @@ fn usage() -> ! {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    registry().register("sleep_ms", |ms: i64| {
+    let sleep_ms = registry().register("sleep_ms", |ms: i64| {
         std::thread::sleep(Duration::from_millis(ms.clamp(0, 10_000) as u64));
         ms
     });
-    registry().register_variadic("total", |xs: Vec<i64>| xs.iter().sum::<i64>());
+    let total = registry().register_variadic("total", |xs: Vec<i64>| xs.iter().sum::<i64>());
     dask_comm::run_if_worker();
 
     let mut opts = ClusterOptions {
@@ -57,6 +57,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("the cluster serves no dashboard")?;
     println!("DASHBOARD http://{at}/");
     let client = cluster.client()?;
+    client.set_progress(true); // a bar on a terminal while a wait takes over a second
     let start = Instant::now();
     let (mut rounds, mut tasks) = (0u64, 0u64);
     while start.elapsed().as_secs_f64() < seconds {
@@ -65,9 +66,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .map(|i| 5 + (i * 7 + rounds as i64) % 36)
             .collect();
         let want: i64 = ms.iter().sum();
-        let parts = client.map_blocking("sleep_ms", ms)?;
-        let total =
-            client.submit_blocking("total", parts.iter().map(|f| Arg::Key(f.key())).collect())?;
+        let parts = client.blocking().map(sleep_ms, ms)?;
+        let total = client
+            .blocking()
+            .submit(total, parts.iter().map(|f| Arg::Key(f.key())).collect())?;
         let got = *total
             .result_blocking()?
             .downcast_ref::<i64>()

@@ -38,7 +38,8 @@ fn usage() -> ! {
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Every process registers the same functions; worker processes then become workers here.
-    registry().register("is_prime", is_prime);
+    // The handle keeps the wire name and the type: `map` below checks the items are u64.
+    let is_prime = registry().register("is_prime", is_prime);
     dask_comm::run_if_worker();
 
     let mut args = std::env::args().skip(1);
@@ -66,10 +67,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (workers, threads) = (opts.workers, opts.threads_per_worker);
     let cluster = LocalCluster::with(opts)?;
     let client = cluster.client()?;
+    client.set_progress(true); // a bar on a terminal while a wait takes over a second
 
     let t0 = Instant::now();
-    let futures = client.map_blocking("is_prime", lo..hi)?;
-    let flags = client.gather_blocking(&futures)?;
+    let futures = client.blocking().map(is_prime, lo..hi)?;
+    let flags = client.blocking().gather(&futures)?;
     let elapsed = t0.elapsed();
     let mut count = 0;
     for f in &flags {

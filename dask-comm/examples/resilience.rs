@@ -48,7 +48,7 @@ fn run(
         let r = drills::chaos(trials, 1450, 42, Duration::from_secs(120))?;
         println!(
             "chaos: {} trials of a {}-task graph on 3 worker processes, {} kill -9 ({} mid-run), \
-             every answer equal to Sync's",
+             every answer equal to Inline's",
             r.trials, r.tasks, r.kills, r.kills_mid_run
         );
         println!(

@@ -38,6 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         })?;
         let client = cluster.client()?;
+        client.set_progress(true);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while client.workers().len() < 2 && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(20));

@@ -163,7 +163,8 @@ pub(crate) fn bench(words: Vec<String>) -> Result<()> {
             tasks = 1;
             for _ in 0..20 {
                 client
-                    .submit_blocking("inc", vec![Arg::lit(1i64)])?
+                    .blocking()
+                    .submit("inc", vec![Arg::lit(1i64)])?
                     .result_blocking()?;
             }
             for _ in 0..rounds {
@@ -171,7 +172,8 @@ pub(crate) fn bench(words: Vec<String>) -> Result<()> {
                 for _ in 0..200 {
                     let t0 = Instant::now();
                     let v = client
-                        .submit_blocking("inc", vec![Arg::lit(1i64)])?
+                        .blocking()
+                        .submit("inc", vec![Arg::lit(1i64)])?
                         .result_blocking()?;
                     per.push(t0.elapsed().as_secs_f64());
                     answer = v.downcast_ref::<i64>().copied().filter(|_| !zero_work);
@@ -184,8 +186,8 @@ pub(crate) fn bench(words: Vec<String>) -> Result<()> {
                 let w = workload(name, tag)
                     .ok_or_else(|| Error::Config(format!("unknown workload {name:?}")))?;
                 let t0 = Instant::now();
-                let f = client.persist_blocking_with(w.graph, &[w.key], &opts)?;
-                let v = client.gather_blocking(&f)?;
+                let f = client.blocking().persist_with(w.graph, &[w.key], &opts)?;
+                let v = client.blocking().gather(&f)?;
                 let secs = t0.elapsed().as_secs_f64();
                 let got = v[0].downcast_ref::<i64>().copied().filter(|_| !zero_work);
                 let ok = zero_work || got == Some(w.answer);

@@ -9,10 +9,10 @@
 //!                     [--dashboard-address 127.0.0.1:8787 | --no-dashboard]
 //! dask-comm status (--scheduler-file F | --dashboard HOST:PORT) [--window 10]
 //! dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N]
-//!                  [--memory-limit 4GiB|auto|0] [--device-memory-limit 8GiB]
+//!                  [--memory-limit 4GiB|auto|none] [--device-memory-limit 8GiB]
 //!                  [--local-directory D] [--listen URI] [--name N]
 //!                  [--no-nanny] [--scheduler-timeout 60]
-//! mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0]
+//! mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|none]
 //!                            [--interface IF] [--address-family ipv4|ipv6]
 //!                            [--protocol tcp|ucx] [--scheduler-rank R]
 //!                            [--local-directory D]
@@ -44,7 +44,7 @@ use crate::cluster::{ClusterOptions, Protocol};
 use crate::error::{Error, Result};
 use crate::scheduler::SchedulerServer;
 use crate::security::Secret;
-use crate::worker::{run_worker, WorkerOptions};
+use crate::worker::{run_worker, MemoryLimit, WorkerOptions};
 
 /// What a scheduler file holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,8 +166,8 @@ fn secret_from(file: Option<String>) -> Result<Option<Secret>> {
 
 const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file F] [--secret-file F] [--no-work-stealing] [--allowed-failures N] [--heartbeat-timeout S] [--client-timeout S] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm status (--scheduler-file F | --dashboard HOST:PORT) [--window SECONDS]
-       dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|0] [--device-memory-limit SIZE] [--local-directory D] [--listen URI] [--name N] [--no-nanny] [--scheduler-timeout S]
-       mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|0] [--interface IF] [--address-family ipv4|ipv6] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D] [--dashboard-address HOST:PORT | --no-dashboard]
+       dask-comm worker (--scheduler-file F | --scheduler URI [--secret-file F]) [--nthreads N] [--memory-limit SIZE|auto|none] [--device-memory-limit SIZE] [--local-directory D] [--listen URI] [--name N] [--no-nanny] [--scheduler-timeout S]
+       mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|none] [--interface IF] [--address-family ipv4|ipv6] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
 
 /// Runs the command line (the process's arguments); returns the exit status.
@@ -300,8 +300,12 @@ fn worker(mut a: Args) -> Result<()> {
         .transpose()?
         .unwrap_or(1);
     let memory_limit = match a.value("--memory-limit")?.as_deref() {
-        None | Some("auto") => crate::worker::memory::machine_memory().unwrap_or(0),
-        Some(m) => parse_bytes(m).ok_or_else(|| Error::Config(format!("--memory-limit {m:?}")))?,
+        None | Some("auto") => crate::worker::memory::machine_memory(),
+        Some("none") => None,
+        Some(m) => {
+            Some(parse_bytes(m).ok_or_else(|| Error::Config(format!("--memory-limit {m:?}")))?)
+                .filter(|&m| m > 0)
+        }
     };
     let device_memory_limit = a
         .value("--device-memory-limit")?
@@ -445,10 +449,13 @@ fn mpi(mut a: Args) -> Result<()> {
         opts.address_family = f.parse()?;
     }
     opts.memory_limit = match a.value("--memory-limit")?.as_deref() {
-        None | Some("auto") => None,
-        Some(m) => {
-            Some(parse_bytes(m).ok_or_else(|| Error::Config(format!("--memory-limit {m:?}")))?)
-        }
+        None | Some("auto") => MemoryLimit::Auto,
+        Some("none") => MemoryLimit::Unlimited,
+        Some(m) => match parse_bytes(m) {
+            Some(0) => MemoryLimit::Unlimited,
+            Some(b) => MemoryLimit::Bytes(b),
+            None => return Err(Error::Config(format!("--memory-limit {m:?}"))),
+        },
     };
     a.done()?;
     crate::launch::serve_ranks(&opts)

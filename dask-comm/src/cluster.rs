@@ -2,9 +2,10 @@
 //! re-executed in the worker role) or, for tests, tasks in this process over `inproc://`.
 //!
 //! Every process of a cluster must register the same functions. Worker processes run the
-//! program's `main` again up to [`LocalCluster::new`] (or [`run_if_worker`]), where they become
-//! workers and never return: register functions first, and do nothing there that a worker
-//! should not repeat.
+//! program's `main` again up to [`run_if_worker`], where they become workers and never return:
+//! call it at the top of `main`, after registering functions, and do nothing before it that a
+//! worker should not repeat. [`LocalCluster::new`] in a worker process is refused
+//! ([`Error::Config`]) rather than starting a cluster of its own.
 //!
 //! Worker processes are supervised: one that dies (killed, crashed, or past its memory
 //! `terminate` threshold) is restarted, and the scheduler reschedules its work; one that
@@ -14,11 +15,12 @@
 //!
 //! ```no_run
 //! use dask_comm::LocalCluster;
-//! dask_graph::registry().register("inc", |x: i64| x + 1);
-//! let cluster = LocalCluster::new(2, 1).unwrap(); // worker processes stop here
+//! let inc = dask_graph::registry().register("inc", |x: i64| x + 1);
+//! dask_comm::run_if_worker(); // worker processes stop here
+//! let cluster = LocalCluster::new(2, 1).unwrap();
 //! let client = cluster.client().unwrap();
-//! let futures = client.map_blocking("inc", 0..10i64).unwrap();
-//! let values = client.gather_blocking(&futures).unwrap();
+//! let futures = client.blocking().map(inc, 0..10i64).unwrap();
+//! let values = client.blocking().gather(&futures).unwrap();
 //! assert_eq!(values[9].downcast_ref::<i64>(), Some(&10));
 //! ```
 
@@ -35,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::runtime::{block_on, Runtime};
 use crate::scheduler::SchedulerServer;
 use crate::security::Secret;
-use crate::worker::{run_worker, WorkerOptions};
+use crate::worker::{run_worker, MemoryLimit, WorkerOptions};
 
 const ENV_ROLE: &str = "DASK_COMM_WORKER";
 const ENV_SCHEDULER: &str = "DASK_COMM_SCHEDULER";
@@ -107,10 +109,9 @@ pub struct ClusterOptions {
     pub processes: bool,
     /// Workers answer without running tasks (measuring the runtime alone).
     pub zero_work: bool,
-    /// Each worker's memory limit in bytes: `None` for the machine's memory shared among the
-    /// workers (worker processes; in-process workers share one process and get none), `Some(0)`
-    /// for no limit.
-    pub memory_limit: Option<u64>,
+    /// Each worker's memory limit (default: the machine's memory shared among the worker
+    /// processes).
+    pub memory_limit: MemoryLimit,
     /// Restart worker processes that die (default: yes).
     pub restart: bool,
     /// The scheduler's settings (work stealing, saturation, allowed failures, ...).
@@ -141,7 +142,7 @@ impl Default for ClusterOptions {
             protocol: Protocol::Tcp,
             processes: true,
             zero_work: false,
-            memory_limit: None,
+            memory_limit: MemoryLimit::Auto,
             restart: true,
             scheduler: Config::default(),
             dashboard: None,
@@ -169,13 +170,15 @@ impl ClusterOptions {
         }
     }
 
-    /// The memory limit each worker gets (0: none).
-    pub fn worker_memory_limit(&self) -> u64 {
+    /// The memory limit each worker gets (`None`: none).
+    pub fn worker_memory_limit(&self) -> Option<u64> {
         match self.memory_limit {
-            Some(m) => m,
-            None if self.processes => crate::worker::memory::machine_memory()
-                .map_or(0, |m| m / self.workers.max(1) as u64),
-            None => 0,
+            MemoryLimit::Bytes(m) => Some(m),
+            MemoryLimit::Unlimited => None,
+            MemoryLimit::Auto if self.processes => {
+                crate::worker::memory::machine_memory().map(|m| m / self.workers.max(1) as u64)
+            }
+            MemoryLimit::Auto => None,
         }
     }
 }
@@ -406,9 +409,8 @@ impl std::fmt::Debug for LocalCluster {
 }
 
 /// If this process was started as a worker of a [`LocalCluster`], runs the worker and exits
-/// the process; otherwise returns at once. [`LocalCluster::new`] calls it first; call it
-/// yourself at the top of `main` (after registering functions) to keep worker processes from
-/// running anything else.
+/// the process; otherwise returns at once. Call it at the top of `main`, after registering
+/// functions, in every program that starts a cluster of worker processes.
 pub fn run_if_worker() {
     if std::env::var_os(ENV_ROLE).is_none() {
         return;
@@ -483,10 +485,11 @@ fn worker_from_env() -> Result<()> {
         .transpose()
         .map_err(transport::TransportError::from)?;
     opts.zero_work = std::env::var_os(ENV_ZERO).is_some();
+    // 0 (or nothing): no limit.
     opts.memory_limit = std::env::var(ENV_MEMORY)
         .ok()
         .and_then(|m| m.parse().ok())
-        .unwrap_or(0);
+        .filter(|&m: &u64| m > 0);
     opts.device_memory_limit = std::env::var(ENV_DEVICE_MEMORY)
         .ok()
         .and_then(|m| m.parse().ok());
@@ -508,9 +511,17 @@ impl LocalCluster {
         })
     }
 
-    /// A cluster as `opts` says.
+    /// A cluster as `opts` says. Refused in a worker process of another cluster (one started
+    /// by this program, whose `main` did not call [`run_if_worker`] first).
     pub fn with(opts: ClusterOptions) -> Result<LocalCluster> {
-        run_if_worker();
+        if std::env::var_os(ENV_ROLE).is_some() {
+            return Err(Error::Config(
+                "this process is a worker of a LocalCluster, and would start a cluster of its \
+                 own: call dask_comm::run_if_worker() at the top of main, after registering \
+                 functions"
+                    .into(),
+            ));
+        }
         if opts.workers == 0 || opts.threads_per_worker == 0 {
             return Err(Error::Config(format!(
                 "a local cluster needs at least one worker with at least one thread \
@@ -577,7 +588,10 @@ impl LocalCluster {
                     ENV_THREADS.into(),
                     opts.threads_per_worker.to_string().into(),
                 ),
-                (ENV_MEMORY.into(), memory_limit.to_string().into()),
+                (
+                    ENV_MEMORY.into(),
+                    memory_limit.unwrap_or(0).to_string().into(),
+                ),
                 (ENV_LOCAL_DIR.into(), local_dir.clone().into()),
                 (ENV_PARENT.into(), std::process::id().to_string().into()),
             ];
@@ -872,7 +886,10 @@ pub(crate) fn nanny(opts: &WorkerOptions) -> Result<()> {
         (ENV_SCHEDULER.into(), opts.scheduler.to_string().into()),
         (ENV_SECRET.into(), opts.secret.to_hex().into()),
         (ENV_THREADS.into(), opts.nthreads.to_string().into()),
-        (ENV_MEMORY.into(), opts.memory_limit.to_string().into()),
+        (
+            ENV_MEMORY.into(),
+            opts.memory_limit.unwrap_or(0).to_string().into(),
+        ),
         (ENV_PARENT.into(), std::process::id().to_string().into()),
     ];
     if let Some(d) = &opts.local_directory {

@@ -2,7 +2,7 @@
 //!
 //! The runtime of a cluster: a scheduler, workers, and clients, over any `transport` address
 //! (`tcp://` by default, `ucx://` for speed, `inproc://` within a process). Graphs are
-//! [`dask_graph`] graphs, so any graph that runs on [`dask_graph::Sync`] or
+//! [`dask_graph`] graphs, so any graph that runs on [`dask_graph::Inline`] or
 //! [`dask_graph::Threaded`] runs on a cluster unchanged: [`Client`] implements
 //! [`dask_graph::Scheduler`].
 //!
@@ -52,7 +52,7 @@ mod worker;
 #[cfg(test)]
 mod liveness_tests;
 
-pub use client::{Client, ClientOptions, DFuture, SubmitOptions};
+pub use client::{Blocking, Client, ClientOptions, DFuture, SubmitOptions};
 pub use cluster::{run_if_worker, ClusterOptions, LocalCluster, Protocol};
 pub use error::{Error, Result};
 pub use launch::{initialize, LaunchOptions, Launched};
@@ -62,6 +62,6 @@ pub use scheduler::SchedulerServer;
 pub use security::Secret;
 pub use worker::memory::{MemoryThresholds, EXIT_MEMORY};
 pub use worker::{
-    exit_code, run_worker, WorkerOptions, DEFAULT_SCHEDULER_TIMEOUT, EXIT_REMOVED,
+    exit_code, run_worker, MemoryLimit, WorkerOptions, DEFAULT_SCHEDULER_TIMEOUT, EXIT_REMOVED,
     EXIT_SCHEDULER_LOST,
 };

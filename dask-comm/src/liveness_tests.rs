@@ -173,6 +173,7 @@ fn a_client_takes_a_silent_scheduler_for_lost_and_hears_when_dropped() {
             secret,
             ClientOptions {
                 scheduler_timeout: Duration::from_millis(300),
+                ..ClientOptions::default()
             },
         ))
         .unwrap();

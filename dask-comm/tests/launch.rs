@@ -56,7 +56,7 @@ fn rank_main(mode: &str) {
             address_family: family.parse()?,
             ..LaunchOptions::default()
         })?;
-        let two = cluster.submit_blocking("inc", vec![Arg::lit(1i64)])?;
+        let two = cluster.blocking().submit("inc", vec![Arg::lit(1i64)])?;
         assert_eq!(two.result_blocking()?.downcast_ref::<i64>(), Some(&2));
         // This rank's number, then the workers' addresses.
         let workers: Vec<String> = cluster
@@ -74,7 +74,8 @@ fn rank_main(mode: &str) {
             // A task's error, passed up by `?`: `cluster` drops as the error leaves.
             "error" => {
                 cluster
-                    .submit_blocking("refuse", vec![Arg::lit(7i64)])?
+                    .blocking()
+                    .submit("refuse", vec![Arg::lit(7i64)])?
                     .result_blocking()?;
                 Err("the refused task succeeded".into())
             }

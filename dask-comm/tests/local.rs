@@ -53,16 +53,17 @@ fn submit_map_gather_and_the_same_graph_everywhere() {
     let c = cluster(2, 2);
     let client = c.client().unwrap();
     let f = client
-        .submit_blocking("t-inc", vec![Arg::lit(41i64)])
+        .blocking()
+        .submit("t-inc", vec![Arg::lit(41i64)])
         .unwrap();
     assert_eq!(int(&f.result_blocking().unwrap()), 42);
-    let fs = client.map_blocking("t-inc", 0..100i64).unwrap();
-    let vs = client.gather_blocking(&fs).unwrap();
+    let fs = client.blocking().map("t-inc", 0..100i64).unwrap();
+    let vs = client.blocking().gather(&fs).unwrap();
     assert_eq!(
         vs.iter().map(int).collect::<Vec<_>>(),
         (1..=100).collect::<Vec<_>>()
     );
-    // A graph computes the same on Sync, Threaded and the cluster.
+    // A graph computes the same on Inline, Threaded and the cluster.
     let mut g = Graph::new();
     for i in 0..64u32 {
         g.insert(("x", i), Task::new("t-inc", [Arg::lit(i as i64)]));
@@ -81,7 +82,7 @@ fn submit_map_gather_and_the_same_graph_everywhere() {
         Task::new("t-sum", (0..32).map(|i| Arg::key(("y", i)))),
     );
     let keys = [Key::name_only("total"), Key::new("y", &[3])];
-    let a = dask_graph::Sync.get(g.clone(), &keys).unwrap();
+    let a = dask_graph::Inline.get(g.clone(), &keys).unwrap();
     let b = dask_graph::Threaded::new(2).get(g.clone(), &keys).unwrap();
     let d = client.get(g, &keys).unwrap();
     for vs in [&a, &b, &d] {
@@ -104,7 +105,7 @@ fn bulk_values_move_between_workers_and_scatter_places_data() {
         g.insert(("n", i), Task::new("t-len", [Arg::key(("b", i))]));
     }
     let keys: Vec<Key> = (0..8).map(|i| Key::new("n", &[i])).collect();
-    let vs = client.compute_blocking(g, &keys).unwrap();
+    let vs = client.blocking().compute(g, &keys).unwrap();
     for (i, v) in vs.iter().enumerate() {
         assert_eq!(v.downcast_ref::<u64>(), Some(&((i as u64 + 1) << 16)));
     }
@@ -112,20 +113,21 @@ fn bulk_values_move_between_workers_and_scatter_places_data() {
     let data: Vec<Value> = (0..4)
         .map(|i| Value::new(bytes::Bytes::from(vec![i as u8; 100_000 + i])))
         .collect();
-    let fs = client.scatter_blocking(data).unwrap();
+    let fs = client.blocking().scatter(data).unwrap();
     let lens = fs
         .iter()
         .map(|f| {
             client
-                .submit_blocking("t-len", vec![Arg::Key(f.key())])
+                .blocking()
+                .submit("t-len", vec![Arg::Key(f.key())])
                 .unwrap()
         })
         .collect::<Vec<_>>();
-    let vs = client.gather_blocking(&lens).unwrap();
+    let vs = client.blocking().gather(&lens).unwrap();
     for (i, v) in vs.iter().enumerate() {
         assert_eq!(v.downcast_ref::<u64>(), Some(&(100_000 + i as u64)));
     }
-    let back = client.gather_blocking(&fs[2..3]).unwrap();
+    let back = client.blocking().gather(&fs[2..3]).unwrap();
     assert_eq!(
         back[0].downcast_ref::<bytes::Bytes>().unwrap()[..],
         vec![2u8; 100_002][..]
@@ -144,7 +146,7 @@ fn a_panicking_task_fails_its_key_and_its_dependents_with_the_cause() {
         "all",
         Task::new("t-sum", (0..6).map(|i| Arg::key(("p", i)))),
     );
-    let e = client.compute_blocking(g, &["all".into()]).unwrap_err();
+    let e = client.blocking().compute(g, &["all".into()]).unwrap_err();
     let dask_comm::Error::Compute(ComputeError::Failed { key, cause }) = &e else {
         panic!("{e:?}")
     };
@@ -160,7 +162,8 @@ fn a_panicking_task_fails_its_key_and_its_dependents_with_the_cause() {
     assert!(cause.backtrace.is_some());
     // The workers live on: the next computation works.
     let f = client
-        .submit_blocking("t-inc", vec![Arg::lit(1i64)])
+        .blocking()
+        .submit("t-inc", vec![Arg::lit(1i64)])
         .unwrap();
     assert_eq!(int(&f.result_blocking().unwrap()), 2);
 }
@@ -170,7 +173,8 @@ fn bad_graphs_are_refused_before_they_are_sent() {
     let c = cluster(1, 1);
     let client = c.client().unwrap();
     let e = client
-        .submit_blocking("no-such-function", vec![Arg::lit(1i64)])
+        .blocking()
+        .submit("no-such-function", vec![Arg::lit(1i64)])
         .unwrap_err();
     assert!(
         matches!(
@@ -182,12 +186,13 @@ fn bad_graphs_are_refused_before_they_are_sent() {
         "{e:?}"
     );
     let e = client
-        .submit_blocking("t-inc", vec![Arg::lit("text".to_string())])
+        .blocking()
+        .submit("t-inc", vec![Arg::lit("text".to_string())])
         .unwrap_err();
     assert!(e.to_string().contains("t-inc"), "{e}");
     let mut g = Graph::new();
     g.insert("y", Task::new("t-inc", [Arg::key("not-here")]));
-    assert!(client.compute_blocking(g, &["y".into()]).is_err());
+    assert!(client.blocking().compute(g, &["y".into()]).is_err());
 }
 
 #[test]
@@ -195,14 +200,17 @@ fn futures_compose_wait_and_complete_in_any_order() {
     let c = cluster(2, 2);
     let client = c.client().unwrap();
     let slow = client
-        .submit_blocking("t-slow", vec![Arg::lit(300i64)])
+        .blocking()
+        .submit("t-slow", vec![Arg::lit(300i64)])
         .unwrap();
     let fast = client
-        .submit_blocking("t-slow", vec![Arg::lit(1i64)])
+        .blocking()
+        .submit("t-slow", vec![Arg::lit(1i64)])
         .unwrap();
     // A future's key feeds a new task.
     let both = client
-        .submit_blocking("t-add", vec![Arg::Key(slow.key()), Arg::Key(fast.key())])
+        .blocking()
+        .submit("t-add", vec![Arg::Key(slow.key()), Arg::Key(fast.key())])
         .unwrap();
     let order: Vec<Key> = futures::executor::block_on(
         client
@@ -211,7 +219,7 @@ fn futures_compose_wait_and_complete_in_any_order() {
             .collect(),
     );
     assert_eq!(order, vec![fast.key(), slow.key()]);
-    client.wait_blocking(std::slice::from_ref(&both)).unwrap();
+    client.blocking().wait(std::slice::from_ref(&both)).unwrap();
     assert!(both.done());
     assert_eq!(int(&both.result_blocking().unwrap()), 301);
 }
@@ -221,11 +229,13 @@ fn cancel_ends_a_future_as_cancelled() {
     let c = cluster(1, 1);
     let client = c.client().unwrap();
     let f = client
-        .submit_blocking("t-slow", vec![Arg::lit(2000i64)])
+        .blocking()
+        .submit("t-slow", vec![Arg::lit(2000i64)])
         .unwrap();
-    client.cancel_blocking(std::slice::from_ref(&f)).unwrap();
+    client.blocking().cancel(std::slice::from_ref(&f)).unwrap();
     let e = client
-        .gather_blocking(std::slice::from_ref(&f))
+        .blocking()
+        .gather(std::slice::from_ref(&f))
         .unwrap_err();
     assert!(
         matches!(e, dask_comm::Error::Compute(ComputeError::Cancelled { .. })),
@@ -238,12 +248,12 @@ fn many_clients_share_a_cluster_and_a_client_leaving_changes_nothing_for_others(
     let c = cluster(2, 1);
     let a = c.client().unwrap();
     let b = c.client().unwrap();
-    let fa = a.map_blocking("t-inc", 0..50i64).unwrap();
-    let fb = b.map_blocking("t-inc", 100..150i64).unwrap();
+    let fa = a.blocking().map("t-inc", 0..50i64).unwrap();
+    let fb = b.blocking().map("t-inc", 100..150i64).unwrap();
     drop(fa);
-    a.close_blocking();
+    a.blocking().close();
     drop(a);
-    let vs = b.gather_blocking(&fb).unwrap();
+    let vs = b.blocking().gather(&fb).unwrap();
     assert_eq!(int(&vs[0]), 101);
 }
 
@@ -284,7 +294,7 @@ fn a_graph_of_a_hundred_thousand_byte_literals_and_a_gather_of_as_many_results()
     let keys: Vec<Key> = (0..N).map(|i| Key::new("len", &[i])).collect();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = tx.send(client.compute_blocking(g, &keys));
+        let _ = tx.send(client.blocking().compute(g, &keys));
     });
     let vs = rx
         .recv_timeout(Duration::from_secs(600))
@@ -308,16 +318,16 @@ fn calls_waiting_on_the_scheduler_fail_when_it_goes_and_later_calls_fail_at_once
     let c = cluster_over(Protocol::Tcp, 3, 1);
     let a = c.client().unwrap();
     let b = c.client().unwrap();
-    let held = a.map_blocking("t-inc", 0..20i64).unwrap();
-    a.gather_blocking(&held).unwrap();
+    let held = a.blocking().map("t-inc", 0..20i64).unwrap();
+    a.blocking().gather(&held).unwrap();
     let one = vec![a.workers()[0].address.clone()];
     let (tx, rx) = std::sync::mpsc::channel();
     let a = std::sync::Arc::new(a);
     let a2 = std::sync::Arc::clone(&a);
     std::thread::spawn(move || {
-        let _ = tx.send(a2.retire_workers_blocking(&one).map(|_| ()));
+        let _ = tx.send(a2.blocking().retire_workers(&one).map(|_| ()));
     });
-    b.shutdown_blocking(Duration::from_secs(30)).unwrap();
+    b.blocking().shutdown(Duration::from_secs(30)).unwrap();
     rx.recv_timeout(Duration::from_secs(60))
         .expect("the retirement in flight returned: nothing hangs")
         .ok(); // done before the shutdown, or failed by it: either way it returned
@@ -325,8 +335,10 @@ fn calls_waiting_on_the_scheduler_fail_when_it_goes_and_later_calls_fail_at_once
     let (tx, rx) = std::sync::mpsc::channel();
     let a3 = std::sync::Arc::clone(&a);
     std::thread::spawn(move || {
-        let h = a3.holders_blocking(&held);
-        let r = a3.retire_workers_blocking(&["tcp://127.0.0.1:1".to_string()]);
+        let h = a3.blocking().holders(&held);
+        let r = a3
+            .blocking()
+            .retire_workers(&["tcp://127.0.0.1:1".to_string()]);
         let _ = tx.send((h.is_err(), r.is_err()));
     });
     let (h_err, r_err) = rx

@@ -55,16 +55,16 @@ fn process_cluster(protocol: Protocol) {
     .unwrap();
     let client = c.client().unwrap();
     assert_eq!(client.workers().len(), 2);
-    let fs = client.map_blocking("inc", 0..1000i64).unwrap();
-    let vs = client.gather_blocking(&fs).unwrap();
+    let fs = client.blocking().map("inc", 0..1000i64).unwrap();
+    let vs = client.blocking().gather(&fs).unwrap();
     assert_eq!(vs.iter().map(int).sum::<i64>(), (1..=1000).sum::<i64>());
     let (g, key, want) = merge(5000, "inc", "p");
-    let v = client.compute_blocking(g, &[key]).unwrap();
+    let v = client.blocking().compute(g, &[key]).unwrap();
     assert_eq!(int(&v[0]), want);
     // Bulk data between worker processes.
     let data = Value::new(bytes::Bytes::from(vec![3u8; 8 << 20]));
-    let f = client.scatter_blocking(vec![data]).unwrap();
-    let back = client.gather_blocking(&f).unwrap();
+    let f = client.blocking().scatter(vec![data]).unwrap();
+    let back = client.blocking().gather(&f).unwrap();
     assert_eq!(
         back[0].downcast_ref::<bytes::Bytes>().unwrap().len(),
         8 << 20
@@ -83,7 +83,7 @@ fn killed_worker_loses_nothing() {
     .unwrap();
     let client = c.client().unwrap();
     let (g, key, want) = merge(200, "p-slow-inc", "k");
-    let f = client.persist_blocking(g, &[key]).unwrap();
+    let f = client.blocking().persist(g, &[key]).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let victim = client.workers()[0].pid;
     assert_ne!(victim, std::process::id(), "a worker process, not this one");
@@ -92,7 +92,7 @@ fn killed_worker_loses_nothing() {
         .status()
         .unwrap();
     assert!(killed.success(), "kill -9 {victim}");
-    let v = client.gather_blocking(&f).unwrap();
+    let v = client.blocking().gather(&f).unwrap();
     assert_eq!(int(&v[0]), want);
     assert_eq!(client.workers().len(), 1);
 }
@@ -155,7 +155,7 @@ fn command_line() {
     .unwrap();
     futures::executor::block_on(client.wait_for_workers(2, Duration::from_secs(60))).unwrap();
     let (g, key, want) = merge(2000, "inc", "cli");
-    assert_eq!(int(&client.compute_blocking(g, &[key]).unwrap()[0]), want);
+    assert_eq!(int(&client.blocking().compute(g, &[key]).unwrap()[0]), want);
     drop(procs);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -212,7 +212,10 @@ fn strangers_are_refused(protocol: Protocol) {
     // The cluster serves a real client at once, strangers or not.
     let t0 = Instant::now();
     let client = c.client().unwrap();
-    let f = client.submit_blocking("inc", vec![Arg::lit(1i64)]).unwrap();
+    let f = client
+        .blocking()
+        .submit("inc", vec![Arg::lit(1i64)])
+        .unwrap();
     assert_eq!(int(&f.result_blocking().unwrap()), 2);
     assert!(t0.elapsed() < Duration::from_secs(30));
     drop(silent);
@@ -225,13 +228,14 @@ const ENV_OWNER: &str = "DASK_COMM_TEST_OWNER";
 fn owner() -> ! {
     let cluster = LocalCluster::with(ClusterOptions {
         workers: 2,
-        memory_limit: Some(1 << 30),
+        memory_limit: dask_comm::MemoryLimit::Bytes(1 << 30),
         ..Default::default()
     })
     .unwrap();
     let client = cluster.client().unwrap();
     client
-        .wait_for_workers_blocking(2, Duration::from_secs(30))
+        .blocking()
+        .wait_for_workers(2, Duration::from_secs(30))
         .unwrap();
     let pids: Vec<String> = cluster.worker_pids().iter().map(u32::to_string).collect();
     println!(
@@ -316,9 +320,10 @@ fn workers_are_pinned_to_their_gpus() {
     // Slow tasks spread over both one-thread workers; a few rounds at most.
     for round in 0..10i64 {
         let fs = client
-            .map_blocking("p-visible-gpus", (0..40).map(|i| i + round * 40))
+            .blocking()
+            .map("p-visible-gpus", (0..40).map(|i| i + round * 40))
             .unwrap();
-        for v in client.gather_blocking(&fs).unwrap() {
+        for v in client.blocking().gather(&fs).unwrap() {
             seen.insert(v.downcast_ref::<String>().unwrap().clone());
         }
         if seen.len() == 2 {
@@ -338,8 +343,47 @@ fn workers_are_pinned_to_their_gpus() {
     assert!(e.to_string().contains("worker processes"), "{e}");
 }
 
+/// Set for this binary re-executed as a worker process of a program that forgot to call
+/// `run_if_worker` first: `LocalCluster::new` must refuse rather than start a cluster of its
+/// own (or exit).
+const ENV_FORGOT: &str = "DASK_COMM_TEST_FORGOT_RUN_IF_WORKER";
+
+fn forgot_run_if_worker() -> ! {
+    match LocalCluster::new(1, 1) {
+        Err(e @ dask_comm::Error::Config(_)) => {
+            println!("refused: {e}");
+            std::process::exit(0)
+        }
+        Err(e) => {
+            println!("another error: {e}");
+            std::process::exit(1)
+        }
+        Ok(_) => {
+            println!("a worker process started a cluster");
+            std::process::exit(1)
+        }
+    }
+}
+
+/// A worker process reaching `LocalCluster::new` (its program did not call `run_if_worker`)
+/// gets a `Config` error saying so; nothing exits the process behind the caller's back.
+fn worker_process_without_run_if_worker_is_refused() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env("DASK_COMM_WORKER", "1")
+        .env(ENV_FORGOT, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("refused:"), "{stdout}");
+    assert!(stdout.contains("run_if_worker"), "{stdout}");
+}
+
 fn main() {
     register();
+    if std::env::var_os(ENV_FORGOT).is_some() {
+        forgot_run_if_worker();
+    }
     dask_comm::run_if_worker();
     if std::env::var_os(ENV_OWNER).is_some() {
         owner();
@@ -367,6 +411,10 @@ fn main() {
             Box::new(killed_worker_loses_nothing),
         ),
         ("command_line", Box::new(command_line)),
+        (
+            "worker_process_without_run_if_worker_is_refused",
+            Box::new(worker_process_without_run_if_worker_is_refused),
+        ),
         (
             "workers_are_pinned_to_their_gpus",
             Box::new(workers_are_pinned_to_their_gpus),

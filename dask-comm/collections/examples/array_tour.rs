@@ -186,6 +186,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let c = cluster()?;
     let client = c.client()?;
+    client.set_progress(true); // a bar on a terminal while a wait takes over a second
     let threaded = Threaded::new(2);
     for name in [
         "xxt",

@@ -219,6 +219,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let d = dir.to_string_lossy().into_owned();
     let c = cluster()?;
     let client = c.client()?;
+    client.set_progress(true); // a bar on a terminal while a wait takes over a second
     let threaded = Threaded::new(2);
     for name in [
         "word-count",

@@ -153,12 +153,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         for _ in 0..rounds {
             let before = match &client {
-                Some(cl) => cl.transfer_log_blocking()?,
+                Some(cl) => cl.blocking().transfer_log()?,
                 None => Vec::new(),
             };
             let (secs, rows, total) = run(&name, &dir, s, method)?;
             let after = match &client {
-                Some(cl) => cl.transfer_log_blocking()?,
+                Some(cl) => cl.blocking().transfer_log()?,
                 None => Vec::new(),
             };
             let pairs = dask_comm::transfers::pair_rates(&before, &after);
@@ -179,6 +179,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let d = dir.to_string_lossy().into_owned();
     let c = cluster()?;
     let client = c.client()?;
+    client.set_progress(true); // a bar on a terminal while a wait takes over a second
     let threaded = Threaded::new(2);
     for name in ["groupby", "merge", "sort"] {
         let (t1, r1, v1) = run(name, &d, &threaded, method)?;

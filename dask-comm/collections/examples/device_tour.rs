@@ -185,7 +185,7 @@ fn check(gpus: usize) -> Result<()> {
         return Err("matmul differs from the host's".into());
     }
     // Blocks that crossed between the workers, as device frames.
-    let pairs = transfers::pair_rates(&[], &client.transfer_log_blocking()?);
+    let pairs = transfers::pair_rates(&[], &client.blocking().transfer_log()?);
     let (moved, _, n) = transfers::totals(&pairs);
     println!(
         "  {n} fetches between the workers moved {moved} bytes; all checks in {:.1?}",
@@ -206,7 +206,7 @@ fn bench(protocol: Protocol, gpus: usize, mib: usize, rounds: usize) -> Result<(
     let c = cluster(protocol, gpus, None)?;
     let client = c.client()?;
     let n = (mib << 20) / 8;
-    let before = client.transfer_log_blocking()?;
+    let before = client.blocking().transfer_log()?;
     for r in 0..rounds as u64 {
         let a = device::random(2 * r, &[n], n, DType::F64)?;
         let b = device::random(2 * r + 1, &[n], n, DType::F64)?;
@@ -216,7 +216,7 @@ fn bench(protocol: Protocol, gpus: usize, mib: usize, rounds: usize) -> Result<(
             return Err(format!("round {r}: a sum of {} for about {want}", scalar(&s)).into());
         }
     }
-    let after = client.transfer_log_blocking()?;
+    let after = client.blocking().transfer_log()?;
     // The blocks' fetches only (not the small partial results of the sums).
     let big = |logs: Vec<(String, Vec<dask_comm::Transfer>)>| {
         logs.into_iter()

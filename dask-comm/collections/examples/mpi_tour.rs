@@ -56,8 +56,8 @@ type Failure = Box<dyn std::error::Error>;
 fn tour(client: &Client) -> Result<bool, Failure> {
     let (lo, hi) = (1_000_000u64, 1_020_000u64);
     let t0 = Instant::now();
-    let futures = client.map_blocking("is_prime", lo..hi)?;
-    let flags = client.gather_blocking(&futures)?;
+    let futures = client.blocking().map("is_prime", lo..hi)?;
+    let flags = client.blocking().gather(&futures)?;
     let primes = flags
         .iter()
         .filter(|f| f.downcast_ref::<bool>() == Some(&true))
@@ -90,18 +90,23 @@ fn tour(client: &Client) -> Result<bool, Failure> {
 fn connected(file: PathBuf, workers: usize) -> Result<bool, Failure> {
     let sf = dask_comm::cli::wait_for_file(&file, Duration::from_secs(60))?;
     let client = Client::connect_blocking(&sf.address.parse()?, Secret::from_hex(&sf.secret)?)?;
-    client.wait_for_workers_blocking(workers, Duration::from_secs(60))?;
+    client
+        .blocking()
+        .wait_for_workers(workers, Duration::from_secs(60))?;
     let n = 1000i64;
-    let incs = client.map_blocking("inc", 0..n)?;
-    client.wait_blocking(&incs)?;
+    let incs = client.blocking().map("inc", 0..n)?;
+    client.blocking().wait(&incs)?;
     let mut holders: Vec<String> = client
-        .holders_blocking(&incs)?
+        .blocking()
+        .holders(&incs)?
         .into_iter()
         .flat_map(|(_, h)| h)
         .collect();
     holders.sort();
     holders.dedup();
-    let total = client.submit_blocking("sum", incs.iter().map(|f| Arg::Key(f.key())).collect())?;
+    let total = client
+        .blocking()
+        .submit("sum", incs.iter().map(|f| Arg::Key(f.key())).collect())?;
     let got = *total
         .result_blocking()?
         .downcast_ref::<i64>()
@@ -111,7 +116,7 @@ fn connected(file: PathBuf, workers: usize) -> Result<bool, Failure> {
         "connected to {} workers; inc results held by {holders:?}; their sum on one worker = {got} (expected {want})",
         client.workers().len()
     );
-    client.shutdown_blocking(Duration::from_secs(10))?;
+    client.blocking().shutdown(Duration::from_secs(10))?;
     println!("cluster shut down");
     Ok(got == want && holders.len() >= workers.min(2))
 }

@@ -1,5 +1,5 @@
 //! Chunked collections over [`dask_graph`]: operations build task graphs, and any
-//! [`dask_graph::Scheduler`] computes them (the local `Sync` and `Threaded` schedulers, or a
+//! [`dask_graph::Scheduler`] computes them (the local `Inline` and `Threaded` schedulers, or a
 //! dask-comm cluster's `Client`).
 //!
 //! - [`array`]: an n-d array of ndarray blocks, as `dask.array`.

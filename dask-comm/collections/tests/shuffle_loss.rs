@@ -1,5 +1,5 @@
 //! Worker processes killed (SIGKILL) in the middle of a bag's `groupby` and a dataframe's
-//! `merge`, both on the peer-to-peer shuffle: every answer must still be the one `Sync`
+//! `merge`, both on the peer-to-peer shuffle: every answer must still be the one `Inline`
 //! gives, and the scheduler must have restarted the shuffle. Real processes (a
 //! `LocalCluster` of 3 worker processes, 1 thread each; the supervisor starts a new worker
 //! after each kill), so this is a test binary of its own (`harness = false`): the workers
@@ -132,8 +132,8 @@ fn main() {
 }
 
 fn shuffle_loss() {
-    let want_bag = groupby_sum(&dask_graph::Sync).expect("Sync's groupby");
-    let want_frame = merged(&dask_graph::Sync).expect("Sync's merge");
+    let want_bag = groupby_sum(&dask_graph::Inline).expect("Inline's groupby");
+    let want_frame = merged(&dask_graph::Inline).expect("Inline's merge");
     let cluster = LocalCluster::with(ClusterOptions {
         workers: 3,
         threads_per_worker: 1,

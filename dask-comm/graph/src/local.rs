@@ -1,4 +1,4 @@
-//! The [`Scheduler`] trait and the local schedulers: [`Sync`] (one thread, in the caller; for
+//! The [`Scheduler`] trait and the local schedulers: [`Inline`] (one thread, in the caller; for
 //! debugging) and [`Threaded`] (a pool of threads). Both validate the graph, cull it to the
 //! requested keys, fuse linear chains, order it statically, run ready tasks lowest priority
 //! first, and release intermediate values as soon as nothing needs them.
@@ -14,7 +14,7 @@ use crate::task::Node;
 use crate::value::Value;
 
 /// Computes the values of keys of a graph. Collections compute through this trait, so the same
-/// collection runs on [`Sync`], [`Threaded`] or a cluster's client.
+/// collection runs on [`Inline`], [`Threaded`] or a cluster's client.
 pub trait Scheduler {
     /// Computes `keys` of `graph`; returns their values in the order of `keys`.
     fn get(&self, graph: Graph, keys: &[Key]) -> Result<Vec<Value>, ComputeError>;
@@ -213,18 +213,18 @@ fn compute(plan: &Plan, i: usize, inputs: &Inputs) -> Result<Value, Box<TaskFail
 /// error names its key and function, and a panic carries its backtrace.
 ///
 /// ```
-/// use dask_graph::{registry, Arg, Graph, Scheduler, Sync, Task, Value};
+/// use dask_graph::{registry, Arg, Graph, Scheduler, Inline, Task, Value};
 /// registry().register("inc-sync-doc", |x: i64| x + 1);
 /// let mut g = Graph::new();
 /// g.insert("x", Value::new(1i64));
 /// g.insert("y", Task::new("inc-sync-doc", [Arg::key("x")]));
-/// let out = Sync.get(g, &["y".into()]).unwrap();
+/// let out = Inline.get(g, &["y".into()]).unwrap();
 /// assert_eq!(out[0].downcast_ref::<i64>(), Some(&2));
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Sync;
+pub struct Inline;
 
-impl Scheduler for Sync {
+impl Scheduler for Inline {
     fn get(&self, graph: Graph, keys: &[Key]) -> Result<Vec<Value>, ComputeError> {
         let plan = Plan::new(graph, keys)?;
         let mut by_priority: Vec<usize> = (0..plan.graph.len()).collect();
@@ -391,7 +391,7 @@ mod tests {
         let (g, root) = tree(1024);
         let want = (0..1024i64).sum::<i64>();
         for out in [
-            Sync.get(g.clone(), &[root]).unwrap(),
+            Inline.get(g.clone(), &[root]).unwrap(),
             Threaded::new(4).get(g.clone(), &[root]).unwrap(),
         ] {
             assert_eq!(out[0].downcast_ref::<i64>(), Some(&want));
@@ -423,7 +423,7 @@ mod tests {
             "all",
             Task::new("local-sum", (0..6).map(|i| Arg::key(("f", i)))),
         );
-        for sched in [&Sync as &dyn Scheduler, &Threaded::new(2)] {
+        for sched in [&Inline as &dyn Scheduler, &Threaded::new(2)] {
             let e = sched.get(g.clone(), &["all".into()]).unwrap_err();
             let ComputeError::Failed { key, cause } = &e else {
                 panic!("{e:?}")
@@ -448,12 +448,12 @@ mod tests {
             .get(g.clone(), &[("c", 20_000).into()])
             .unwrap();
         assert_eq!(out[0].downcast_ref::<i64>(), Some(&20_000));
-        let out = Sync.get(g, &[("c", 20_000).into()]).unwrap();
+        let out = Inline.get(g, &[("c", 20_000).into()]).unwrap();
         assert_eq!(out[0].downcast_ref::<i64>(), Some(&20_000));
         let mut bad = Graph::new();
         bad.insert("y", Task::new("local-inc", [Arg::lit("text".to_string())]));
         assert!(matches!(
-            Sync.get(bad, &["y".into()]),
+            Inline.get(bad, &["y".into()]),
             Err(ComputeError::Graph(crate::GraphError::Type { .. }))
         ));
     }

@@ -9,7 +9,7 @@
 //!   [`receive`], one from every input, in input order.
 //!
 //! Where the pieces go is up to the [`ShuffleService`] installed on the thread running the
-//! task. The local schedulers ([`Sync`](crate::Sync), [`Threaded`](crate::Threaded)) use one
+//! task. The local schedulers ([`Inline`](crate::Inline), [`Threaded`](crate::Threaded)) use one
 //! in-memory service per process; a dask-comm worker installs one that sends each piece
 //! straight to the worker that will run the output's unpack task, and the scheduler pins
 //! unpack tasks there. The same graph runs everywhere.

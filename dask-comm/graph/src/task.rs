@@ -105,10 +105,10 @@ pub struct Task {
 }
 
 impl Task {
-    /// A call of `func` with `args`.
-    pub fn new(func: &str, args: impl IntoIterator<Item = Arg>) -> Task {
+    /// A call of `func` (a [`Func`](crate::Func) handle, or a function's name) with `args`.
+    pub fn new(func: impl Into<Name>, args: impl IntoIterator<Item = Arg>) -> Task {
         Task {
-            func: Name::new(func),
+            func: func.into(),
             args: args.into_iter().collect(),
             origin: None,
             shuffle: None,

@@ -1,17 +1,18 @@
 //! The client: submits graphs, holds futures, and moves data to and from workers directly.
 //!
 //! A [`Client`] runs its I/O on a runtime of its own, so its async methods can be awaited from
-//! any executor, and each has a blocking twin (`*_blocking`) for synchronous code (not to be
-//! called from inside an async task). It implements [`dask_graph::Scheduler`], so a graph
-//! computes the same on [`dask_graph::Sync`], [`dask_graph::Threaded`] or a cluster.
+//! any executor; [`Client::blocking`] is a view with the same calls for synchronous code (not
+//! to be used from inside an async task). It implements [`dask_graph::Scheduler`], so a graph
+//! computes the same on [`dask_graph::Inline`], [`dask_graph::Threaded`] or a cluster.
 //!
 //! A [`DFuture`] stands for a key on the cluster; its value stays there while a future for it
 //! exists (dropping the last one releases it).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dask_graph::{Arg, ComputeError, Graph, Key, Node, Task, TaskFailure, Value};
+use dask_graph::{Arg, Callable, ComputeError, Graph, Key, Name, Node, Task, TaskFailure, Value};
 use futures::Stream;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -25,6 +26,8 @@ use crate::security::Secret;
 use crate::worker::scheduler_timeout_from_env;
 
 mod blocking;
+
+pub use blocking::Blocking;
 mod data;
 
 #[derive(Debug, Clone)]
@@ -72,6 +75,8 @@ struct Inner {
     changed: Notify,
     data: tokio::sync::Mutex<FxHashMap<String, Arc<Connection>>>,
     control: Arc<Connection>,
+    /// Whether `wait` draws a progress bar.
+    progress: AtomicBool,
     // Last, so the runtime stops after everything above is dropped.
     rt: Runtime,
 }
@@ -85,12 +90,17 @@ pub struct ClientOptions {
     /// [`DEFAULT_SCHEDULER_TIMEOUT`](crate::DEFAULT_SCHEDULER_TIMEOUT), or
     /// `DASK_COMM_SCHEDULER_TIMEOUT` (seconds).
     pub scheduler_timeout: Duration,
+    /// Draw a progress bar on a terminal (standard error) while [`Client::wait`] takes more
+    /// than a second. Default: no (the examples and the CLI turn it on); see
+    /// [`Client::set_progress`].
+    pub progress: bool,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             scheduler_timeout: scheduler_timeout_from_env(),
+            progress: false,
         }
     }
 }
@@ -203,6 +213,7 @@ impl Client {
             changed: Notify::new(),
             data: Default::default(),
             control: Arc::clone(&control),
+            progress: AtomicBool::new(opts.progress),
             rt,
         });
         inner
@@ -428,8 +439,9 @@ impl Client {
         self.gather(&futures).await
     }
 
-    /// Runs `func(args)` on the cluster.
-    pub async fn submit(&self, func: &str, args: Vec<Arg>) -> Result<DFuture> {
+    /// Runs `func(args)` on the cluster (`func` a [`Func`](dask_graph::Func) handle, or a
+    /// function's name).
+    pub async fn submit(&self, func: impl Into<Name>, args: Vec<Arg>) -> Result<DFuture> {
         self.submit_with(func, args, &SubmitOptions::default())
             .await
     }
@@ -437,10 +449,11 @@ impl Client {
     /// [`Client::submit`] with options (`retries`).
     pub async fn submit_with(
         &self,
-        func: &str,
+        func: impl Into<Name>,
         args: Vec<Arg>,
         opts: &SubmitOptions,
     ) -> Result<DFuture> {
+        let func: Name = func.into();
         let key = Key::name_only(&format!("{func}-{}", token()));
         let mut g = Graph::new();
         g.insert(key, Task::new(func, args));
@@ -472,12 +485,22 @@ impl Client {
             .map_err(Error::Refused)
     }
 
-    /// Runs `func(item)` for every item, as independent tasks.
+    /// Runs `func(item)` for every item, as independent tasks. With a
+    /// [`Func`](dask_graph::Func) handle the item type is checked when this compiles; with a
+    /// name, when the graph is validated.
+    ///
+    /// ```no_run
+    /// # async fn doc(client: dask_comm::Client) -> dask_comm::Result<()> {
+    /// let is_even = dask_graph::registry().register("is-even-doc", |x: u64| x % 2 == 0);
+    /// let futures = client.map(is_even, 0..10u64).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn map<T: dask_graph::Data>(
         &self,
-        func: &str,
+        func: impl Callable<(T,)>,
         items: impl IntoIterator<Item = T>,
     ) -> Result<Vec<DFuture>> {
+        let func = func.func_name();
         let name = dask_graph::Name::new(&format!("{func}-{}", token()));
         let mut g = Graph::new();
         let mut keys = Vec::new();
@@ -489,8 +512,14 @@ impl Client {
         self.persist(g, &keys).await
     }
 
-    /// Waits until every future is done (computed, failed or cancelled). Shows a progress bar
-    /// on a terminal when it takes more than a second.
+    /// Draw a progress bar while [`Client::wait`] takes more than a second, or not (see
+    /// [`ClientOptions::progress`]).
+    pub fn set_progress(&self, on: bool) {
+        self.inner.progress.store(on, Ordering::Relaxed);
+    }
+
+    /// Waits until every future is done (computed, failed or cancelled). Draws a progress bar
+    /// on a terminal when it takes more than a second, if asked ([`Client::set_progress`]).
     pub async fn wait(&self, futures: &[DFuture]) -> Result<()> {
         let t0 = Instant::now();
         let mut bar: Option<indicatif::ProgressBar> = None;
@@ -518,7 +547,10 @@ impl Client {
             if let Some(r) = closed {
                 return Err(Error::Disconnected(r));
             }
-            if bar.is_none() && t0.elapsed() > Duration::from_secs(1) {
+            if bar.is_none()
+                && t0.elapsed() > Duration::from_secs(1)
+                && self.inner.progress.load(Ordering::Relaxed)
+            {
                 let b = indicatif::ProgressBar::new(futures.len() as u64);
                 b.set_style(
                     indicatif::ProgressStyle::with_template(
@@ -757,14 +789,15 @@ impl State {
 
 impl dask_graph::Scheduler for Client {
     fn get(&self, graph: Graph, keys: &[Key]) -> Result<Vec<Value>, ComputeError> {
-        self.compute_blocking(graph, keys)
+        self.blocking()
+            .compute(graph, keys)
             .map_err(ComputeError::from)
     }
 
     /// Submits the graph and returns at once: the values stay on the workers while the guard
     /// (the futures) lives, and later graphs of this client may name their keys.
     fn persist(&self, graph: Graph, keys: &[Key]) -> Result<dask_graph::Persisted, ComputeError> {
-        let futures = self.persist_blocking(graph, keys)?;
+        let futures = self.blocking().persist(graph, keys)?;
         Ok(dask_graph::Persisted::Held(std::sync::Arc::new(futures)))
     }
 }

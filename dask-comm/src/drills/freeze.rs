@@ -61,7 +61,7 @@ impl std::fmt::Display for Times {
 /// What [`freeze_worker`] saw.
 #[derive(Debug, Clone)]
 pub struct FreezeWorkerReport {
-    /// Trials run; each answer was `Sync`'s.
+    /// Trials run; each answer was `Inline`'s.
     pub trials: usize,
     /// Freezes that landed while the trial's graph was still running.
     pub mid_run: usize,
@@ -80,7 +80,7 @@ pub struct FreezeWorkerReport {
 /// `trials` trials on 3 worker processes over `protocol`, the scheduler's heartbeat timeout
 /// `heartbeat_timeout`: each persists the chaos graph (`leaves` leaves), stops a random
 /// worker with `SIGSTOP` at a random moment within an undisturbed run's length, gathers the
-/// answer (checked against `Sync`'s) within `limit`, then continues the worker with `SIGCONT`
+/// answer (checked against `Inline`'s) within `limit`, then continues the worker with `SIGCONT`
 /// and waits for it to exit and be replaced.
 pub fn freeze_worker(
     protocol: Protocol,
@@ -91,10 +91,11 @@ pub fn freeze_worker(
     limit: Duration,
 ) -> Result<FreezeWorkerReport> {
     let (g, _) = chaos_graph("sync", leaves, 8);
-    let answer =
-        int(
-            &dask_graph::Scheduler::get(&dask_graph::Sync, g, &[Key::name_only("total-sync")])?[0],
-        )?;
+    let answer = int(&dask_graph::Scheduler::get(
+        &dask_graph::Inline,
+        g,
+        &[Key::name_only("total-sync")],
+    )?[0])?;
     let cluster = LocalCluster::with(ClusterOptions {
         workers: 3,
         threads_per_worker: 1,
@@ -112,7 +113,7 @@ pub fn freeze_worker(
     let window = t0.elapsed().as_micros().max(1000) as u64;
     if got != answer {
         return Err(Error::Unexpected(format!(
-            "undisturbed: {got}, Sync says {answer}"
+            "undisturbed: {got}, Inline says {answer}"
         )));
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -133,7 +134,7 @@ pub fn freeze_worker(
         let lost_before = cluster.scheduler_stats()?.0.workers_lost;
         let restarts_before = cluster.restarts();
         let (graph, key) = chaos_graph(&format!("f{trial}"), leaves, 8);
-        let fs = client.persist_blocking(graph, &[key])?;
+        let fs = client.blocking().persist(graph, &[key])?;
         std::thread::sleep(Duration::from_micros(rng.gen_range(0..window)));
         r.mid_run += !fs[0].done() as usize;
         let victim = pids[rng.gen_range(0..pids.len())];
@@ -171,7 +172,7 @@ pub fn freeze_worker(
         })?;
         if got != answer {
             return Err(Error::Unexpected(format!(
-                "trial {trial}: {got}, Sync says {answer}"
+                "trial {trial}: {got}, Inline says {answer}"
             )));
         }
         r.answered.0.push(took);
@@ -305,7 +306,10 @@ pub fn freeze_scheduler(
             let client = crate::runtime::block_on(Client::connect_with(
                 &address,
                 secret,
-                ClientOptions { scheduler_timeout },
+                ClientOptions {
+                    scheduler_timeout,
+                    ..ClientOptions::default()
+                },
             ))?;
             wait_for(Duration::from_secs(30), || Ok(client.workers().len() == 2))?;
             // Work that outlasts the timeout: the freeze lands mid-run.
@@ -323,7 +327,7 @@ pub fn freeze_scheduler(
                     k
                 })
                 .collect();
-            let fs = client.persist_blocking(g, &keys)?;
+            let fs = client.blocking().persist(g, &keys)?;
             std::thread::sleep(Duration::from_millis(100));
             signal(scheduler.0.id(), libc::SIGSTOP)?;
             let stopped = Instant::now();
@@ -331,7 +335,7 @@ pub fn freeze_scheduler(
             {
                 let c = client.clone();
                 std::thread::spawn(move || {
-                    let got = c.gather_blocking(&fs);
+                    let got = c.blocking().gather(&fs);
                     let _ = tx.send((got.err(), stopped.elapsed()));
                 });
             }
@@ -420,7 +424,7 @@ pub fn freeze_client(
         ..Default::default()
     })?;
     let client = cluster.client()?;
-    client.wait_for_workers_blocking(2, limit)?;
+    client.blocking().wait_for_workers(2, limit)?;
     let bin = std::env::current_exe().map_err(|e| Error::os("finding this program", e))?;
     let mut r = FreezeClientReport {
         trials: 0,
@@ -429,7 +433,7 @@ pub fn freeze_client(
         client_timeout,
     };
     let (g, key) = chaos_graph("client-sync", 200, 4);
-    let answer = int(&dask_graph::Scheduler::get(&dask_graph::Sync, g, &[key])?[0])?;
+    let answer = int(&dask_graph::Scheduler::get(&dask_graph::Inline, g, &[key])?[0])?;
     for trial in 0..trials {
         let mut child = Reaped(
             Command::new(&bin)
@@ -462,7 +466,7 @@ pub fn freeze_client(
             let got = compute_within(&client, g, key, limit)?;
             if got != answer {
                 return Err(Error::Unexpected(format!(
-                    "trial {trial}: {got}, Sync says {answer}"
+                    "trial {trial}: {got}, Inline says {answer}"
                 )));
             }
             r.served += 1;
@@ -529,8 +533,8 @@ pub fn run_client_if_asked() {
         let _ = std::io::stdout().flush();
         for round in 0.. {
             let (g, key) = chaos_graph(&format!("frozen-{round}"), 400, 4);
-            let fs = client.persist_blocking(g, &[key])?;
-            if let Err(e) = client.gather_blocking(&fs) {
+            let fs = client.blocking().persist(g, &[key])?;
+            if let Err(e) = client.blocking().gather(&fs) {
                 return Ok(e.to_string());
             }
         }

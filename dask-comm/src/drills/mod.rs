@@ -32,6 +32,7 @@ use crate::client::Client;
 use crate::cluster::{ClusterOptions, LocalCluster};
 use crate::core::{Config, Stats};
 use crate::error::{Error, Result};
+use crate::worker::MemoryLimit;
 
 /// Registers the drills' functions (every process of a drill's cluster does).
 pub fn register() {
@@ -194,7 +195,7 @@ fn int(v: &Value) -> Result<i64> {
 
 /// Gathers `key` of `graph` on `client`, failing after `limit` (a drill never hangs).
 fn compute_within(client: &Client, graph: Graph, key: Key, limit: Duration) -> Result<i64> {
-    let fs = client.persist_blocking(graph, &[key])?;
+    let fs = client.blocking().persist(graph, &[key])?;
     gather_within(client, fs, limit)
 }
 
@@ -202,7 +203,7 @@ fn gather_within(client: &Client, fs: Vec<crate::client::DFuture>, limit: Durati
     let (tx, rx) = std::sync::mpsc::channel();
     let c = client.clone();
     std::thread::spawn(move || {
-        let r = c.gather_blocking(&fs);
+        let r = c.blocking().gather(&fs);
         let _ = tx.send(r);
     });
     match rx.recv_timeout(limit) {
@@ -297,7 +298,7 @@ fn kill_trials(
         let pids = registered_pids(cluster, client, 3, &killed, Duration::from_secs(30))?;
         let (graph, key) = make(trial);
         let start = Instant::now();
-        let fs = client.persist_blocking(graph, &[key])?;
+        let fs = client.blocking().persist(graph, &[key])?;
         std::thread::sleep(Duration::from_micros(rng.gen_range(0..window)));
         k.kills_mid_run += !fs[0].done() as usize;
         let victim = pids[rng.gen_range(0..pids.len())];
@@ -313,7 +314,7 @@ fn kill_trials(
         })?;
         if got != answer {
             return Err(Error::Unexpected(format!(
-                "trial {trial}: {got}, Sync says {answer}"
+                "trial {trial}: {got}, Inline says {answer}"
             )));
         }
         k.slowest = k.slowest.max(start.elapsed());
@@ -421,7 +422,7 @@ fn spill_files(dir: &Path) -> Vec<std::path::PathBuf> {
 /// What [`chaos`] saw.
 #[derive(Debug, Clone)]
 pub struct ChaosReport {
-    /// Trials run (each gave the same answer as `Sync`).
+    /// Trials run (each gave the same answer as `Inline`).
     pub trials: usize,
     /// Tasks in each trial's graph.
     pub tasks: usize,
@@ -442,11 +443,11 @@ pub struct ChaosReport {
 /// Chaos: `trials` runs of the chaos graph (2,001 tasks for 1,450 leaves) on 3 worker
 /// processes; in each, one worker is killed with SIGKILL at a random moment within the
 /// length of an undisturbed run, and the supervisor starts a new one. Every trial must give
-/// `Sync`'s answer within `trial_limit`.
+/// `Inline`'s answer within `trial_limit`.
 pub fn chaos(trials: usize, leaves: u32, seed: u64, trial_limit: Duration) -> Result<ChaosReport> {
     let (g, _) = chaos_graph("sync", leaves, 32);
     let tasks = g.len();
-    let answer = int(&dask_graph::Sync.get(g, &[Key::name_only("total-sync")])?[0])?;
+    let answer = int(&dask_graph::Inline.get(g, &[Key::name_only("total-sync")])?[0])?;
     let cluster = LocalCluster::with(ClusterOptions {
         workers: 3,
         threads_per_worker: 1,
@@ -459,7 +460,7 @@ pub fn chaos(trials: usize, leaves: u32, seed: u64, trial_limit: Duration) -> Re
     let undisturbed = t0.elapsed();
     if got != answer {
         return Err(Error::Unexpected(format!(
-            "undisturbed: {got}, Sync says {answer}"
+            "undisturbed: {got}, Inline says {answer}"
         )));
     }
     let mut report = ChaosReport {
@@ -532,7 +533,7 @@ pub fn elastic(
     let root = tree(&mut g, "elastic-sum", keys, 8);
     let answer: i64 = (1..=leaves as i64).sum();
     let t0 = Instant::now();
-    let fs = client.persist_blocking(g, &[root])?;
+    let fs = client.blocking().persist(g, &[root])?;
     std::thread::sleep(add_after);
     let before: Vec<u32> = client.workers().iter().map(|w| w.id.0).collect();
     cluster.add_workers(3)?;
@@ -544,7 +545,7 @@ pub fn elastic(
         .collect();
     added.sort_by_key(|w| w.id);
     let leaving: Vec<String> = added.iter().take(2).map(|w| w.address.clone()).collect();
-    let retired = client.retire_workers_blocking(&leaving)?;
+    let retired = client.blocking().retire_workers(&leaving)?;
     let limit = Duration::from_millis(ms as u64 * leaves as u64 + 60_000);
     let got = gather_within(&client, fs, limit)?;
     if got != answer {
@@ -604,7 +605,7 @@ pub fn spill(
     let cluster = LocalCluster::with(ClusterOptions {
         workers,
         threads_per_worker: 1,
-        memory_limit: Some(limit),
+        memory_limit: MemoryLimit::Bytes(limit),
         ..Default::default()
     })?;
     let client = cluster.client()?;
@@ -613,7 +614,7 @@ pub fn spill(
     let t0 = Instant::now();
     let mut g = Graph::new();
     let blobs = blobs(&mut g, "spill-blob", n, chunk);
-    let held = client.persist_blocking(g, &blobs)?;
+    let held = client.blocking().persist(g, &blobs)?;
     let mut peak_files = 0;
     let deadline = Instant::now() + Duration::from_secs(600);
     while held.iter().any(|f| !f.done()) {
@@ -703,7 +704,7 @@ pub fn queuing(roots: u32, size: usize, queue: bool) -> Result<QueuingReport> {
     let cluster = LocalCluster::with(ClusterOptions {
         workers: 2,
         threads_per_worker: 1,
-        memory_limit: Some(0),
+        memory_limit: MemoryLimit::Unlimited,
         scheduler,
         ..Default::default()
     })?;
@@ -766,8 +767,8 @@ pub fn stealing(on: bool, tasks: u32, ms: i64) -> Result<StealingReport> {
     let mut g = Graph::new();
     let seed = Key::name_only("skew-seed");
     g.insert(seed, Task::new("drill-leaf", [Arg::lit(3i64)]));
-    let seed_future = client.persist_blocking(g, &[seed])?;
-    client.wait_blocking(&seed_future)?;
+    let seed_future = client.blocking().persist(g, &[seed])?;
+    client.blocking().wait(&seed_future)?;
     let t0 = Instant::now();
     let mut g = Graph::new();
     let keys: Vec<Key> = (0..tasks)
@@ -778,7 +779,7 @@ pub fn stealing(on: bool, tasks: u32, ms: i64) -> Result<StealingReport> {
         })
         .collect();
     let root = tree(&mut g, "skew-sum", keys, 8);
-    let fs = client.persist_blocking(g, &[root])?;
+    let fs = client.blocking().persist(g, &[root])?;
     cluster.add_workers(1)?;
     let got = gather_within(&client, fs, Duration::from_secs(600))?;
     if got != 10 * tasks as i64 {
@@ -812,15 +813,15 @@ pub fn killer_task(limit: u64, mb: i64) -> Result<KillerReport> {
     let cluster = LocalCluster::with(ClusterOptions {
         workers: 2,
         threads_per_worker: 1,
-        memory_limit: Some(limit),
+        memory_limit: MemoryLimit::Bytes(limit),
         ..Default::default()
     })?;
     let client = cluster.client()?;
-    let f = client.submit_blocking("drill-hog", vec![Arg::lit(mb)])?;
+    let f = client.blocking().submit("drill-hog", vec![Arg::lit(mb)])?;
     let (tx, rx) = std::sync::mpsc::channel();
     let c = client.clone();
     std::thread::spawn(move || {
-        let _ = tx.send(c.gather_blocking(&[f]).map(|_| ()));
+        let _ = tx.send(c.blocking().gather(&[f]).map(|_| ()));
     });
     let r = rx
         .recv_timeout(Duration::from_secs(120))

@@ -1,6 +1,6 @@
 //! The shuffle drill: a peer-to-peer shuffle on worker processes, one of them killed with
 //! SIGKILL at a random moment in each trial; the shuffle restarts and the answer must be
-//! `Sync`'s.
+//! `Inline`'s.
 
 use std::time::{Duration, Instant};
 
@@ -205,7 +205,7 @@ pub fn shuffle_throughput(
     let want = inputs as i64 * parts as i64 * size;
     let mut out = Vec::with_capacity(rounds);
     for r in 0..rounds {
-        let logs_before = client.transfer_log_blocking()?;
+        let logs_before = client.blocking().transfer_log()?;
         let (g, key) = blob_shuffle_graph(
             &format!("r{r}-{}", rand::random::<u32>()),
             inputs,
@@ -213,14 +213,14 @@ pub fn shuffle_throughput(
             size,
         );
         let t0 = Instant::now();
-        let got = int(&client.compute_blocking(g, &[key])?[0])?;
+        let got = int(&client.blocking().compute(g, &[key])?[0])?;
         let seconds = t0.elapsed().as_secs_f64();
         if got != want {
             return Err(Error::Unexpected(format!(
                 "{got} bytes shuffled, not {want}"
             )));
         }
-        let logs_after = client.transfer_log_blocking()?;
+        let logs_after = client.blocking().transfer_log()?;
         // The shuffle's deliveries, not the fetches of its other tasks.
         let pairs = crate::transfers::pair_rates(
             &crate::transfers::deliveries(logs_before),
@@ -291,7 +291,7 @@ pub struct ShuffleChaosReport {
 
 /// `trials` runs of a shuffle of `inputs` × `parts` on 3 worker processes; in each, one
 /// worker is killed with SIGKILL at a random moment within the length of an undisturbed run
-/// (the supervisor starts a new one). Every trial must give `Sync`'s answer within
+/// (the supervisor starts a new one). Every trial must give `Inline`'s answer within
 /// `trial_limit`.
 pub fn shuffle_chaos(
     trials: usize,
@@ -302,7 +302,7 @@ pub fn shuffle_chaos(
 ) -> Result<ShuffleChaosReport> {
     let ms = 20;
     let (g, key) = shuffle_graph("sync", inputs, parts, 0);
-    let answer = int(&dask_graph::Sync.get(g, &[key])?[0])?;
+    let answer = int(&dask_graph::Inline.get(g, &[key])?[0])?;
     let cluster = LocalCluster::with(ClusterOptions {
         workers: 3,
         threads_per_worker: 1,
@@ -312,12 +312,12 @@ pub fn shuffle_chaos(
     registered_pids(&cluster, &client, 3, &[], Duration::from_secs(30))?;
     let t0 = Instant::now();
     let (g, key) = shuffle_graph("warm", inputs, parts, ms);
-    let fs = client.persist_blocking(g, &[key])?;
+    let fs = client.blocking().persist(g, &[key])?;
     let got = gather_within(&client, fs, trial_limit)?;
     let undisturbed = t0.elapsed();
     if got != answer {
         return Err(Error::Unexpected(format!(
-            "undisturbed: {got}, Sync says {answer}"
+            "undisturbed: {got}, Inline says {answer}"
         )));
     }
     let mut report = ShuffleChaosReport {

@@ -25,6 +25,7 @@ use super::freeze::{signal, wait_for, Times};
 use super::{blobs, gather_within, int, registered_pids, tree};
 use crate::cluster::{ClusterOptions, LocalCluster, Protocol};
 use crate::error::{Error, Result};
+use crate::worker::MemoryLimit;
 
 /// What [`stalled_spill`] saw.
 #[derive(Debug, Clone)]
@@ -60,7 +61,7 @@ pub fn stalled_spill(
     let cluster = LocalCluster::with(ClusterOptions {
         workers: 2,
         threads_per_worker: 1,
-        memory_limit: Some(limit),
+        memory_limit: MemoryLimit::Bytes(limit),
         protocol,
         ..Default::default()
     })?;
@@ -85,9 +86,9 @@ pub fn stalled_spill(
     };
     let run = |tag: &str, before_sums: &mut dyn FnMut() -> Result<()>| -> Result<i64> {
         let (g, bs, sums, root) = graph(tag);
-        let held = client.persist_blocking(g, &bs)?;
+        let held = client.blocking().persist(g, &bs)?;
         before_sums()?;
-        let fs = client.persist_blocking(sums, &[root])?;
+        let fs = client.blocking().persist(sums, &[root])?;
         let got = gather_within(&client, fs, trial_limit);
         drop(held);
         got
@@ -219,7 +220,7 @@ fn spill_thread_blocked(pid: u32) -> bool {
 /// What [`fd_limit`] saw.
 #[derive(Debug, Clone)]
 pub struct FdLimitReport {
-    /// Trials run; each answer was `Sync`'s.
+    /// Trials run; each answer was `Inline`'s.
     pub trials: usize,
     /// Trials in which the victim's descriptor table was full (the limit reached) during the
     /// shuffle.
@@ -260,7 +261,7 @@ pub struct FdLimitDrill {
 /// `trials` trials on 3 worker processes over `protocol`: in each, one worker's soft
 /// `RLIMIT_NOFILE` is lowered to its open descriptors plus `headroom`, `flood` connections
 /// are opened to its data server (each holding a descriptor there until it is closed) and
-/// held for `hold`, and a shuffle of `inputs` × `parts` runs (answer checked against `Sync`'s within `trial_limit`);
+/// held for `hold`, and a shuffle of `inputs` × `parts` runs (answer checked against `Inline`'s within `trial_limit`);
 /// then the flood is closed, the limit restored, and a new data connection must be admitted.
 pub fn fd_limit(
     protocol: Protocol,
@@ -277,7 +278,7 @@ pub fn fd_limit(
         hold,
     } = d;
     let (g, key) = super::shuffle_graph("sync", inputs, parts, 0);
-    let answer = int(&dask_graph::Scheduler::get(&dask_graph::Sync, g, &[key])?[0])?;
+    let answer = int(&dask_graph::Scheduler::get(&dask_graph::Inline, g, &[key])?[0])?;
     let cluster = LocalCluster::with(ClusterOptions {
         workers: 3,
         threads_per_worker: 1,
@@ -291,11 +292,11 @@ pub fn fd_limit(
     registered_pids(&cluster, &client, 3, &[], Duration::from_secs(30))?;
     let t0 = Instant::now();
     let (g, key) = super::shuffle_graph("warm", inputs, parts, 0);
-    let got = gather_within(&client, client.persist_blocking(g, &[key])?, trial_limit)?;
+    let got = gather_within(&client, client.blocking().persist(g, &[key])?, trial_limit)?;
     let undisturbed = t0.elapsed();
     if got != answer {
         return Err(Error::Unexpected(format!(
-            "undisturbed: {got}, Sync says {answer}"
+            "undisturbed: {got}, Inline says {answer}"
         )));
     }
     let stats_before = cluster.scheduler_stats()?.0;
@@ -344,11 +345,11 @@ pub fn fd_limit(
         std::thread::sleep(hold);
         let (g, key) = super::shuffle_graph(&format!("t{trial}"), inputs, parts, 0);
         let flooded = Instant::now();
-        let got = gather_within(&client, client.persist_blocking(g, &[key])?, trial_limit)
+        let got = gather_within(&client, client.blocking().persist(g, &[key])?, trial_limit)
             .map_err(|e| Error::Unexpected(format!("trial {trial}: {e}")))?;
         if got != answer {
             return Err(Error::Unexpected(format!(
-                "trial {trial}: {got}, Sync says {answer}"
+                "trial {trial}: {got}, Inline says {answer}"
             )));
         }
         r.answered.0.push(flooded.elapsed());

@@ -12,7 +12,7 @@
 //! # fn is_prime(n: u64) -> bool { n > 1 && (2..n).all(|d| n % d != 0) }
 //! dask_graph::registry().register("is_prime", is_prime);
 //! let cluster = initialize(LaunchOptions::default())?; // mpirun -np 6 ./program
-//! let flags = cluster.client().map_blocking("is_prime", 1u64..1000)?;
+//! let flags = cluster.client().blocking().map("is_prime", 1u64..1000)?;
 //! # Ok::<(), dask_comm::Error>(())
 //! ```
 //!
@@ -36,7 +36,7 @@ use crate::dashboard::At;
 use crate::error::{Error, Result};
 use crate::scheduler::SchedulerServer;
 use crate::security::Secret;
-use crate::worker::{run_worker, WorkerOptions};
+use crate::worker::{run_worker, MemoryLimit, WorkerOptions};
 
 pub use env::{Launcher, Rank};
 pub use host::{interface_address, interface_address_of, AddressFamily};
@@ -127,9 +127,8 @@ pub struct LaunchOptions {
     pub scheduler_rank: u32,
     /// Threads per worker (1).
     pub nthreads: usize,
-    /// Each worker's memory limit in bytes; `None`: this host's memory shared by the ranks
-    /// on it; `Some(0)`: none.
-    pub memory_limit: Option<u64>,
+    /// Each worker's memory limit (default: this host's memory shared by the ranks on it).
+    pub memory_limit: MemoryLimit,
     /// The network interface to listen on (`ib0`, `eth0`); `None`: loopback when every rank
     /// runs on this host, else the address this host's name resolves to.
     pub interface: Option<String>,
@@ -154,7 +153,7 @@ impl Default for LaunchOptions {
             scheduler_file: None,
             scheduler_rank: 0,
             nthreads: 1,
-            memory_limit: None,
+            memory_limit: MemoryLimit::Auto,
             interface: None,
             address_family: AddressFamily::Ipv4,
             protocol: Protocol::Tcp,
@@ -295,7 +294,7 @@ impl std::ops::Deref for Launched {
 impl Drop for Launched {
     fn drop(&mut self) {
         tracing::info!("the program's main is done: shutting the cluster down");
-        if let Err(e) = self.client.shutdown_blocking(Duration::from_secs(10)) {
+        if let Err(e) = self.client.blocking().shutdown(Duration::from_secs(10)) {
             tracing::warn!(error = %e, "shutting the launched cluster down");
         }
     }
@@ -373,14 +372,18 @@ fn serve(opts: &LaunchOptions, job: &Job, role: Role, launched: bool) -> Result<
                 opts.nthreads.max(1),
             );
             w.listen = Some(parse(&format!("{scheme}://{host_port}"))?);
-            w.memory_limit = opts.memory_limit.unwrap_or_else(|| {
-                // The ranks on this host share its memory.
-                let local = match rank.one_host {
-                    Some(true) => rank.size,
-                    _ => rank.local_size.unwrap_or(1),
-                };
-                crate::worker::memory::machine_memory().unwrap_or(0) / u64::from(local.max(1))
-            });
+            w.memory_limit = match opts.memory_limit {
+                MemoryLimit::Bytes(b) => Some(b),
+                MemoryLimit::Unlimited => None,
+                MemoryLimit::Auto => {
+                    // The ranks on this host share its memory.
+                    let local = match rank.one_host {
+                        Some(true) => rank.size,
+                        _ => rank.local_size.unwrap_or(1),
+                    };
+                    crate::worker::memory::machine_memory().map(|m| m / u64::from(local.max(1)))
+                }
+            };
             w.local_directory = opts.local_directory.clone();
             w.name = format!("rank-{}", rank.rank);
             w.handle_signals = true;
@@ -490,9 +493,9 @@ fn client(opts: &LaunchOptions, job: &Job) -> Result<Launched> {
     let sf = fresh_file(job, opts.timeout)?;
     let client = Client::connect_blocking(&parse(&sf.address)?, Secret::from_hex(&sf.secret)?)?;
     let workers = (rank.size - 2) as usize;
-    if let Err(e) = client.wait_for_workers_blocking(workers, opts.timeout) {
+    if let Err(e) = client.blocking().wait_for_workers(workers, opts.timeout) {
         // The other ranks must not wait for a client that gave up.
-        let _ = client.shutdown_blocking(Duration::from_secs(10));
+        let _ = client.blocking().shutdown(Duration::from_secs(10));
         return Err(e);
     }
     tracing::info!(rank = rank.rank, workers, "the launched cluster is up");

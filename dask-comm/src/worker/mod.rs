@@ -58,7 +58,7 @@ pub use liveness::{
 use liveness::{last_word, recv, LAST_WORD, PARENT_CHECK};
 use memory::Limits;
 pub(crate) use options::raise_descriptor_limit;
-pub use options::WorkerOptions;
+pub use options::{MemoryLimit, WorkerOptions};
 
 /// Tasks handed to the threads (queued there or running) hold at most this fraction of the
 /// memory limit in values read back from disk, beyond one task per thread.
@@ -93,10 +93,10 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
         .clone()
         .unwrap_or_else(|| options::default_listen(&opts.scheduler));
     let limits = Limits {
-        limit: opts.memory_limit,
+        limit: opts.memory_limit.unwrap_or(0),
         at: opts.thresholds,
     };
-    let store = if opts.memory_limit > 0 {
+    let store = if opts.memory_limit.is_some() {
         memory::tune_allocator();
         let base = opts
             .local_directory
@@ -140,7 +140,7 @@ pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
             name: opts.name.clone(),
             data_address: address.clone(),
             nthreads: opts.nthreads as u32,
-            memory_limit: opts.memory_limit,
+            memory_limit: opts.memory_limit.unwrap_or(0),
             pid: std::process::id(),
         },
     )
@@ -272,14 +272,13 @@ impl Worker {
             nthreads: (opts.nthreads as u32).max(1),
             read_back: FxHashMap::default(),
             read_back_bytes: 0,
-            read_back_budget: match opts.memory_limit {
-                0 => u64::MAX,
-                limit => limit / READ_BACK_SHARE,
-            },
+            read_back_budget: opts
+                .memory_limit
+                .map_or(u64::MAX, |limit| limit / READ_BACK_SHARE),
             ready: BinaryHeap::new(),
             ready_seq: 0,
             limits: Limits {
-                limit: opts.memory_limit,
+                limit: opts.memory_limit.unwrap_or(0),
                 at: opts.thresholds,
             },
             process_memory: opts.process_memory,

@@ -21,9 +21,9 @@ pub struct WorkerOptions {
     pub listen: Option<Address>,
     /// Threads that run tasks.
     pub nthreads: usize,
-    /// Memory limit in bytes (0: none): the store spills, and the worker pauses and exits,
-    /// at fractions of it (see [`memory`]).
-    pub memory_limit: u64,
+    /// Memory limit in bytes (`None`: none): the store spills, and the worker pauses and
+    /// exits, at fractions of it (see [`memory`]).
+    pub memory_limit: Option<u64>,
     /// The fractions of the memory limit where the worker spills, pauses and exits.
     pub thresholds: MemoryThresholds,
     /// Device (GPU) memory the worker's values may hold, in bytes (`None`: no limit): above
@@ -57,6 +57,20 @@ pub struct WorkerOptions {
     pub handle_signals: bool,
 }
 
+/// Each worker's memory limit, as [`ClusterOptions`](crate::ClusterOptions) and
+/// [`LaunchOptions`](crate::launch::LaunchOptions) take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemoryLimit {
+    /// The machine's memory shared among the workers on it (default; in-process workers,
+    /// which share one process, get no limit).
+    #[default]
+    Auto,
+    /// No limit: workers never spill, pause or exit for memory.
+    Unlimited,
+    /// This many bytes per worker.
+    Bytes(u64),
+}
+
 impl WorkerOptions {
     /// Options for a worker of `scheduler` with `nthreads` threads.
     pub fn new(scheduler: Address, secret: Secret, nthreads: usize) -> WorkerOptions {
@@ -65,7 +79,7 @@ impl WorkerOptions {
             secret,
             listen: None,
             nthreads,
-            memory_limit: 0,
+            memory_limit: None,
             thresholds: MemoryThresholds::default(),
             device_memory_limit: None,
             local_directory: None,

@@ -231,9 +231,9 @@ impl Array {
     /// ```
     /// use dask_collections::array;
     /// let x = array::from_array(&ndarray::arr2(&[[3, 1, 4], [1, 5, 9]]).into_dyn(), 1)?;
-    /// let v = x.argmin(Some(1), false)?.compute(&dask_graph::Sync)?;
+    /// let v = x.argmin(Some(1), false)?.compute(&dask_graph::Inline)?;
     /// assert_eq!(v.to_f64().into_raw_vec_and_offset().0, vec![1.0, 0.0]);
-    /// let flat = x.argmax(None, false)?.compute(&dask_graph::Sync)?;
+    /// let flat = x.argmax(None, false)?.compute(&dask_graph::Inline)?;
     /// assert_eq!(flat.to_f64().into_raw_vec_and_offset().0, vec![5.0]);
     /// # Ok::<(), array::ArrayError>(())
     /// ```

@@ -110,11 +110,11 @@ pub fn arange(
 ///
 /// ```
 /// use dask_collections::array::from_array;
-/// use dask_graph::Sync;
+/// use dask_graph::Inline;
 /// let a = ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[4, 3]), |i| (i[0] * 3 + i[1]) as f64);
 /// let x = from_array(&a, 2)?;
 /// assert_eq!(x.numblocks(), vec![2, 2]);
-/// assert_eq!(x.compute(&Sync)?.to_f64(), a);
+/// assert_eq!(x.compute(&Inline)?.to_f64(), a);
 /// # Ok::<(), dask_collections::array::ArrayError>(())
 /// ```
 pub fn from_array<T: ChunkElem>(
@@ -158,7 +158,7 @@ pub(crate) fn key(name: &str, idx: &[usize]) -> dask_graph::Key {
 ///
 /// ```
 /// use dask_collections::array::linspace;
-/// let a = linspace(0.0, 1.0, 5, 2, true)?.compute(&dask_graph::Sync)?;
+/// let a = linspace(0.0, 1.0, 5, 2, true)?.compute(&dask_graph::Inline)?;
 /// assert_eq!(a.to_f64().into_raw_vec_and_offset().0, vec![0.0, 0.25, 0.5, 0.75, 1.0]);
 /// # Ok::<(), dask_collections::array::ArrayError>(())
 /// ```
@@ -185,7 +185,7 @@ pub fn linspace(
 ///
 /// ```
 /// use dask_collections::array::{eye, DType};
-/// let a = eye(3, 2, 1, DType::I32)?.compute(&dask_graph::Sync)?.to_f64();
+/// let a = eye(3, 2, 1, DType::I32)?.compute(&dask_graph::Inline)?.to_f64();
 /// assert_eq!(a.into_raw_vec_and_offset().0, vec![0., 1., 0., 0., 0., 1., 0., 0., 0.]);
 /// # Ok::<(), dask_collections::array::ArrayError>(())
 /// ```

@@ -57,7 +57,7 @@ pub(crate) fn select_chunks(t: DType, cond: &Chunk, x: &Chunk, y: &Chunk) -> Res
 /// let x = array::arange(0.0, 6.0, 1.0, 4, DType::I64)?;
 /// let cond = x.scalar(array::BinaryOp::Lt, 3.0, false)?;
 /// let zero = array::full(&[], 0, DType::F64, 1.0)?;
-/// let v = array::where_(&cond, &x, &zero)?.compute(&dask_graph::Sync)?;
+/// let v = array::where_(&cond, &x, &zero)?.compute(&dask_graph::Inline)?;
 /// assert_eq!(v.to_f64().into_raw_vec_and_offset().0, vec![0.0, 1.0, 2.0, 1.0, 1.0, 1.0]);
 /// # Ok::<(), array::ArrayError>(())
 /// ```
@@ -108,7 +108,7 @@ impl Array {
     /// });
     /// let x = array::arange(0.0, 5.0, 1.0, 2, DType::F64)?;
     /// let y = x.map_blocks("double-it", &[], DType::F64, None)?;
-    /// let v = y.compute(&dask_graph::Sync)?.to_f64().into_raw_vec_and_offset().0;
+    /// let v = y.compute(&dask_graph::Inline)?.to_f64().into_raw_vec_and_offset().0;
     /// assert_eq!(v, vec![0.0, 2.0, 4.0, 6.0, 8.0]);
     /// # Ok::<(), array::ArrayError>(())
     /// ```

@@ -59,9 +59,9 @@ impl Array {
     /// let x = array::arange(-3.0, 5.0, 1.0, 3, DType::I64)?;
     /// let pos = x.mask(&x.scalar(BinaryOp::Gt, 0.0, false)?)?;
     /// assert!(pos.has_unknown_chunks());
-    /// let v = pos.compute(&dask_graph::Sync)?.to_f64().into_raw_vec_and_offset().0;
+    /// let v = pos.compute(&dask_graph::Inline)?.to_f64().into_raw_vec_and_offset().0;
     /// assert_eq!(v, vec![1.0, 2.0, 3.0, 4.0]);
-    /// let known = pos.compute_chunk_sizes(&dask_graph::Sync)?;
+    /// let known = pos.compute_chunk_sizes(&dask_graph::Inline)?;
     /// assert_eq!(known.chunks(), &[vec![0, 2, 2]]);
     /// # Ok::<(), array::ArrayError>(())
     /// ```
@@ -199,6 +199,6 @@ mod tests {
         }
         // Sums and scalar operations need no lengths.
         let s = (&m * 2.0).unwrap().sum(&[], false).unwrap();
-        assert_eq!(s.compute(&dask_graph::Sync).unwrap().to_f64()[[]], 24.0);
+        assert_eq!(s.compute(&dask_graph::Inline).unwrap().to_f64()[[]], 24.0);
     }
 }

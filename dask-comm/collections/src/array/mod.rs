@@ -1,7 +1,7 @@
 //! A chunked n-d array: a grid of ndarray blocks ([`Chunk`]s) described by a task graph.
 //!
 //! Operations build graphs and compute nothing; [`Array::compute`] runs the graph on any
-//! [`Scheduler`] (`Sync`, `Threaded`, a dask-comm `Client`) and assembles the blocks. Names
+//! [`Scheduler`] (`Inline`, `Threaded`, a dask-comm `Client`) and assembles the blocks. Names
 //! and behaviour follow `dask.array`.
 //!
 //! ```
@@ -420,9 +420,9 @@ impl Array {
     ///
     /// ```
     /// use dask_collections::array;
-    /// let x = array::random::random(7, &[100], 10)?.persist(&dask_graph::Sync)?;
+    /// let x = array::random::random(7, &[100], 10)?.persist(&dask_graph::Inline)?;
     /// // Computed once: both uses read the same blocks.
-    /// let a = x.sum(&[], false)?.compute(&dask_graph::Sync)?;
+    /// let a = x.sum(&[], false)?.compute(&dask_graph::Inline)?;
     /// let b = x.sum(&[], false)?.compute(&dask_graph::Threaded::new(2))?;
     /// assert_eq!(a, b);
     /// # Ok::<(), array::ArrayError>(())

@@ -253,10 +253,10 @@ impl Array {
     /// use dask_collections::array::{self, DType};
     /// let dir = std::env::temp_dir().join(format!("npy-doc-{}", std::process::id()));
     /// let x = array::arange(0.0, 12.0, 1.0, 5, DType::I32)?;
-    /// x.to_npy_stack(&dir, 0, &dask_graph::Sync)?;
+    /// x.to_npy_stack(&dir, 0, &dask_graph::Inline)?;
     /// let y = array::from_npy_stack(&dir)?;
     /// assert_eq!((y.chunks(), y.dtype()), (x.chunks(), DType::I32));
-    /// assert_eq!(y.compute(&dask_graph::Sync)?, x.compute(&dask_graph::Sync)?);
+    /// assert_eq!(y.compute(&dask_graph::Inline)?, x.compute(&dask_graph::Inline)?);
     /// # std::fs::remove_dir_all(&dir).unwrap();
     /// # Ok::<(), array::ArrayError>(())
     /// ```

@@ -155,7 +155,7 @@ impl Array {
     /// let x = array::arange(0.0, 6.0, 1.0, 3, array::DType::F64)?;
     /// let g = x.overlap(&[1], &[Boundary::Periodic])?;
     /// assert_eq!(g.chunks(), &[vec![5, 5]]);
-    /// let v = g.compute(&dask_graph::Sync)?.to_f64().into_raw_vec_and_offset().0;
+    /// let v = g.compute(&dask_graph::Inline)?.to_f64().into_raw_vec_and_offset().0;
     /// assert_eq!(v, vec![5.0, 0.0, 1.0, 2.0, 3.0, 2.0, 3.0, 4.0, 5.0, 0.0]);
     /// # Ok::<(), array::ArrayError>(())
     /// ```
@@ -273,7 +273,7 @@ impl Array {
     /// let x = array::ones(&[8, 8], 4, array::DType::F32)?;
     /// let back = x.overlap(&[2, 1], &[Boundary::None])?.trim_internal(&[2, 1], &[Boundary::None])?;
     /// assert_eq!(back.chunks(), x.chunks());
-    /// assert_eq!(back.compute(&dask_graph::Sync)?, x.compute(&dask_graph::Sync)?);
+    /// assert_eq!(back.compute(&dask_graph::Inline)?, x.compute(&dask_graph::Inline)?);
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn trim_internal(

@@ -1,6 +1,6 @@
 //! Random arrays from a seed, reproducible whatever the scheduler: block `idx`'s numbers come
 //! from a generator seeded with the seed and the block's index, so the same seed and chunks
-//! give the same array on `Sync`, `Threaded` or a cluster, in any order.
+//! give the same array on `Inline`, `Threaded` or a cluster, in any order.
 
 use dask_graph::{Arg, Task};
 use ndarray::{ArrayD, IxDyn};
@@ -131,7 +131,7 @@ fn make(
 /// ```
 /// use dask_collections::array::random;
 /// let a = random::random(7, &[100, 10], 30)?;
-/// let (x, y) = (a.compute(&dask_graph::Sync)?, a.compute(&dask_graph::Threaded::new(2))?);
+/// let (x, y) = (a.compute(&dask_graph::Inline)?, a.compute(&dask_graph::Threaded::new(2))?);
 /// assert_eq!(x, y); // the same numbers, whatever the scheduler
 /// # Ok::<(), dask_collections::array::ArrayError>(())
 /// ```

@@ -46,7 +46,7 @@ impl Array {
     /// let x = array::arange(0.0, 24.0, 1.0, 5, array::DType::F64)?;
     /// let y = x.rechunk(vec![vec![7, 7, 10]])?;
     /// assert_eq!(y.chunks(), &[vec![7, 7, 10]]);
-    /// assert_eq!(y.compute(&dask_graph::Sync)?, x.compute(&dask_graph::Sync)?);
+    /// assert_eq!(y.compute(&dask_graph::Inline)?, x.compute(&dask_graph::Inline)?);
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn rechunk(&self, chunks: impl Into<ChunkSpec>) -> Result<Array, ArrayError> {

@@ -107,8 +107,8 @@ impl Array {
     /// let x = array::arange(0.0, 24.0, 1.0, 6, DType::I64)?;
     /// let y = x.reshape(&[4, 6])?;
     /// assert_eq!(y.chunks(), &[vec![1, 1, 1, 1], vec![6]]);
-    /// let z = y.reshape(&[24])?.compute(&dask_graph::Sync)?;
-    /// assert_eq!(z, x.compute(&dask_graph::Sync)?);
+    /// let z = y.reshape(&[24])?.compute(&dask_graph::Inline)?;
+    /// assert_eq!(z, x.compute(&dask_graph::Inline)?);
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Array, ArrayError> {

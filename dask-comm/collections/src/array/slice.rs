@@ -155,7 +155,7 @@ impl Array {
     /// let x = array::ones(&[10000, 10000], 100, array::DType::F64)?;
     /// let y = x.unary(array::UnaryOp::Exp)?.slice(&[(1..100).into(), (1..100).into()])?;
     /// assert_eq!((y.shape(), y.numblocks()), (&[99, 99][..], vec![1, 1]));
-    /// assert_eq!(y.compute(&dask_graph::Sync)?.shape(), &[99, 99]); // 1 block of 10,000 computed
+    /// assert_eq!(y.compute(&dask_graph::Inline)?.shape(), &[99, 99]); // 1 block of 10,000 computed
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn slice(&self, index: &[Index]) -> Result<Array, ArrayError> {

@@ -17,7 +17,7 @@ impl Array {
     /// use dask_collections::array::{self, DType};
     /// let x = array::arange(0.0, 10.0, 1.0, 3, DType::I64)?;
     /// let y = x.take(&[9, 0, -1, 4, 4], 0)?;
-    /// let v = y.compute(&dask_graph::Sync)?.to_f64().into_raw_vec_and_offset().0;
+    /// let v = y.compute(&dask_graph::Inline)?.to_f64().into_raw_vec_and_offset().0;
     /// assert_eq!(v, vec![9.0, 0.0, 9.0, 4.0, 4.0]);
     /// # Ok::<(), array::ArrayError>(())
     /// ```

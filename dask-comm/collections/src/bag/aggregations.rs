@@ -114,7 +114,7 @@ impl Bag {
     /// ```
     /// use dask_collections::bag::{self, Item};
     /// let b = bag::range(5, 2)?;
-    /// let s = b.fold(bag::ADD, None, Some(Item::Int(100)))?.compute(&dask_graph::Sync)?;
+    /// let s = b.fold(bag::ADD, None, Some(Item::Int(100)))?.compute(&dask_graph::Inline)?;
     /// assert_eq!(s, Item::Int(200 + 10)); // 100 starts each of the two partitions
     /// # Ok::<(), bag::BagError>(())
     /// ```
@@ -204,7 +204,7 @@ impl Bag {
     /// bag::register_map("foldby-doc-parity", |x: &Item| Item::Int(x.as_i64().unwrap() % 2));
     /// let b = bag::range(10, 3)?.foldby("foldby-doc-parity", bag::ADD, None, None, None)?;
     /// assert_eq!(
-    ///     b.compute(&dask_graph::Sync)?,
+    ///     b.compute(&dask_graph::Inline)?,
     ///     vec![Item::pair(0, 20), Item::pair(1, 25)]
     /// );
     /// # Ok::<(), bag::BagError>(())

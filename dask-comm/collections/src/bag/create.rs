@@ -13,7 +13,7 @@ use super::{
 /// use dask_collections::bag::{self, Item};
 /// let b = bag::from_sequence((0..10).map(Item::Int), 3)?;
 /// assert_eq!(b.npartitions(), 3);
-/// assert_eq!(b.count().compute(&dask_graph::Sync)?, Item::Int(10));
+/// assert_eq!(b.count().compute(&dask_graph::Inline)?, Item::Int(10));
 /// # Ok::<(), bag::BagError>(())
 /// ```
 pub fn from_sequence(
@@ -48,7 +48,7 @@ pub fn from_sequence(
 /// ```
 /// use dask_collections::bag::{self, Item};
 /// let b = bag::range(100, 7)?;
-/// assert_eq!(b.sum().compute(&dask_graph::Sync)?, Item::Int(4950));
+/// assert_eq!(b.sum().compute(&dask_graph::Inline)?, Item::Int(4950));
 /// # Ok::<(), bag::BagError>(())
 /// ```
 pub fn range(n: u64, npartitions: usize) -> Result<Bag, BagError> {
@@ -87,7 +87,7 @@ pub fn range(n: u64, npartitions: usize) -> Result<Bag, BagError> {
 /// std::fs::write(dir.join("b.txt"), "three\n").unwrap();
 /// let b = bag::read_text(&format!("{}/*.txt", dir.display()), None)?;
 /// assert_eq!(b.npartitions(), 2);
-/// assert_eq!(b.compute(&dask_graph::Sync)?, ["one", "two", "three"].map(Item::from));
+/// assert_eq!(b.compute(&dask_graph::Inline)?, ["one", "two", "three"].map(Item::from));
 /// # std::fs::remove_dir_all(&dir).unwrap();
 /// # Ok::<(), bag::BagError>(())
 /// ```

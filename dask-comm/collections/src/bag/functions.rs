@@ -20,7 +20,7 @@
 //! bag::register_map("fn-doc-square", |x: &Item| Item::Int(x.as_i64().unwrap_or(0).pow(2)));
 //! bag::register_predicate("fn-doc-odd", |x: &Item| x.as_i64().is_some_and(|i| i % 2 == 1));
 //! let b = bag::range(10, 3)?.filter("fn-doc-odd")?.map("fn-doc-square")?;
-//! assert_eq!(b.sum().compute(&dask_graph::Sync)?, Item::Int(1 + 9 + 25 + 49 + 81));
+//! assert_eq!(b.sum().compute(&dask_graph::Inline)?, Item::Int(1 + 9 + 25 + 49 + 81));
 //! # Ok::<(), bag::BagError>(())
 //! ```
 

@@ -273,7 +273,7 @@ impl Bag {
     /// use dask_collections::bag::{self, Item};
     /// let recs = [r#"{"name": "Ada", "age": 36}"#, r#"{"name": "Alan", "age": 41}"#];
     /// let b = bag::from_sequence(recs.iter().map(|r| Item::from_json(r).unwrap()), 2)?;
-    /// assert_eq!(b.pluck("age").sum().compute(&dask_graph::Sync)?, Item::Int(77));
+    /// assert_eq!(b.pluck("age").sum().compute(&dask_graph::Inline)?, Item::Int(77));
     /// # Ok::<(), bag::BagError>(())
     /// ```
     pub fn pluck(&self, field: impl Into<Field>) -> Bag {
@@ -394,7 +394,7 @@ impl Bag {
     /// ```
     /// use dask_collections::bag;
     /// let b = bag::range(100, 10)?;
-    /// assert_eq!(b.take(15, &dask_graph::Sync)?.len(), 15);
+    /// assert_eq!(b.take(15, &dask_graph::Inline)?.len(), 15);
     /// # Ok::<(), bag::BagError>(())
     /// ```
     pub fn take(&self, k: usize, scheduler: &dyn Scheduler) -> Result<Vec<Item>, BagError> {
@@ -419,10 +419,10 @@ impl Bag {
     /// use dask_collections::bag::{self, Item};
     /// let dir = std::env::temp_dir().join(format!("bag-doc-write-{}", std::process::id()));
     /// let b = bag::from_sequence((0..5).map(Item::Int), 2)?;
-    /// let files = b.to_textfiles(&format!("{}/part-*.txt.gz", dir.display()), &dask_graph::Sync)?;
+    /// let files = b.to_textfiles(&format!("{}/part-*.txt.gz", dir.display()), &dask_graph::Inline)?;
     /// assert_eq!(files.len(), 2);
     /// let back = bag::read_text(&format!("{}/*.gz", dir.display()), None)?.map(bag::JSON_LOADS)?;
-    /// assert_eq!(back.compute(&dask_graph::Sync)?, (0..5).map(Item::Int).collect::<Vec<_>>());
+    /// assert_eq!(back.compute(&dask_graph::Inline)?, (0..5).map(Item::Int).collect::<Vec<_>>());
     /// # std::fs::remove_dir_all(&dir).unwrap();
     /// # Ok::<(), bag::BagError>(())
     /// ```

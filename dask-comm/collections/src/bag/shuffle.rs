@@ -31,7 +31,7 @@ impl Bag {
     /// use dask_collections::bag::{self, Item};
     /// bag::register_map("groupby-doc-mod3", |x: &Item| Item::Int(x.as_i64().unwrap() % 3));
     /// let g = bag::range(7, 3)?.groupby("groupby-doc-mod3", Some(2))?;
-    /// let mut got = g.compute(&dask_graph::Sync)?;
+    /// let mut got = g.compute(&dask_graph::Inline)?;
     /// got.sort();
     /// assert_eq!(got[0], Item::pair(0, vec![0, 3, 6]));
     /// # Ok::<(), bag::BagError>(())
@@ -48,7 +48,7 @@ impl Bag {
     /// use dask_collections::{bag::{self, Item}, ShuffleMethod};
     /// bag::register_map("groupby-with-doc-odd", |x: &Item| Item::Bool(x.as_i64().unwrap() % 2 == 1));
     /// let g = bag::range(5, 2)?.groupby_with("groupby-with-doc-odd", None, ShuffleMethod::Tasks)?;
-    /// let mut got = g.compute(&dask_graph::Sync)?;
+    /// let mut got = g.compute(&dask_graph::Inline)?;
     /// got.sort();
     /// assert_eq!(got[1], Item::pair(true, vec![1, 3]));
     /// # Ok::<(), bag::BagError>(())

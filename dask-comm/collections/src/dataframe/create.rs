@@ -19,7 +19,7 @@ use super::{DataFrame, DataFrameError, Source, fresh_name, kernels, register, st
 /// use polars::prelude::*;
 /// let d = dataframe::from_polars(df!("x" => 0..10i64).unwrap(), 3)?;
 /// assert_eq!(d.npartitions(), 3);
-/// assert_eq!(d.len(&dask_graph::Sync)?, 10);
+/// assert_eq!(d.len(&dask_graph::Inline)?, 10);
 /// # Ok::<(), dataframe::DataFrameError>(())
 /// ```
 pub fn from_polars(df: PlFrame, npartitions: usize) -> Result<DataFrame, DataFrameError> {
@@ -103,7 +103,7 @@ fn scanned(name: String, scans: Vec<Scan>, schema: Arc<Schema>) -> DataFrame {
 /// std::fs::write(dir.join("2015-01-02.csv"), "user_id,value\n1,0.5\n").unwrap();
 /// let d = dataframe::read_csv(&format!("{}/2015-*-*.csv", dir.display()))?;
 /// let m = d.groupby(&["user_id"])?.agg(&[("value", dataframe::Agg::Mean)])?;
-/// let got = m.compute(&dask_graph::Sync)?;
+/// let got = m.compute(&dask_graph::Inline)?;
 /// assert_eq!(got.column("value_mean").unwrap().f64().unwrap().to_vec(), vec![Some(1.5), Some(1.0)]);
 /// # std::fs::remove_dir_all(&dir).unwrap();
 /// # Ok::<(), dataframe::DataFrameError>(())

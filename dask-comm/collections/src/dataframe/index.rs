@@ -175,14 +175,14 @@ impl DataFrame {
     /// use dask_collections::dataframe;
     /// use polars::prelude::*;
     /// let df = df!("x" => [50i64, 30, 90, 10, 70, 20], "y" => [1, 2, 3, 4, 5, 6]).unwrap();
-    /// let d = dataframe::from_polars(df, 3)?.set_index("x", &dask_graph::Sync)?;
+    /// let d = dataframe::from_polars(df, 3)?.set_index("x", &dask_graph::Inline)?;
     /// assert_eq!(d.index(), Some("x"));
     /// let divisions = d.divisions().unwrap();
     /// assert_eq!(divisions.len(), d.npartitions() + 1);
     /// assert_eq!(divisions.i64().unwrap().get(0), Some(10));
     /// assert_eq!(divisions.i64().unwrap().get(d.npartitions()), Some(90));
     /// // `loc` reads only the partitions the range touches.
-    /// let some = d.loc(25i64, 60i64)?.compute(&dask_graph::Sync)?;
+    /// let some = d.loc(25i64, 60i64)?.compute(&dask_graph::Inline)?;
     /// assert_eq!(some.column("y").unwrap().i32().unwrap().to_vec(), vec![Some(2), Some(1)]);
     /// # Ok::<(), dataframe::DataFrameError>(())
     /// ```

@@ -66,7 +66,7 @@ fn table() -> &'static RwLock<HashMap<String, PartFn>> {
 /// });
 /// let df = df!("x" => [1i64, 2, 3]).unwrap();
 /// let d = dataframe::from_polars(df, 2)?.map_partitions("ops-doc-double")?;
-/// let got = d.compute(&dask_graph::Sync)?;
+/// let got = d.compute(&dask_graph::Inline)?;
 /// assert_eq!(got.column("x").unwrap().i64().unwrap().to_vec(), vec![Some(2), Some(4), Some(6)]);
 /// # Ok::<(), dataframe::DataFrameError>(())
 /// ```

@@ -321,7 +321,7 @@ impl DataFrame {
     /// use polars::prelude::*;
     /// let df = df!("x" => [5i64, 3, 9, 1, 7, 2]).unwrap();
     /// let d = dataframe::from_polars(df, 3).unwrap().sort_values("x").unwrap();
-    /// let got = d.compute(&dask_graph::Sync).unwrap();
+    /// let got = d.compute(&dask_graph::Inline).unwrap();
     /// let x: Vec<i64> = got.column("x").unwrap().i64().unwrap().into_no_null_iter().collect();
     /// assert_eq!(x, vec![1, 2, 3, 5, 7, 9]);
     /// ```
@@ -341,7 +341,7 @@ impl DataFrame {
     /// let df = df!("g" => ["a", "b", "a", "b", "a"], "x" => [1i64, 2, 3, 4, 5]).unwrap();
     /// let d = dataframe::from_polars(df, 2).unwrap();
     /// let got = d.sort_values_by(&["g", "x"], &[false, true]).unwrap()
-    ///     .compute(&dask_graph::Sync).unwrap();
+    ///     .compute(&dask_graph::Inline).unwrap();
     /// let x: Vec<i64> = got.column("x").unwrap().i64().unwrap().into_no_null_iter().collect();
     /// assert_eq!(x, vec![5, 3, 1, 4, 2]);
     /// ```

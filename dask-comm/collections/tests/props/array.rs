@@ -1,11 +1,11 @@
 //! Property tests: random shapes, chunkings and axes, each operation against the same
-//! operation on the whole ndarray, on the `Sync` and `Threaded` schedulers and on a
+//! operation on the whole ndarray, on the `Inline` and `Threaded` schedulers and on a
 //! `LocalCluster` (in-process workers over `inproc://`: the same scheduler, workers and
 //! protocol as with processes, without starting any).
 
 use crate::common::{check, cluster, shaped, whole};
 use dask_collections::array::{self, BinaryOp, Chunk, ReduceOp, UnaryOp};
-use dask_graph::{Sync, Threaded};
+use dask_graph::{Inline, Threaded};
 use ndarray::{ArrayD, Axis, IxDyn};
 use proptest::prelude::*;
 
@@ -151,7 +151,7 @@ fn integer_and_boolean_types_follow_numpy() {
     let s = a.sum(&[], false).unwrap();
     assert_eq!(s.dtype(), array::DType::I64);
     assert_eq!(
-        s.compute(&Sync).unwrap(),
+        s.compute(&Inline).unwrap(),
         Chunk::from(ArrayD::from_elem(IxDyn(&[]), 0i64))
     );
     let m = a.mean(&[], false).unwrap();
@@ -169,11 +169,11 @@ fn integer_and_boolean_types_follow_numpy() {
     let any = pos.reduce(ReduceOp::Any, &[], false, None).unwrap();
     let all = pos.reduce(ReduceOp::All, &[], false, None).unwrap();
     assert_eq!(
-        any.compute(&Sync).unwrap(),
+        any.compute(&Inline).unwrap(),
         Chunk::from(ArrayD::from_elem(IxDyn(&[]), true))
     );
     assert_eq!(
-        all.compute(&Sync).unwrap(),
+        all.compute(&Inline).unwrap(),
         Chunk::from(ArrayD::from_elem(IxDyn(&[]), false))
     );
 }
@@ -277,14 +277,14 @@ fn a_slice_computes_only_the_blocks_it_touches() {
 fn random_arrays_are_reproducible_and_distributed() {
     use array::random;
     let a = random::random(42, &[300, 200], 70).unwrap();
-    let on_sync = a.compute(&Sync).unwrap();
+    let on_sync = a.compute(&Inline).unwrap();
     assert_eq!(on_sync, a.compute(&Threaded::new(2)).unwrap());
     assert_eq!(on_sync, a.compute(cluster()).unwrap());
     assert_ne!(
         on_sync,
         random::random(43, &[300, 200], 70)
             .unwrap()
-            .compute(&Sync)
+            .compute(&Inline)
             .unwrap()
     );
     let x = on_sync.to_f64();
@@ -292,11 +292,16 @@ fn random_arrays_are_reproducible_and_distributed() {
     let mean = x.mean().unwrap();
     assert!((mean - 0.5).abs() < 0.01, "uniform mean {mean}");
     let n = random::normal(1, 3.0, 2.0, &[200_000], 50_000).unwrap();
-    let m = n.mean(&[], false).unwrap().compute(&Sync).unwrap().to_f64();
+    let m = n
+        .mean(&[], false)
+        .unwrap()
+        .compute(&Inline)
+        .unwrap()
+        .to_f64();
     let s = n
         .std(&[], false, 0.0)
         .unwrap()
-        .compute(&Sync)
+        .compute(&Inline)
         .unwrap()
         .to_f64();
     let (m, s) = (m.first().copied().unwrap(), s.first().copied().unwrap());
@@ -306,7 +311,7 @@ fn random_arrays_are_reproducible_and_distributed() {
     );
     let i = random::integers(5, -3, 4, &[1000], 300)
         .unwrap()
-        .compute(&Sync)
+        .compute(&Inline)
         .unwrap();
     assert_eq!(i.dtype(), array::DType::I64);
     let i = i.to_f64();
@@ -325,7 +330,7 @@ proptest! {
     ) {
         let a = array::random::uniform(seed, -1.0, 1.0, &[m, k], [cm.min(m), ck.min(k)]).unwrap();
         let b = array::random::uniform(seed ^ 1, -1.0, 1.0, &[k, n], [ck.min(k), cn.min(n)]).unwrap();
-        let (x, y) = (a.compute(&Sync).unwrap().to_f64(), b.compute(&Sync).unwrap().to_f64());
+        let (x, y) = (a.compute(&Inline).unwrap().to_f64(), b.compute(&Inline).unwrap().to_f64());
         let want = x.into_dimensionality::<ndarray::Ix2>().unwrap()
             .dot(&y.into_dimensionality::<ndarray::Ix2>().unwrap()).into_dyn();
         check(&a.matmul(&b).unwrap(), &want, "a @ b");
@@ -467,7 +472,7 @@ proptest! {
 #[test]
 fn persisted_arrays_compute_from_kept_blocks() {
     let x = array::random::normal(11, 1.0, 2.0, &[40, 30], 7).unwrap();
-    let want = x.compute(&Sync).unwrap().to_f64();
+    let want = x.compute(&Inline).unwrap().to_f64();
     // Locally the blocks become values in the graph: no random task is left.
     let local = x.persist(&Threaded::new(2)).unwrap();
     assert!(
@@ -495,7 +500,7 @@ fn persisted_arrays_compute_from_kept_blocks() {
     assert_eq!(kept.compute(cluster()).unwrap().to_f64(), want);
     // Elsewhere those keys mean nothing: a clear error, not a hang.
     assert!(matches!(
-        kept.compute(&Sync),
+        kept.compute(&Inline),
         Err(array::ArrayError::Compute(_))
     ));
 }

@@ -1,5 +1,5 @@
 //! The bag against the same computation on one Rust iterator: random items and partitionings,
-//! every operation, on the `Sync` and `Threaded` schedulers and on an in-process
+//! every operation, on the `Inline` and `Threaded` schedulers and on an in-process
 //! `LocalCluster` (values cross the workers encoded, as between processes).
 
 use std::collections::{BTreeMap, HashMap};
@@ -208,7 +208,7 @@ fn a_bag_is_a_graph_any_scheduler_computes() {
     let b = bag::range(20, 4).unwrap().filter("t-even").unwrap();
     let (g, keys) = b.to_graph();
     assert_eq!(keys.len(), 4);
-    let parts = dask_graph::Sync.get(g, &keys).unwrap();
+    let parts = dask_graph::Inline.get(g, &keys).unwrap();
     assert_eq!(parts.len(), 4);
     // `str.split` then `flatten` runs fused; with a step between, as two steps: the same.
     let words = bag::from_sequence([Item::from("a b"), Item::from(" c\td ")], 2).unwrap();
@@ -220,14 +220,14 @@ fn a_bag_is_a_graph_any_scheduler_computes() {
         .unwrap()
         .flatten();
     let want = ["a", "b", "c", "d"].map(Item::from).to_vec();
-    assert_eq!(fused.compute(&dask_graph::Sync).unwrap(), want);
-    assert_eq!(apart.compute(&dask_graph::Sync).unwrap(), want);
+    assert_eq!(fused.compute(&dask_graph::Inline).unwrap(), want);
+    assert_eq!(apart.compute(&dask_graph::Inline).unwrap(), want);
     let e = bag::range(2, 1)
         .unwrap()
         .map(bag::STR_SPLIT)
         .unwrap()
         .flatten();
-    let e = e.compute(&dask_graph::Sync).unwrap_err().to_string();
+    let e = e.compute(&dask_graph::Inline).unwrap_err().to_string();
     assert!(e.contains("str.split: a int item is not a string"), "{e}");
 }
 
@@ -380,11 +380,11 @@ fn text_and_json_files_round_trip_and_fail_clearly() {
     )
     .unwrap();
     let blank = bag::read_json(&format!("{}/blank.jsonl", dir.display()), None).unwrap();
-    let a = blank.pluck("a").compute(&dask_graph::Sync).unwrap();
+    let a = blank.pluck("a").compute(&dask_graph::Inline).unwrap();
     assert_eq!(a, vec![Item::Int(1), Item::Int(2)]);
     std::fs::write(dir.join("bad.txt"), b"ok\n\xff\xfe\n").unwrap();
     let bad = bag::read_text(&format!("{}/bad.txt", dir.display()), None).unwrap();
-    let e = bad.compute(&dask_graph::Sync).unwrap_err().to_string();
+    let e = bad.compute(&dask_graph::Inline).unwrap_err().to_string();
     assert!(e.contains("not UTF-8"), "{e}");
     assert!(matches!(
         bag::read_text(&format!("{}/nothing-*.txt", dir.display()), None),
@@ -396,7 +396,7 @@ fn text_and_json_files_round_trip_and_fail_clearly() {
     ));
     let r = bag::range(3, 1)
         .unwrap()
-        .to_textfiles("no-star.txt", &dask_graph::Sync);
+        .to_textfiles("no-star.txt", &dask_graph::Inline);
     assert!(matches!(r, Err(BagError::Pattern { .. })));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,11 +1,11 @@
-//! What the property tests share: the schedulers every check runs on (`Sync`, `Threaded` and
+//! What the property tests share: the schedulers every check runs on (`Inline`, `Threaded` and
 //! an in-process `LocalCluster`), the check itself, and random shapes with chunkings.
 
 use std::sync::OnceLock;
 
 use dask_collections::array::{self, Array, Chunk};
 use dask_comm::{ClusterOptions, LocalCluster, Protocol};
-use dask_graph::{Scheduler, Sync, Threaded};
+use dask_graph::{Inline, Scheduler, Threaded};
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
 
@@ -31,7 +31,7 @@ pub fn cluster() -> &'static dask_comm::Client {
 
 pub fn schedulers() -> Vec<(&'static str, Box<dyn Scheduler>)> {
     vec![
-        ("sync", Box::new(Sync)),
+        ("sync", Box::new(Inline)),
         ("threaded", Box::new(Threaded::new(2))),
     ]
 }

@@ -1,5 +1,5 @@
 //! The dataframe against the same computation on one polars `DataFrame`: random rows and
-//! partitionings, every operation, on the `Sync` and `Threaded` schedulers and on an
+//! partitionings, every operation, on the `Inline` and `Threaded` schedulers and on an
 //! in-process `LocalCluster` (partitions cross the workers as Arrow IPC, as between
 //! processes).
 
@@ -458,7 +458,7 @@ fn files_round_trip_and_reads_push_down() {
     std::fs::write(dir.join("bad-0.csv"), "k,v\n1,2.0\n").unwrap();
     std::fs::write(dir.join("bad-1.csv"), "k,v\nnot a number,2.0\n").unwrap();
     let bad = dataframe::read_csv(&format!("{}/bad-*.csv", dir.display())).unwrap();
-    let e = bad.compute(&dask_graph::Sync).unwrap_err().to_string();
+    let e = bad.compute(&dask_graph::Inline).unwrap_err().to_string();
     assert!(e.contains("bad-1.csv"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -537,7 +537,7 @@ fn refusals_are_typed_and_name_what_is_wrong() {
         Err(DataFrameError::NoPartitions { .. })
     ));
     assert!(matches!(
-        d.to_files("no-star.csv", &dask_graph::Sync),
+        d.to_files("no-star.csv", &dask_graph::Inline),
         Err(DataFrameError::Pattern { .. })
     ));
 }

@@ -1,11 +1,11 @@
 //! Property tests of `array::linalg`: random sizes and chunkings, each factorization checked
-//! by reconstruction and against `faer` or ndarray on the whole matrix, on the `Sync` and
+//! by reconstruction and against `faer` or ndarray on the whole matrix, on the `Inline` and
 //! `Threaded` schedulers and on an in-process `LocalCluster`.
 
 use crate::common::{cluster, schedulers};
 use dask_collections::array::linalg::{self, NormOrd};
 use dask_collections::array::{self, Array, ArrayError, DType};
-use dask_graph::{Sync, Threaded};
+use dask_graph::{Inline, Threaded};
 use ndarray::{Array2, ArrayD, Ix2, IxDyn};
 use proptest::prelude::*;
 
@@ -56,7 +56,7 @@ fn m2(x: &ArrayD<f64>) -> Array2<f64> {
 /// A random matrix, uniform on [-1, 1).
 fn random(seed: u64, r: usize, c: usize) -> Array2<f64> {
     let a = array::random::uniform(seed, -1.0, 1.0, &[r, c], [r.max(1), c.max(1)]).unwrap();
-    m2(&a.compute(&Sync).unwrap().to_f64())
+    m2(&a.compute(&Inline).unwrap().to_f64())
 }
 
 fn faer(x: &Array2<f64>) -> faer::Mat<f64> {
@@ -102,7 +102,7 @@ proptest! {
             prop_assert!(is_lower(&got), "L on {} is not lower triangular:\n{}", name, got);
             close(&got.dot(&got.t()).into_dyn(), &a.clone().into_dyn(), &format!("L·Lᵀ on {name}"));
         }
-        let u = m2(&linalg::cholesky(&x, false).unwrap().compute(&Sync).unwrap().to_f64());
+        let u = m2(&linalg::cholesky(&x, false).unwrap().compute(&Inline).unwrap().to_f64());
         prop_assert!(is_lower(&u.t().to_owned()), "U is not upper triangular:\n{}", u);
         close(&u.t().dot(&u).into_dyn(), &a.into_dyn(), "Uᵀ·U");
     }
@@ -276,7 +276,7 @@ proptest! {
         }
         // Dask keeps the axis for a 1-d b: shape (1,).
         check(&fit.residuals, &want_residuals.unwrap(), "residuals");
-        let rank = fit.rank.compute(&Sync).unwrap();
+        let rank = fit.rank.compute(&Inline).unwrap();
         prop_assert_eq!(rank.dtype(), DType::I64);
         prop_assert_eq!(rank.to_f64()[[]], n as f64);
         check(&fit.s, &ArrayD::from_shape_vec(IxDyn(&[n]), singular_values(&a)).unwrap(), "s");
@@ -406,7 +406,7 @@ fn singular_matrices_are_typed_errors() {
     let a = ndarray::arr2(&[[1.0, 2.0], [2.0, 4.0]]).into_dyn();
     let x = array::from_array(&a, 1).unwrap();
     let b = array::ones(&[2], 1, DType::F64).unwrap();
-    let e = linalg::solve(&x, &b).unwrap().compute(&Sync).unwrap_err();
+    let e = linalg::solve(&x, &b).unwrap().compute(&Inline).unwrap_err();
     assert!(matches!(e, ArrayError::Singular { .. }), "{e}");
     let e = linalg::inv(&x).unwrap().compute(cluster()).unwrap_err();
     assert!(matches!(e, ArrayError::Singular { .. }), "{e}");

@@ -1,6 +1,6 @@
 //! Property tests for ghosting (`overlap`, `trim_internal`, `map_overlap`), `map_blocks` and
 //! `where_`: random shapes, chunkings, depths and boundaries against a reference built on the
-//! whole ndarray from global indices, on `Sync`, `Threaded` and a `LocalCluster`.
+//! whole ndarray from global indices, on `Inline`, `Threaded` and a `LocalCluster`.
 
 use std::sync::Arc;
 
@@ -206,7 +206,7 @@ fn map_blocks_may_change_block_shapes() {
         .map_blocks("test-first-row", &[], DType::F64, None)
         .unwrap();
     assert!(matches!(
-        wrong.compute(&dask_graph::Sync),
+        wrong.compute(&dask_graph::Inline),
         Err(array::ArrayError::BlockShape { .. })
     ));
 }

@@ -1,5 +1,5 @@
 //! Property tests for shape operations (`reshape`, `expand_dims`, `concatenate`, `stack`):
-//! random shapes and chunkings against ndarray's answer on the whole array, on `Sync`,
+//! random shapes and chunkings against ndarray's answer on the whole array, on `Inline`,
 //! `Threaded` and a `LocalCluster`.
 
 use crate::common::{check, shaped, whole};

@@ -641,7 +641,7 @@ mod tests {
             .and_then(|s| s.compute(&dask_graph::Threaded::new(2)))
         {
             Ok(got) => {
-                let host = x.compute(&dask_graph::Sync).unwrap().to_f64();
+                let host = x.compute(&dask_graph::Inline).unwrap().to_f64();
                 let want: f64 = host.iter().map(|v| v * 3.0 + v).sum();
                 let got = got.to_f64().into_raw_vec_and_offset().0[0];
                 assert!((got - want).abs() <= 1e-9 * want.abs(), "{got} vs {want}");

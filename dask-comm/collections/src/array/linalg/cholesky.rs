@@ -30,7 +30,7 @@ pub(crate) fn square_blocks(a: &Array) -> Result<Array, ArrayError> {
 /// let a = ndarray::arr2(&[[4.0, 2.0, 0.0], [2.0, 5.0, 1.0], [0.0, 1.0, 2.0]]).into_dyn();
 /// let x = array::from_array(&a, 2)?;
 /// let u = linalg::cholesky(&x, false)?;
-/// let back = u.t()?.matmul(&u)?.compute(&dask_graph::Sync)?.to_f64();
+/// let back = u.t()?.matmul(&u)?.compute(&dask_graph::Inline)?.to_f64();
 /// assert!((back - &a).iter().all(|d| d.abs() < 1e-12));
 /// # Ok::<(), array::ArrayError>(())
 /// ```

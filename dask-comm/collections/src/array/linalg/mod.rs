@@ -19,7 +19,7 @@
 //! ```
 //! use dask_collections::array::{self, linalg};
 //! let a = array::from_array(&ndarray::arr2(&[[4.0, 2.0], [2.0, 3.0]]).into_dyn(), 1)?;
-//! let l = linalg::cholesky(&a, true)?.compute(&dask_graph::Sync)?.to_f64();
+//! let l = linalg::cholesky(&a, true)?.compute(&dask_graph::Inline)?.to_f64();
 //! assert_eq!(l[[0, 0]], 2.0);
 //! assert_eq!(l[[0, 1]], 0.0);
 //! # Ok::<(), array::ArrayError>(())
@@ -167,7 +167,7 @@ impl Array {
     /// use dask_collections::array;
     /// let a = array::ones(&[4, 6], 2, array::DType::F64)?;
     /// let b = array::ones(&[6, 3], [2, 3], array::DType::F64)?;
-    /// let c = a.matmul(&b)?.compute(&dask_graph::Sync)?;
+    /// let c = a.matmul(&b)?.compute(&dask_graph::Inline)?;
     /// assert_eq!(c.to_f64(), ndarray::ArrayD::from_elem(ndarray::IxDyn(&[4, 3]), 6.0));
     /// # Ok::<(), array::ArrayError>(())
     /// ```

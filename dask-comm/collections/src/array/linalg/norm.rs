@@ -32,10 +32,10 @@ pub enum NormOrd {
 /// ```
 /// use dask_collections::array::{self, linalg::{self, NormOrd}};
 /// let x = array::from_array(&ndarray::arr2(&[[3.0, -4.0], [0.0, 0.0]]).into_dyn(), 1)?;
-/// let fro = linalg::norm(&x, None, &[], false)?.compute(&dask_graph::Sync)?.to_f64();
+/// let fro = linalg::norm(&x, None, &[], false)?.compute(&dask_graph::Inline)?.to_f64();
 /// assert_eq!(fro[[]], 5.0);
 /// let rows = linalg::norm(&x, Some(NormOrd::P(1.0)), &[1], false)?;
-/// assert_eq!(rows.compute(&dask_graph::Sync)?.to_f64().into_raw_vec_and_offset().0, vec![7.0, 0.0]);
+/// assert_eq!(rows.compute(&dask_graph::Inline)?.to_f64().into_raw_vec_and_offset().0, vec![7.0, 0.0]);
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn norm(

@@ -83,7 +83,7 @@ fn substitute(a: &Array, b: &Array, lower: bool, rcond: f64) -> Result<Array, Ar
 /// use dask_collections::array::{self, linalg};
 /// let l = array::from_array(&ndarray::arr2(&[[2.0, 0.0], [1.0, 4.0]]).into_dyn(), 1)?;
 /// let b = array::from_array(&ndarray::arr1(&[2.0, 9.0]).into_dyn(), 1)?;
-/// let x = linalg::solve_triangular(&l, &b, true)?.compute(&dask_graph::Sync)?.to_f64();
+/// let x = linalg::solve_triangular(&l, &b, true)?.compute(&dask_graph::Inline)?.to_f64();
 /// assert_eq!(x.into_raw_vec_and_offset().0, vec![1.0, 2.0]);
 /// # Ok::<(), array::ArrayError>(())
 /// ```
@@ -113,7 +113,7 @@ fn qr_and_project(a: &Array, b: &Array) -> Result<(Array, Array), ArrayError> {
 /// use dask_collections::array::{self, linalg};
 /// let a = array::from_array(&ndarray::arr2(&[[0.0, 2.0], [1.0, 1.0]]).into_dyn(), 1)?;
 /// let b = array::from_array(&ndarray::arr1(&[4.0, 3.0]).into_dyn(), 1)?;
-/// let x = linalg::solve(&a, &b)?.compute(&dask_graph::Sync)?.to_f64();
+/// let x = linalg::solve(&a, &b)?.compute(&dask_graph::Inline)?.to_f64();
 /// assert!((x[0] - 1.0).abs() < 1e-12 && (x[1] - 2.0).abs() < 1e-12);
 /// # Ok::<(), array::ArrayError>(())
 /// ```
@@ -136,7 +136,7 @@ pub fn solve(a: &Array, b: &Array) -> Result<Array, ArrayError> {
 /// use dask_collections::array::{self, linalg};
 /// let a = array::from_array(&ndarray::arr2(&[[4.0, 2.0], [2.0, 3.0]]).into_dyn(), 1)?;
 /// let b = array::from_array(&ndarray::arr1(&[8.0, 7.0]).into_dyn(), 1)?;
-/// let x = linalg::solve_spd(&a, &b)?.compute(&dask_graph::Sync)?.to_f64();
+/// let x = linalg::solve_spd(&a, &b)?.compute(&dask_graph::Inline)?.to_f64();
 /// assert!((x[0] - 1.25).abs() < 1e-12 && (x[1] - 1.5).abs() < 1e-12);
 /// # Ok::<(), array::ArrayError>(())
 /// ```
@@ -156,7 +156,7 @@ pub fn solve_spd(a: &Array, b: &Array) -> Result<Array, ArrayError> {
 /// ```
 /// use dask_collections::array::{self, linalg};
 /// let a = array::from_array(&ndarray::arr2(&[[2.0, 0.0], [0.0, 4.0]]).into_dyn(), 1)?;
-/// let i = linalg::inv(&a)?.compute(&dask_graph::Sync)?.to_f64();
+/// let i = linalg::inv(&a)?.compute(&dask_graph::Inline)?.to_f64();
 /// assert_eq!(i, ndarray::arr2(&[[0.5, 0.0], [0.0, 0.25]]).into_dyn());
 /// # Ok::<(), array::ArrayError>(())
 /// ```
@@ -194,9 +194,9 @@ pub struct Lstsq {
 /// let a = array::from_array(&ndarray::arr2(&[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]).into_dyn(), 2)?;
 /// let b = array::from_array(&ndarray::arr1(&[1.0, 1.0, 2.0]).into_dyn(), 2)?;
 /// let fit = linalg::lstsq(&a, &b)?;
-/// let x = fit.x.compute(&dask_graph::Sync)?.to_f64();
+/// let x = fit.x.compute(&dask_graph::Inline)?.to_f64();
 /// assert!((x[0] - 1.0).abs() < 1e-12 && (x[1] - 1.0).abs() < 1e-12);
-/// assert_eq!(fit.rank.compute(&dask_graph::Sync)?.to_f64()[[]], 2.0);
+/// assert_eq!(fit.rank.compute(&dask_graph::Inline)?.to_f64()[[]], 2.0);
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn lstsq(a: &Array, b: &Array) -> Result<Lstsq, ArrayError> {

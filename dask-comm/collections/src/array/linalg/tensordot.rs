@@ -61,7 +61,7 @@ impl Array {
     /// let b = array::ones(&[4, 3, 5], [3, 1, 5], array::DType::F64)?;
     /// let c = a.tensordot(&b, &[1, 2], &[1, 0])?;
     /// assert_eq!(c.shape(), &[2, 5]);
-    /// let v = c.compute(&dask_graph::Sync)?.to_f64();
+    /// let v = c.compute(&dask_graph::Inline)?.to_f64();
     /// assert!(v.iter().all(|&x| x == 12.0));
     /// # Ok::<(), array::ArrayError>(())
     /// ```
@@ -159,7 +159,7 @@ impl Array {
     /// ```
     /// use dask_collections::array;
     /// let a = array::arange(0.0, 6.0, 1.0, 4, array::DType::F64)?;
-    /// let d = a.dot(&a)?.compute(&dask_graph::Sync)?.to_f64();
+    /// let d = a.dot(&a)?.compute(&dask_graph::Inline)?.to_f64();
     /// assert_eq!(d.into_raw_vec_and_offset().0, vec![55.0]);
     /// # Ok::<(), array::ArrayError>(())
     /// ```

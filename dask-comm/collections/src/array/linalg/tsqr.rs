@@ -39,8 +39,8 @@ fn tall_skinny(a: &Array, op: &'static str) -> Result<(), ArrayError> {
 /// let a = array::random::uniform(7, -1.0, 1.0, &[30, 4], [8, 4])?;
 /// let (q, r) = linalg::qr(&a)?;
 /// assert_eq!((q.shape(), r.shape()), (&[30, 4][..], &[4, 4][..]));
-/// let back = q.matmul(&r)?.compute(&dask_graph::Sync)?.to_f64();
-/// let want = a.compute(&dask_graph::Sync)?.to_f64();
+/// let back = q.matmul(&r)?.compute(&dask_graph::Inline)?.to_f64();
+/// let want = a.compute(&dask_graph::Inline)?.to_f64();
 /// assert!((back - want).iter().all(|d| d.abs() < 1e-12));
 /// # Ok::<(), array::ArrayError>(())
 /// ```
@@ -165,7 +165,7 @@ fn tree(a: &Array) -> Result<(Array, Array), ArrayError> {
 /// use dask_collections::array::{self, linalg};
 /// let a = array::random::uniform(3, -1.0, 1.0, &[20, 3], [6, 3])?;
 /// let (u, s, vt) = linalg::svd(&a)?;
-/// let s = s.compute(&dask_graph::Sync)?.to_f64();
+/// let s = s.compute(&dask_graph::Inline)?.to_f64();
 /// assert!(s[0] >= s[1] && s[1] >= s[2] && s[2] >= 0.0);
 /// assert_eq!((u.shape(), vt.shape()), (&[20, 3][..], &[3, 3][..]));
 /// # Ok::<(), array::ArrayError>(())
@@ -216,7 +216,7 @@ const OVERSAMPLES: usize = 10;
 /// let a = x.matmul(&y)?; // rank 2
 /// let (_, s, _) = linalg::svd_compressed(&a, 2, 1, 42)?;
 /// let (_, exact, _) = linalg::svd(&a.rechunk(vec![vec![10; 4], vec![30]])?)?;
-/// let (s, exact) = (s.compute(&dask_graph::Sync)?.to_f64(), exact.compute(&dask_graph::Sync)?.to_f64());
+/// let (s, exact) = (s.compute(&dask_graph::Inline)?.to_f64(), exact.compute(&dask_graph::Inline)?.to_f64());
 /// assert!((s[0] - exact[0]).abs() < 1e-9 && (s[1] - exact[1]).abs() < 1e-9);
 /// # Ok::<(), array::ArrayError>(())
 /// ```
