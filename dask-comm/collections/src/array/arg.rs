@@ -7,7 +7,7 @@ use dask_graph::{Arg, Task};
 use ndarray::{ArrayD, Axis, IxDyn};
 use serde::{Deserialize, Serialize};
 
-use super::{Array, ArrayError, Chunk, DType, Elem, kernels};
+use super::{Array, ArrayError, Chunk, DType, Elem};
 
 /// Which end an arg-reduction looks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,7 +167,6 @@ impl Array {
         axis: Option<isize>,
         keepdims: bool,
     ) -> Result<Array, ArrayError> {
-        kernels::register();
         self.require_known("argmin/argmax")?;
         let axes: Vec<usize> = match axis {
             Some(a) => vec![self.axis(a)?],
@@ -203,7 +202,7 @@ impl Array {
                     .map(|(a, &i)| starts[a][i] as u64)
                     .collect();
                 Task::new(
-                    kernels::ARG_PARTIAL,
+                    kernels().partial,
                     [
                         Arg::lit(spec.clone()),
                         Arg::lit(offsets),
@@ -214,14 +213,9 @@ impl Array {
             |parts| {
                 let mut args = vec![Arg::lit(spec.clone())];
                 args.extend(parts);
-                Task::new(kernels::ARG_COMBINE, args)
+                Task::new(kernels().combine, args)
             },
-            |part| {
-                Task::new(
-                    kernels::ARG_FINISH,
-                    [Arg::lit(spec.clone()), Arg::key(part)],
-                )
-            },
+            |part| Task::new(kernels().finish, [Arg::lit(spec.clone()), Arg::key(part)]),
         ))
     }
 
@@ -246,6 +240,43 @@ impl Array {
     pub fn argmax(&self, axis: Option<isize>, keepdims: bool) -> Result<Array, ArrayError> {
         self.arg(Extreme::Max, axis, keepdims)
     }
+}
+
+/// The kernels of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// A block's values and their global indices.
+    pub partial: dask_graph::Func<(ArgSpec, Vec<u64>, crate::array::Block), crate::array::Chunk>,
+    /// Partial results combined: a spec, a grid, then the partials.
+    pub combine: dask_graph::Func<dask_graph::Values, dask_graph::Value>,
+    /// The indices from the last partial.
+    pub finish: dask_graph::Func<(ArgSpec, crate::array::Block), crate::array::Chunk>,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let r = dask_graph::registry();
+        Kernels {
+            partial: r.register(
+                "dask-array-arg-partial",
+                |spec: ArgSpec, offsets: Vec<u64>, a: crate::array::Block| {
+                    partial(&spec, &offsets, &a)
+                },
+            ),
+            combine: r.register_values("dask-array-arg-combine", |args: &[dask_graph::Value]| {
+                let Some(spec) = args.first().and_then(|v| v.downcast_ref::<ArgSpec>()) else {
+                    return Err("arg-combine takes a spec, a grid, then partial results".into());
+                };
+                let (grid, parts) = crate::array::grid_and_chunks(&args[1..])?;
+                combine(spec, &grid, parts).map(dask_graph::Value::new)
+            }),
+            finish: r.register(
+                "dask-array-arg-finish",
+                |spec: ArgSpec, a: crate::array::Block| finish(&spec, &a),
+            ),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -3,9 +3,7 @@
 use dask_graph::{Arg, Graph, Task, Value};
 use ndarray::{ArrayD, Slice};
 
-use super::{
-    Array, ArrayError, ChunkElem, ChunkSpec, DType, block_indices, fresh_name, kernels, normalize,
-};
+use super::{Array, ArrayError, ChunkElem, ChunkSpec, DType, block_indices, fresh_name, normalize};
 
 pub(crate) fn check_rank(ndim: usize) -> Result<(), ArrayError> {
     if ndim > dask_graph::MAX_INDICES {
@@ -31,12 +29,11 @@ pub fn full(
     dtype: DType,
     value: f64,
 ) -> Result<Array, ArrayError> {
-    kernels::register();
     check_rank(shape.len())?;
     let chunks = normalize(&chunks.into(), shape, dtype)?;
     Ok(generated("full", shape, chunks, dtype, move |_, bshape| {
         Task::new(
-            kernels::FULL,
+            kernels().full,
             [Arg::lit(bshape), Arg::lit(dtype), Arg::lit(value)],
         )
     }))
@@ -93,7 +90,6 @@ pub fn arange(
     chunks: impl Into<ChunkSpec>,
     dtype: DType,
 ) -> Result<Array, ArrayError> {
-    kernels::register();
     if step == 0.0 || !step.is_finite() || !start.is_finite() || !stop.is_finite() {
         return Err(ArrayError::DType {
             op: "arange with a zero or non-finite step or bound",
@@ -121,7 +117,6 @@ pub fn from_array<T: ChunkElem>(
     a: &ArrayD<T>,
     chunks: impl Into<ChunkSpec>,
 ) -> Result<Array, ArrayError> {
-    kernels::register();
     check_rank(a.ndim())?;
     let chunks = normalize(&chunks.into(), a.shape(), T::DTYPE)?;
     let name = fresh_name("array");
@@ -169,7 +164,6 @@ pub fn linspace(
     chunks: impl Into<ChunkSpec>,
     endpoint: bool,
 ) -> Result<Array, ArrayError> {
-    kernels::register();
     let div = if endpoint { num.saturating_sub(1) } else { num };
     let step = if div == 0 {
         0.0
@@ -195,7 +189,6 @@ pub fn eye(
     k: isize,
     dtype: DType,
 ) -> Result<Array, ArrayError> {
-    kernels::register();
     let chunks = normalize(&chunks.into(), &[n, n], dtype)?;
     let starts = block_starts(&chunks);
     Ok(generated(
@@ -206,7 +199,7 @@ pub fn eye(
         move |idx, bshape| {
             let (r0, c0) = (starts[0][idx[0]] as i64, starts[1][idx[1]] as i64);
             Task::new(
-                kernels::EYE,
+                kernels().eye,
                 [
                     Arg::lit(bshape),
                     Arg::lit(c0 - r0 - k as i64),
@@ -242,7 +235,7 @@ fn stepped(prefix: &str, start: f64, step: f64, chunks: Vec<Vec<usize>>, dtype: 
         layer.insert(
             key(&name, &[i]),
             Task::new(
-                kernels::ARANGE,
+                kernels().arange,
                 [
                     Arg::lit(start + starts[0][i] as f64 * step),
                     Arg::lit(step),
@@ -254,4 +247,70 @@ fn stepped(prefix: &str, start: f64, step: f64, chunks: Vec<Vec<usize>>, dtype: 
     }
     let n = chunks[0].iter().sum();
     Array::from_layer(name, vec![n], chunks, dtype, layer, &[])
+}
+
+/// The kernels of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// A block of one value.
+    pub full: dask_graph::Func<(Vec<u64>, crate::array::DType, f64), crate::array::Chunk>,
+    /// A block of evenly spaced values.
+    pub arange: dask_graph::Func<(f64, f64, u64, crate::array::DType), crate::array::Chunk>,
+    /// A block of an identity-like matrix.
+    pub eye: dask_graph::Func<(Vec<u64>, i64, crate::array::DType), crate::array::Chunk>,
+}
+
+fn arange_chunk<T: crate::array::ChunkElem>(
+    start: f64,
+    step: f64,
+    n: usize,
+) -> crate::array::Chunk {
+    T::wrap(ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[n]), |i| {
+        T::from_f64(start + i[0] as f64 * step)
+    }))
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let r = dask_graph::registry();
+        Kernels {
+            full: r.register(
+                "dask-array-full",
+                |shape: Vec<u64>, dtype: crate::array::DType, value: f64| {
+                    let shape: Vec<usize> = shape.iter().map(|&n| n as usize).collect();
+                    crate::array::Chunk::full(&shape, dtype, value)
+                },
+            ),
+            arange: r.register(
+                "dask-array-arange",
+                |start: f64, step: f64, n: u64, dtype: crate::array::DType| {
+                    let n = n as usize;
+                    match dtype {
+                        crate::array::DType::Bool => arange_chunk::<bool>(start, step, n),
+                        crate::array::DType::U8 => arange_chunk::<u8>(start, step, n),
+                        crate::array::DType::I32 => arange_chunk::<i32>(start, step, n),
+                        crate::array::DType::I64 => arange_chunk::<i64>(start, step, n),
+                        crate::array::DType::F32 => arange_chunk::<f32>(start, step, n),
+                        crate::array::DType::F64 => arange_chunk::<f64>(start, step, n),
+                    }
+                },
+            ),
+            // A block of an identity-like matrix: one where local column - local row ==
+            // shift's negation, i.e. global column - global row == k.
+            eye: r.register(
+                "dask-array-eye",
+                |shape: Vec<u64>, shift: i64, dtype: crate::array::DType| {
+                    let (rows, cols) = (
+                        shape[0] as usize,
+                        shape.get(1).copied().unwrap_or(0) as usize,
+                    );
+                    let a = ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[rows, cols]), |i| {
+                        f64::from(u8::from(i[1] as i64 + shift == i[0] as i64))
+                    });
+                    crate::array::Chunk::from(a).into_type(dtype)
+                },
+            ),
+        }
+    })
 }

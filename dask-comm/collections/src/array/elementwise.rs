@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 use super::create::key;
 use super::{
     Array, ArrayError, Chunk, ChunkElem, DType, Elem, block_indices, cast, each, fresh_name,
-    kernels,
 };
 
 /// A binary elementwise operation.
@@ -387,7 +386,6 @@ impl Array {
     /// `op` between this array and `other`, broadcasting as NumPy. Along an axis both have at
     /// full length, blocks that do not line up are rechunked to every boundary either has.
     pub fn binary(&self, op: BinaryOp, other: &Array) -> Result<Array, ArrayError> {
-        kernels::register();
         self.require_known("a binary operation")?;
         other.require_known("a binary operation")?;
         let shape = broadcast_shape(&self.shape, &other.shape)?;
@@ -433,7 +431,7 @@ impl Array {
         let (a, b) = (Operand::of(self, &shape), Operand::of(other, &shape));
         let task = move |idx: &[usize]| {
             Task::new(
-                kernels::BINARY,
+                kernels().binary,
                 [Arg::lit(op), Arg::key(a.block(idx)), Arg::key(b.block(idx))],
             )
         };
@@ -456,14 +454,13 @@ impl Array {
         scalar: f64,
         scalar_first: bool,
     ) -> Result<Array, ArrayError> {
-        kernels::register();
         let sdtype = scalar_dtype(self.dtype, scalar);
         let dtype = op.result(self.dtype, sdtype);
         let name = fresh_name(&format!("{op:?}-scalar").to_lowercase());
         let source = self.name.clone();
         let task = move |idx: &[usize]| {
             Task::new(
-                kernels::SCALAR,
+                kernels().scalar,
                 [
                     Arg::lit(op),
                     Arg::key(key(&source, idx)),
@@ -485,18 +482,16 @@ impl Array {
 
     /// A unary operation on every element.
     pub fn unary(&self, op: UnaryOp) -> Result<Array, ArrayError> {
-        kernels::register();
         self.blockwise(
             &format!("{op:?}").to_lowercase(),
             op.result(self.dtype),
-            kernels::UNARY,
+            kernels().unary,
             dask_graph::Value::new(op),
         )
     }
 
     /// The array as `dtype` (NumPy's `astype`).
     pub fn astype(&self, dtype: DType) -> Result<Array, ArrayError> {
-        kernels::register();
         if dtype == self.dtype {
             // Nothing to convert: the same blocks (NumPy copies; nothing here writes in place).
             return Ok(self.clone());
@@ -504,7 +499,7 @@ impl Array {
         self.blockwise(
             "astype",
             dtype,
-            kernels::ASTYPE,
+            kernels().astype,
             dask_graph::Value::new(dtype),
         )
     }
@@ -514,7 +509,7 @@ impl Array {
         &self,
         prefix: &str,
         dtype: DType,
-        function: &str,
+        function: impl Into<dask_graph::Name>,
         param: dask_graph::Value,
     ) -> Result<Array, ArrayError> {
         self.blockwise_fn(prefix, dtype, function, Some(param))
@@ -526,16 +521,16 @@ impl Array {
         &self,
         prefix: &str,
         dtype: DType,
-        function: &str,
+        function: impl Into<dask_graph::Name>,
         param: Option<dask_graph::Value>,
     ) -> Result<Array, ArrayError> {
         let name = fresh_name(prefix);
-        let (source, function) = (self.name.clone(), function.to_string());
+        let (source, function) = (self.name.clone(), function.into());
         let task = move |idx: &[usize]| {
             let block = Arg::key(key(&source, idx));
             match &param {
-                Some(p) => Task::new(&function, [Arg::Lit(p.clone()), block]),
-                None => Task::new(&function, [block]),
+                Some(p) => Task::new(function, [Arg::Lit(p.clone()), block]),
+                None => Task::new(function, [block]),
             }
         };
         Ok(Array::from_blocks(
@@ -550,7 +545,6 @@ impl Array {
 
     /// The axes permuted: axis `i` of the result is axis `axes[i]` of this array.
     pub fn transpose(&self, axes: &[usize]) -> Result<Array, ArrayError> {
-        kernels::register();
         let mut seen = vec![false; self.ndim()];
         if axes.len() != self.ndim() {
             return Err(ArrayError::Axis {
@@ -579,7 +573,7 @@ impl Array {
             layer.insert(
                 key(&name, &idx),
                 Task::new(
-                    kernels::TRANSPOSE,
+                    kernels().transpose,
                     [Arg::lit(perm.clone()), Arg::key(self.block_key(&src))],
                 ),
             );
@@ -634,4 +628,60 @@ impl std::ops::Neg for &Array {
     fn neg(self) -> Self::Output {
         self.unary(UnaryOp::Neg)
     }
+}
+
+/// The kernels of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// Two blocks, elementwise.
+    pub binary:
+        dask_graph::Func<(BinaryOp, crate::array::Block, crate::array::Block), crate::array::Chunk>,
+    /// A block and a scalar (`first`: the scalar is the left operand).
+    pub scalar: dask_graph::Func<
+        (
+            BinaryOp,
+            crate::array::Block,
+            f64,
+            crate::array::DType,
+            bool,
+        ),
+        crate::array::Chunk,
+    >,
+    /// One block, elementwise.
+    pub unary: dask_graph::Func<(UnaryOp, crate::array::Block), crate::array::Chunk>,
+    /// A block cast to a type.
+    pub astype: dask_graph::Func<(crate::array::DType, crate::array::Block), crate::array::Chunk>,
+    /// A block with its axes permuted.
+    pub transpose: dask_graph::Func<(Vec<u64>, crate::array::Block), crate::array::Chunk>,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let r = dask_graph::registry();
+        Kernels {
+            binary: r.register("dask-array-binary", |op: BinaryOp, a: crate::array::Block, b: crate::array::Block| {
+                binary_chunks(op, &a, &b)
+            }),
+            scalar: r.register(
+                "dask-array-scalar",
+                |op: BinaryOp, a: crate::array::Block, s: f64, t: crate::array::DType, first: bool| {
+                    let s = crate::array::Chunk::full(&[], t, s);
+                    if first {
+                        binary_chunks(op, &s, &a)
+                    } else {
+                        binary_chunks(op, &a, &s)
+                    }
+                },
+            ),
+            unary: r.register("dask-array-unary", |op: UnaryOp, a: crate::array::Block| unary_chunk(op, &a)),
+            astype: r.register("dask-array-astype", |t: crate::array::DType, a: crate::array::Block| a.astype(t)),
+            transpose: r.register("dask-array-transpose", |perm: Vec<u64>, a: crate::array::Block| {
+                let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
+                // One copy; the permuted layout stays (encoding and kernels follow logical
+                // order).
+                crate::array::each!(&*a, x => crate::array::Chunk::from(x.clone().permuted_axes(ndarray::IxDyn(&perm))))
+            }),
+        }
+    })
 }

@@ -8,7 +8,7 @@ use ndarray::{IxDyn, Zip};
 
 use super::create::key;
 use super::elementwise::{Operand, broadcast_shape, unify_all};
-use super::{Array, ArrayError, Chunk, DType, block_indices, fresh_name, kernels};
+use super::{Array, ArrayError, Chunk, DType, block_indices, fresh_name};
 
 /// `x` where `cond` is true, else `y`, broadcasting the three (the kernel of [`where_`]).
 pub(crate) fn select_chunks(t: DType, cond: &Chunk, x: &Chunk, y: &Chunk) -> Result<Chunk, String> {
@@ -62,7 +62,6 @@ pub(crate) fn select_chunks(t: DType, cond: &Chunk, x: &Chunk, y: &Chunk) -> Res
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn where_(cond: &Array, x: &Array, y: &Array) -> Result<Array, ArrayError> {
-    kernels::register();
     for a in [cond, x, y] {
         a.require_known("where")?;
     }
@@ -86,7 +85,7 @@ pub fn where_(cond: &Array, x: &Array, y: &Array) -> Result<Array, ArrayError> {
     let task = move |idx: &[usize]| {
         let mut args = vec![Arg::lit(t)];
         args.extend(operands.iter().map(|o| Arg::key(o.block(idx))));
-        Task::new(kernels::WHERE, args)
+        Task::new(kernels().select, args)
     };
     let refs: Vec<&Array> = ops.iter().collect();
     Ok(Array::from_blocks(name, shape, chunks, t, task, &refs))
@@ -94,7 +93,8 @@ pub fn where_(cond: &Array, x: &Array, y: &Array) -> Result<Array, ArrayError> {
 
 impl Array {
     /// `function` applied to every block: a function registered (in every process, as
-    /// [`register`](super::register) does for the array's own) under that name, taking the
+    /// [`register`](super::register) does for the array's own; its [`Func`](dask_graph::Func)
+    /// handle, or its name), taking the
     /// block (an `Arc<Chunk>`) and then `extra`'s values, returning a [`Chunk`] of `dtype` —
     /// of the block's shape, or of the blocks `chunks` gives (the same number per axis) (Dask's `map_blocks(func,
     /// chunks=..., dtype=...)`). A block of another shape or type fails the computation with
@@ -103,26 +103,26 @@ impl Array {
     /// ```
     /// use std::sync::Arc;
     /// use dask_collections::array::{self, Chunk, DType};
-    /// dask_graph::registry().register("double-it", |c: Arc<Chunk>| {
+    /// let double = dask_graph::registry().register("double-it", |c: Arc<Chunk>| {
     ///     Chunk::from(c.to_f64().mapv(|v| 2.0 * v))
     /// });
     /// let x = array::arange(0.0, 5.0, 1.0, 2, DType::F64)?;
-    /// let y = x.map_blocks("double-it", &[], DType::F64, None)?;
+    /// let y = x.map_blocks(double, &[], DType::F64, None)?;
     /// let v = y.compute(&dask_graph::Inline)?.to_f64().into_raw_vec_and_offset().0;
     /// assert_eq!(v, vec![0.0, 2.0, 4.0, 6.0, 8.0]);
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn map_blocks(
         &self,
-        function: &str,
+        function: impl Into<dask_graph::Name>,
         extra: &[Arg],
         dtype: DType,
         chunks: Option<Vec<Vec<usize>>>,
     ) -> Result<Array, ArrayError> {
-        kernels::register();
+        let function: dask_graph::Name = function.into();
         if registry().get(function).is_none() {
             return Err(ArrayError::UnknownFunction {
-                name: Arc::from(function),
+                name: Arc::from(function.as_str()),
             });
         }
         let chunks = match chunks {
@@ -163,6 +163,34 @@ impl Array {
     }
 }
 
+/// The kernel of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// `where(cond, x, y)` on three blocks.
+    pub select: dask_graph::Func<
+        (
+            crate::array::DType,
+            crate::array::Block,
+            crate::array::Block,
+            crate::array::Block,
+        ),
+        crate::array::Chunk,
+    >,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| Kernels {
+        select: dask_graph::registry().register(
+            "dask-array-where",
+            |t: crate::array::DType,
+             c: crate::array::Block,
+             x: crate::array::Block,
+             y: crate::array::Block| select_chunks(t, &c, &x, &y),
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,10 +206,14 @@ mod tests {
 
     #[test]
     fn chunks_for_another_grid_are_refused() {
-        kernels::register();
         let x = crate::array::ones(&[4], 2, DType::F64).unwrap();
         assert!(matches!(
-            x.map_blocks(kernels::TRANSPOSE, &[], DType::F64, Some(vec![vec![4]])),
+            x.map_blocks(
+                crate::array::elementwise::kernels().transpose,
+                &[],
+                DType::F64,
+                Some(vec![vec![4]])
+            ),
             Err(ArrayError::Blocks { .. })
         ));
     }

@@ -9,7 +9,7 @@ use dask_graph::{Arg, Scheduler, Task};
 use ndarray::{ArrayD, IxDyn};
 
 use super::create::key;
-use super::{Array, ArrayError, Chunk, DType, each, fresh_name, kernels};
+use super::{Array, ArrayError, Chunk, DType, each, fresh_name};
 
 /// A length not known until computed (a block of a masked array).
 pub const UNKNOWN: usize = usize::MAX;
@@ -66,7 +66,6 @@ impl Array {
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn mask(&self, mask: &Array) -> Result<Array, ArrayError> {
-        kernels::register();
         self.require_known("mask")?;
         mask.require_known("mask")?;
         if mask.shape != self.shape {
@@ -98,7 +97,7 @@ impl Array {
                 *first = idx[0];
             }
             Task::new(
-                kernels::MASK,
+                kernels().mask,
                 [Arg::key(key(&xs, &at)), Arg::key(key(&ms, &at))],
             )
         };
@@ -116,7 +115,6 @@ impl Array {
     /// `scheduler` (as Dask's `compute_chunk_sizes`, the blocks are computed again when the
     /// array is). An array whose lengths are known is returned as it is.
     pub fn compute_chunk_sizes(&self, scheduler: &dyn Scheduler) -> Result<Array, ArrayError> {
-        kernels::register();
         if !self.has_unknown_chunks() {
             return Ok(self.clone());
         }
@@ -125,7 +123,7 @@ impl Array {
         let mut keys = Vec::new();
         for (i, k) in self.keys().into_iter().enumerate() {
             let s = key(&name, &[i]);
-            graph.insert(s, Task::new(kernels::SHAPE, [Arg::key(k)]));
+            graph.insert(s, Task::new(kernels().shape, [Arg::key(k)]));
             keys.push(s);
         }
         let shapes = scheduler.get(graph, &keys)?;
@@ -165,6 +163,31 @@ impl Array {
         known.chunks = chunks;
         Ok(known)
     }
+}
+
+/// The kernels of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// A block's elements where a mask block is true.
+    pub mask: dask_graph::Func<(crate::array::Block, crate::array::Block), crate::array::Chunk>,
+    /// A block's shape.
+    pub shape: dask_graph::Func<(crate::array::Block,), Vec<u64>>,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let r = dask_graph::registry();
+        Kernels {
+            mask: r.register(
+                "dask-array-mask",
+                |x: crate::array::Block, m: crate::array::Block| mask_chunk(&x, &m),
+            ),
+            shape: r.register("dask-array-shape", |x: crate::array::Block| {
+                x.shape().iter().map(|&n| n as u64).collect::<Vec<u64>>()
+            }),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -23,7 +23,6 @@ mod create;
 pub mod device;
 mod elementwise;
 mod fastmath;
-mod kernels;
 pub mod linalg;
 mod map;
 mod mask;
@@ -46,7 +45,6 @@ pub use chunk::{Chunk, ChunkElem, DType, Elem, cast};
 pub use chunks::{AUTO_BYTES, ChunkSpec, block_indices, normalize, regular};
 pub use create::{arange, eye, from_array, full, linspace, ones, zeros};
 pub use elementwise::{BinaryOp, UnaryOp};
-pub use kernels::register;
 pub use map::where_;
 pub use mask::UNKNOWN;
 pub use npy::from_npy_stack;
@@ -685,4 +683,61 @@ pub(crate) fn concat(parts: &[Chunk], axis: usize) -> Result<Chunk, String> {
         Chunk::F32(_) => cat!(F32),
         Chunk::F64(_) => cat!(F64),
     }
+}
+
+/// A block as a kernel takes it: shared with the store that holds it, not copied.
+pub(crate) type Block = Arc<Chunk>;
+
+dask_graph::serde_data!(DType);
+dask_graph::serde_data!(BinaryOp);
+dask_graph::serde_data!(UnaryOp);
+
+/// Registers the array functions and the chunk type in this process (once): call it at the top
+/// of `main`, before `dask_comm::run_if_worker`, so worker processes have them too. Each module
+/// registers the kernels of the tasks it builds (on first use, too: building an array's graph
+/// registers what its tasks call in the building process).
+pub fn register() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        dask_graph::register_type::<Chunk>();
+        create::kernels();
+        elementwise::kernels();
+        reduce::kernels();
+        arg::kernels();
+        slice::kernels();
+        random::kernels();
+        rechunk::kernels();
+        overlap::kernels();
+        map::kernels();
+        shape::kernels();
+        npy::kernels();
+        mask::kernels();
+        linalg::array_kernels();
+        linalg::register_kernels(dask_graph::registry());
+        #[cfg(feature = "cuda")]
+        device::register();
+    });
+}
+
+/// A grid (`Vec<u64>`) and then as many chunks as it has cells: the arguments of the kernels
+/// that join blocks.
+pub(crate) fn grid_and_chunks(
+    args: &[dask_graph::Value],
+) -> Result<(Vec<usize>, Vec<Chunk>), String> {
+    let Some(grid) = args.first().and_then(|v| v.downcast_ref::<Vec<u64>>()) else {
+        return Err("a grid, then the chunks, expected".into());
+    };
+    let chunks = args[1..]
+        .iter()
+        .map(|v| {
+            v.downcast_ref::<Chunk>()
+                .cloned()
+                .ok_or("an argument that is not a chunk")
+        })
+        .collect::<Result<Vec<Chunk>, _>>()?;
+    let grid: Vec<usize> = grid.iter().map(|&n| n as usize).collect();
+    if grid.iter().product::<usize>() != chunks.len() {
+        return Err(format!("{} chunks for a grid of {grid:?}", chunks.len()));
+    }
+    Ok((grid, chunks))
 }

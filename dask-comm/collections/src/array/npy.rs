@@ -12,7 +12,7 @@ use dask_graph::{Arg, Graph, Scheduler, Task};
 use serde::{Deserialize, Serialize};
 
 use super::create::key;
-use super::{Array, ArrayError, Chunk, DType, Elem, each, fresh_name, kernels};
+use super::{Array, ArrayError, Chunk, DType, Elem, each, fresh_name};
 
 /// Why a `.npy` file or stack could not be read or written.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -266,7 +266,6 @@ impl Array {
         axis: isize,
         scheduler: &dyn Scheduler,
     ) -> Result<(), ArrayError> {
-        kernels::register();
         self.require_known("to_npy_stack")?;
         let dir = dir.as_ref();
         let ax = self.axis(axis)?;
@@ -292,7 +291,7 @@ impl Array {
             layer.insert(
                 k,
                 Task::new(
-                    kernels::NPY_WRITE,
+                    kernels().write,
                     [
                         Arg::lit(path.to_string_lossy().into_owned()),
                         Arg::key(x.block_key(&idx)),
@@ -321,7 +320,6 @@ impl Array {
 /// The array a [`Array::to_npy_stack`] wrote to `dir`: one block per file, read by its task
 /// (each checked against `info.json`'s type and shape when it is read).
 pub fn from_npy_stack(dir: impl AsRef<Path>) -> Result<Array, ArrayError> {
-    kernels::register();
     let dir = dir.as_ref();
     let path = dir.join("info.json");
     let text = std::fs::read_to_string(&path).map_err(|e| NpyError::io(&path, &e))?;
@@ -353,7 +351,7 @@ pub fn from_npy_stack(dir: impl AsRef<Path>) -> Result<Array, ArrayError> {
         layer.insert(
             key(&name, &idx),
             Task::new(
-                kernels::NPY_READ,
+                kernels().read,
                 [
                     Arg::lit(file.to_string_lossy().into_owned()),
                     Arg::lit(dtype),
@@ -370,6 +368,34 @@ pub fn from_npy_stack(dir: impl AsRef<Path>) -> Result<Array, ArrayError> {
         layer,
         &[],
     ))
+}
+
+/// The kernels of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// A block written to a `.npy` file (its bytes).
+    pub write: dask_graph::Func<(String, crate::array::Block), u64>,
+    /// A block read from a `.npy` file.
+    pub read: dask_graph::Func<(String, crate::array::DType, Vec<u64>), crate::array::Chunk>,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let r = dask_graph::registry();
+        Kernels {
+            write: r.register(
+                "dask-array-npy-write",
+                |path: String, a: crate::array::Block| write_block(&path, &a),
+            ),
+            read: r.register(
+                "dask-array-npy-read",
+                |path: String, dtype: crate::array::DType, shape: Vec<u64>| {
+                    read_block(&path, dtype, &shape)
+                },
+            ),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::create::key;
 use super::slice::Local;
-use super::{Array, ArrayError, Chunk, DType, block_indices, each, fresh_name, kernels};
+use super::{Array, ArrayError, Chunk, DType, block_indices, each, fresh_name};
 
 /// What lies beyond the array's edge along an axis (Dask's `boundary`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -160,7 +160,6 @@ impl Array {
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn overlap(&self, depth: &[usize], boundary: &[Boundary]) -> Result<Array, ArrayError> {
-        kernels::register();
         self.require_known("overlap")?;
         let depth = per_axis(depth, self.ndim(), "depths")?;
         let boundary = per_axis(boundary, self.ndim(), "boundaries")?;
@@ -224,7 +223,7 @@ impl Array {
                     layer.insert(
                         piece_key,
                         Task::new(
-                            kernels::FULL,
+                            crate::array::create::kernels().full,
                             [Arg::lit(shape), Arg::lit(self.dtype), Arg::lit(v)],
                         ),
                     );
@@ -245,14 +244,17 @@ impl Array {
                     layer.insert(
                         piece_key,
                         Task::new(
-                            kernels::PICK,
+                            kernels().pick,
                             [Arg::lit(picks), Arg::key(self.block_key(&src))],
                         ),
                     );
                     args.push(Arg::key(piece_key));
                 }
             }
-            layer.insert(key(&name, &idx), Task::new(kernels::CONCAT, args));
+            layer.insert(
+                key(&name, &idx),
+                Task::new(crate::array::rechunk::kernels().concat, args),
+            );
         }
         Ok(Array::from_layer(
             name,
@@ -281,7 +283,6 @@ impl Array {
         depth: &[usize],
         boundary: &[Boundary],
     ) -> Result<Array, ArrayError> {
-        kernels::register();
         self.require_known("trim_internal")?;
         let depth = per_axis(depth, self.ndim(), "depths")?;
         let boundary = per_axis(boundary, self.ndim(), "boundaries")?;
@@ -325,7 +326,7 @@ impl Array {
             layer.insert(
                 key(&name, &idx),
                 Task::new(
-                    kernels::SLICE,
+                    crate::array::slice::kernels().slice,
                     [Arg::lit(locals), Arg::key(self.block_key(&idx))],
                 ),
             );
@@ -354,6 +355,23 @@ impl Array {
             .map_blocks(function, &[], dtype, None)?
             .trim_internal(depth, boundary)
     }
+}
+
+/// The kernel of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// Rows picked out of a block, per axis.
+    pub pick: dask_graph::Func<(Vec<Pick>, crate::array::Block), crate::array::Chunk>,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| Kernels {
+        pick: dask_graph::registry().register(
+            "dask-array-pick",
+            |picks: Vec<Pick>, a: crate::array::Block| pick_chunk(&a, &picks),
+        ),
+    })
 }
 
 #[cfg(test)]

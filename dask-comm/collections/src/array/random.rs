@@ -8,7 +8,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::create::generated;
-use super::{Array, ArrayError, Chunk, ChunkSpec, DType, kernels, normalize};
+use super::{Array, ArrayError, Chunk, ChunkSpec, DType, normalize};
 
 /// Which distribution.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -104,7 +104,6 @@ fn make(
     chunks: ChunkSpec,
     dtype: DType,
 ) -> Result<Array, ArrayError> {
-    kernels::register();
     let chunks = normalize(&chunks, shape, dtype)?;
     Ok(generated(
         "random",
@@ -114,7 +113,7 @@ fn make(
         move |idx, bshape| {
             let bidx: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
             Task::new(
-                kernels::RANDOM,
+                kernels().random,
                 [
                     Arg::lit(dist),
                     Arg::lit(seed),
@@ -204,4 +203,24 @@ pub fn integers(
         chunks.into(),
         DType::I64,
     )
+}
+
+/// The kernel of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// A block of draws.
+    pub random: dask_graph::Func<(Distribution, u64, Vec<u64>, Vec<u64>), crate::array::Chunk>,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| Kernels {
+        random: dask_graph::registry().register(
+            "dask-array-random",
+            |dist: Distribution, seed: u64, idx: Vec<u64>, shape: Vec<u64>| {
+                let shape: Vec<usize> = shape.iter().map(|&n| n as usize).collect();
+                block(dist, seed, &idx, &shape)
+            },
+        ),
+    })
 }

@@ -9,7 +9,7 @@ use dask_graph::{Arg, Graph, Task};
 
 use super::create::key;
 use super::slice::Local;
-use super::{Array, ArrayError, ChunkSpec, block_indices, fresh_name, kernels, normalize};
+use super::{Array, ArrayError, ChunkSpec, block_indices, fresh_name, normalize};
 
 /// Along one axis, for each new block: the (old block, start, end) ranges it is made of.
 fn plan_axis(old: &[usize], new: &[usize]) -> Vec<Vec<(usize, usize, usize)>> {
@@ -50,7 +50,6 @@ impl Array {
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn rechunk(&self, chunks: impl Into<ChunkSpec>) -> Result<Array, ArrayError> {
-        kernels::register();
         self.require_known("rechunk")?;
         let new = normalize(&chunks.into(), &self.shape, self.dtype)?;
         if new == self.chunks {
@@ -93,13 +92,13 @@ impl Array {
                 layer.insert(
                     piece_key,
                     Task::new(
-                        kernels::SLICE,
+                        crate::array::slice::kernels().slice,
                         [Arg::lit(locals), Arg::key(self.block_key(&src))],
                     ),
                 );
                 args.push(Arg::key(piece_key));
             }
-            layer.insert(key(&name, &idx), Task::new(kernels::CONCAT, args));
+            layer.insert(key(&name, &idx), Task::new(kernels().concat, args));
         }
         Ok(Array::from_layer(
             name,
@@ -110,6 +109,26 @@ impl Array {
             &[self],
         ))
     }
+}
+
+/// The kernel of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// Pieces joined into one block: a grid, then as many pieces as it has cells.
+    pub concat: dask_graph::Func<dask_graph::Values, dask_graph::Value>,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| Kernels {
+        concat: dask_graph::registry().register_values(
+            "dask-array-concat",
+            |args: &[dask_graph::Value]| {
+                let (grid, pieces) = crate::array::grid_and_chunks(args)?;
+                crate::array::assemble_at(pieces, &grid, 0).map(dask_graph::Value::new)
+            },
+        ),
+    })
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use ndarray::{ArrayD, Axis, IxDyn};
 use serde::{Deserialize, Serialize};
 
 use super::create::key;
-use super::{Array, ArrayError, Chunk, DType, Elem, block_indices, each, fresh_name, kernels};
+use super::{Array, ArrayError, Chunk, DType, Elem, block_indices, each, fresh_name};
 
 /// How many partial results one combine task takes, over all reduced axes together (Dask's
 /// default `split_every`): per axis its `len(axes)`-th root, at least 2.
@@ -336,7 +336,6 @@ impl Array {
         keepdims: bool,
         split_every: Option<usize>,
     ) -> Result<Array, ArrayError> {
-        kernels::register();
         let axes = self.axes(axes)?;
         if matches!(op, ReduceOp::Min | ReduceOp::Max) {
             // An empty block has no min or max to contribute.
@@ -362,16 +361,16 @@ impl Array {
             op.result(self.dtype),
             |idx| {
                 Task::new(
-                    kernels::PARTIAL,
+                    kernels().partial,
                     [Arg::lit(spec.clone()), Arg::key(self.block_key(idx))],
                 )
             },
             |parts| {
                 let mut args = vec![Arg::lit(spec.clone())];
                 args.extend(parts);
-                Task::new(kernels::COMBINE, args)
+                Task::new(kernels().combine, args)
             },
-            |part| Task::new(kernels::FINISH, [Arg::lit(spec.clone()), Arg::key(part)]),
+            |part| Task::new(kernels().finish, [Arg::lit(spec.clone()), Arg::key(part)]),
         ))
     }
 
@@ -494,4 +493,42 @@ impl Array {
     pub fn std(&self, axes: &[isize], keepdims: bool, ddof: f64) -> Result<Array, ArrayError> {
         self.reduce(ReduceOp::Std(ddof), axes, keepdims, None)
     }
+}
+
+/// The kernels of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// A block's partial result.
+    pub partial: dask_graph::Func<(Spec, crate::array::Block), crate::array::Chunk>,
+    /// Partial results combined: a spec, a grid, then the partials.
+    pub combine: dask_graph::Func<dask_graph::Values, dask_graph::Value>,
+    /// The final result from the last partial.
+    pub finish: dask_graph::Func<(Spec, crate::array::Block), crate::array::Chunk>,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let r = dask_graph::registry();
+        Kernels {
+            partial: r.register(
+                "dask-array-reduce-partial",
+                |spec: Spec, a: crate::array::Block| partial(&spec, &a),
+            ),
+            combine: r.register_values(
+                "dask-array-reduce-combine",
+                |args: &[dask_graph::Value]| {
+                    let Some(spec) = args.first().and_then(|v| v.downcast_ref::<Spec>()) else {
+                        return Err("combine takes a spec, a grid, then partial results".into());
+                    };
+                    let (grid, parts) = crate::array::grid_and_chunks(&args[1..])?;
+                    combine(spec, &grid, parts).map(dask_graph::Value::new)
+                },
+            ),
+            finish: r.register(
+                "dask-array-reduce-finish",
+                |spec: Spec, a: crate::array::Block| finish(&spec, &a),
+            ),
+        }
+    })
 }

@@ -7,7 +7,7 @@ use ndarray::IxDyn;
 
 use super::create::key;
 use super::elementwise::common_chunks;
-use super::{Array, ArrayError, Chunk, DType, block_indices, each, fresh_name, full, kernels};
+use super::{Array, ArrayError, Chunk, DType, block_indices, each, fresh_name, full};
 
 /// Reshapes a block (row-major) to `shape`.
 pub(crate) fn reshape_chunk(c: &Chunk, shape: &[usize]) -> Result<Chunk, String> {
@@ -112,7 +112,6 @@ impl Array {
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Array, ArrayError> {
-        kernels::register();
         self.require_known("reshape")?;
         if shape.iter().product::<usize>() != self.size() {
             return Err(ArrayError::Reshape {
@@ -179,7 +178,7 @@ impl Array {
             layer.insert(
                 key(&name, &idx),
                 Task::new(
-                    kernels::RESHAPE,
+                    kernels().reshape,
                     [Arg::lit(bshape), Arg::key(src.block_key(&from))],
                 ),
             );
@@ -209,7 +208,6 @@ impl Array {
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn concatenate(arrays: &[&Array], axis: isize) -> Result<Array, ArrayError> {
-    kernels::register();
     let Some(first) = arrays.first() else {
         return Err(ArrayError::Nothing);
     };
@@ -305,6 +303,26 @@ pub fn stack(arrays: &[&Array], axis: isize) -> Result<Array, ArrayError> {
         .collect::<Result<Vec<Array>, ArrayError>>()?;
     let refs: Vec<&Array> = expanded.iter().collect();
     concatenate(&refs, at)
+}
+
+/// The kernel of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// A block reshaped.
+    pub reshape: dask_graph::Func<(Vec<u64>, crate::array::Block), crate::array::Chunk>,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| Kernels {
+        reshape: dask_graph::registry().register(
+            "dask-array-reshape",
+            |shape: Vec<u64>, a: crate::array::Block| {
+                let shape: Vec<usize> = shape.iter().map(|&n| n as usize).collect();
+                reshape_chunk(&a, &shape)
+            },
+        ),
+    })
 }
 
 #[cfg(test)]

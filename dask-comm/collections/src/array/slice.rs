@@ -7,7 +7,7 @@ use ndarray::{Axis, Slice};
 use serde::{Deserialize, Serialize};
 
 use super::create::key;
-use super::{Array, ArrayError, Chunk, block_indices, each, fresh_name, kernels};
+use super::{Array, ArrayError, Chunk, block_indices, each, fresh_name};
 
 /// What to take along one axis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,7 +160,6 @@ impl Array {
     /// ```
     pub fn slice(&self, index: &[Index]) -> Result<Array, ArrayError> {
         self.require_known("slice")?;
-        kernels::register();
         if index.len() > self.ndim() {
             return Err(ArrayError::Axis {
                 axis: index.len() as isize - 1,
@@ -221,7 +220,7 @@ impl Array {
                 layer.insert(
                     key(&name, &out),
                     Task::new(
-                        kernels::SLICE,
+                        kernels().slice,
                         [Arg::lit(locals), Arg::key(self.block_key(&src))],
                     ),
                 );
@@ -273,6 +272,23 @@ impl Array {
             .collect();
         self.slice(&index)
     }
+}
+
+/// The kernel of the tasks this module builds, registered in this process on first use (and by
+/// [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// A block sliced.
+    pub slice: dask_graph::Func<(Vec<Local>, crate::array::Block), crate::array::Chunk>,
+}
+
+pub(crate) fn kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| Kernels {
+        slice: dask_graph::registry().register(
+            "dask-array-slice",
+            |locals: Vec<Local>, a: crate::array::Block| slice_chunk(&a, &locals),
+        ),
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use dask_graph::{Arg, Graph, Task};
 
 use super::create::key;
 use super::overlap::Pick;
-use super::{Array, ArrayError, block_indices, fresh_name, kernels, regular};
+use super::{Array, ArrayError, block_indices, fresh_name, regular};
 
 impl Array {
     /// The elements at `indices` along `axis` (negative indices count from the end; repeats
@@ -22,7 +22,6 @@ impl Array {
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn take(&self, indices: &[isize], axis: isize) -> Result<Array, ArrayError> {
-        kernels::register();
         self.require_known("take")?;
         let ax = self.axis(axis)?;
         let len = self.shape[ax];
@@ -118,7 +117,7 @@ impl Array {
                 layer.insert(
                     out,
                     Task::new(
-                        kernels::PICK,
+                        crate::array::overlap::kernels().pick,
                         [Arg::lit(all(local.clone())), Arg::key(src(*b))],
                     ),
                 );
@@ -132,20 +131,26 @@ impl Array {
                 layer.insert(
                     piece,
                     Task::new(
-                        kernels::PICK,
+                        crate::array::overlap::kernels().pick,
                         [Arg::lit(all(local.clone())), Arg::key(src(*b))],
                     ),
                 );
                 args.push(Arg::key(piece));
             }
             let joined = key(&gathered, &[flat, pieces.len()]);
-            layer.insert(joined, Task::new(kernels::CONCAT, args));
+            layer.insert(
+                joined,
+                Task::new(crate::array::rechunk::kernels().concat, args),
+            );
             let order = orders[idx[ax]]
                 .clone()
                 .expect("several pieces have an order");
             layer.insert(
                 out,
-                Task::new(kernels::PICK, [Arg::lit(all(order)), Arg::key(joined)]),
+                Task::new(
+                    crate::array::overlap::kernels().pick,
+                    [Arg::lit(all(order)), Arg::key(joined)],
+                ),
             );
         }
         Ok(Array::from_layer(

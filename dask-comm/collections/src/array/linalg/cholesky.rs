@@ -6,7 +6,7 @@ use dask_graph::{Arg, Graph, Task};
 
 use super::super::create::key;
 use super::super::elementwise::common_chunks;
-use super::super::{Array, ArrayError, DType, fresh_name, kernels as array_kernels};
+use super::super::{Array, ArrayError, DType, fresh_name};
 use super::{kernels, square};
 
 /// A square array in square blocks: the same boundaries on both axes (every boundary either
@@ -35,7 +35,7 @@ pub(crate) fn square_blocks(a: &Array) -> Result<Array, ArrayError> {
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn cholesky(a: &Array, lower: bool) -> Result<Array, ArrayError> {
-    array_kernels::register();
+    crate::array::register();
     a.require_known("cholesky")?;
     square(a, "cholesky")?;
     let a = square_blocks(a)?;
@@ -58,7 +58,7 @@ pub fn cholesky(a: &Array, lower: bool) -> Result<Array, ArrayError> {
             layer.insert(
                 key(&name, &[k, i]),
                 Task::new(
-                    array_kernels::FULL,
+                    crate::array::create::kernels().full,
                     [
                         Arg::lit(vec![c[k] as u64, c[i] as u64]),
                         Arg::lit(DType::F64),

@@ -36,7 +36,7 @@ use dask_graph::{Arg, ComputeError, FailureKind, Graph, Task, Value};
 use ndarray::{Array2, Ix2};
 
 use super::create::key;
-use super::{Array, ArrayError, Chunk, DType, block_indices, fresh_name, kernels as array_kernels};
+use super::{Array, ArrayError, Chunk, DType, block_indices, fresh_name};
 
 pub use cholesky::cholesky;
 pub(crate) use kernels::register_kernels;
@@ -172,7 +172,7 @@ impl Array {
     /// # Ok::<(), array::ArrayError>(())
     /// ```
     pub fn matmul(&self, other: &Array) -> Result<Array, ArrayError> {
-        array_kernels::register();
+        crate::array::register();
         self.require_known("matmul")?;
         other.require_known("matmul")?;
         if self.ndim() != 2 || other.ndim() != 2 {
@@ -205,7 +205,7 @@ impl Array {
                 args.push(Arg::key(self.block_key(&[idx[0], k])));
                 args.push(Arg::key(other.block_key(&[k, idx[1]])));
             }
-            layer.insert(key(&name, &idx), Task::new(array_kernels::MATMUL, args));
+            layer.insert(key(&name, &idx), Task::new(array_kernels().matmul, args));
         }
         Ok(Array::from_layer(
             name,
@@ -282,6 +282,31 @@ fn factor(
         Task::new(kernels::ITEM, [Arg::lit(i), Arg::key(factors)]),
         inputs,
     )
+}
+
+/// The kernel of the block products this module builds, registered in this process on first
+/// use (and by [`register`](crate::array::register), which worker processes call at start).
+pub(crate) struct Kernels {
+    /// A sum of block products: a type, then pairs of blocks.
+    pub matmul: dask_graph::Func<dask_graph::Values, dask_graph::Value>,
+}
+
+pub(crate) fn array_kernels() -> &'static Kernels {
+    static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
+    K.get_or_init(|| Kernels {
+        matmul: dask_graph::registry().register_values(
+            "dask-array-matmul",
+            |args: &[dask_graph::Value]| {
+                let Some(t) = args
+                    .first()
+                    .and_then(|v| v.downcast_ref::<crate::array::DType>())
+                else {
+                    return Err("matmul takes a type, then pairs of blocks".into());
+                };
+                sum_of_products(*t, &args[1..]).map(dask_graph::Value::new)
+            },
+        ),
+    })
 }
 
 #[cfg(test)]

@@ -7,9 +7,7 @@ use dask_graph::{Arg, Graph, Task};
 
 use super::super::create::key;
 use super::super::elementwise::common_chunks;
-use super::super::{
-    Array, ArrayError, ChunkSpec, DType, eye, fresh_name, kernels as array_kernels,
-};
+use super::super::{Array, ArrayError, ChunkSpec, DType, eye, fresh_name};
 use super::{kernels, square, tsqr};
 
 /// Refuses a right-hand side that is not 1-d or 2-d or does not have `n` rows.
@@ -88,7 +86,7 @@ fn substitute(a: &Array, b: &Array, lower: bool, rcond: f64) -> Result<Array, Ar
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn solve_triangular(a: &Array, b: &Array, lower: bool) -> Result<Array, ArrayError> {
-    array_kernels::register();
+    crate::array::register();
     a.require_known("solve_triangular")?;
     b.require_known("solve_triangular")?;
     square(a, "solve_triangular")?;
@@ -118,7 +116,7 @@ fn qr_and_project(a: &Array, b: &Array) -> Result<(Array, Array), ArrayError> {
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn solve(a: &Array, b: &Array) -> Result<Array, ArrayError> {
-    array_kernels::register();
+    crate::array::register();
     a.require_known("solve")?;
     b.require_known("solve")?;
     let n = square(a, "solve")?;
@@ -141,7 +139,7 @@ pub fn solve(a: &Array, b: &Array) -> Result<Array, ArrayError> {
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn solve_spd(a: &Array, b: &Array) -> Result<Array, ArrayError> {
-    array_kernels::register();
+    crate::array::register();
     a.require_known("solve_spd")?;
     b.require_known("solve_spd")?;
     square(a, "solve_spd")?;
@@ -161,7 +159,7 @@ pub fn solve_spd(a: &Array, b: &Array) -> Result<Array, ArrayError> {
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn inv(a: &Array) -> Result<Array, ArrayError> {
-    array_kernels::register();
+    crate::array::register();
     let n = square(a, "inv")?;
     let c = a.chunks[0].clone();
     solve(
@@ -200,7 +198,7 @@ pub struct Lstsq {
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn lstsq(a: &Array, b: &Array) -> Result<Lstsq, ArrayError> {
-    array_kernels::register();
+    crate::array::register();
     a.require_known("lstsq")?;
     b.require_known("lstsq")?;
     if a.ndim() != 2 {

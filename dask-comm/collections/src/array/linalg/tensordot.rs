@@ -6,7 +6,7 @@ use ndarray::{ArrayD, IxDyn, LinalgScalar};
 
 use super::super::create::key;
 use super::super::elementwise::common_chunks;
-use super::super::{Array, ArrayError, block_indices, fresh_name, kernels as array_kernels};
+use super::super::{Array, ArrayError, block_indices, fresh_name};
 use super::{kernels, product_type};
 
 /// `a` and `b` contracted over `axes_a` and `axes_b` (NumPy's `tensordot` of two blocks).
@@ -71,7 +71,7 @@ impl Array {
         axes_a: &[isize],
         axes_b: &[isize],
     ) -> Result<Array, ArrayError> {
-        array_kernels::register();
+        crate::array::register();
         self.require_known("tensordot")?;
         other.require_known("tensordot")?;
         let aa = distinct(self, axes_a)?;

@@ -7,9 +7,7 @@
 use dask_graph::{Arg, Graph, Task};
 
 use super::super::create::key;
-use super::super::{
-    Array, ArrayError, ChunkSpec, DType, Index, fresh_name, kernels as array_kernels, random,
-};
+use super::super::{Array, ArrayError, ChunkSpec, DType, Index, fresh_name, random};
 use super::{factor, kernels};
 
 fn tall_skinny(a: &Array, op: &'static str) -> Result<(), ArrayError> {
@@ -45,7 +43,7 @@ fn tall_skinny(a: &Array, op: &'static str) -> Result<(), ArrayError> {
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn qr(a: &Array) -> Result<(Array, Array), ArrayError> {
-    array_kernels::register();
+    crate::array::register();
     a.require_known("qr")?;
     tall_skinny(a, "qr")?;
     let n = a.shape[1];
@@ -171,7 +169,7 @@ fn tree(a: &Array) -> Result<(Array, Array), ArrayError> {
 /// # Ok::<(), array::ArrayError>(())
 /// ```
 pub fn svd(a: &Array) -> Result<(Array, Array, Array), ArrayError> {
-    array_kernels::register();
+    crate::array::register();
     a.require_known("svd")?;
     if a.ndim() == 2 && a.chunks[1].len() != 1 && a.chunks[0].len() == 1 {
         // aᵀ = U'·S·V'ᵀ, so a = V'·S·U'ᵀ.
@@ -226,7 +224,7 @@ pub fn svd_compressed(
     n_power_iter: usize,
     seed: u64,
 ) -> Result<(Array, Array, Array), ArrayError> {
-    array_kernels::register();
+    crate::array::register();
     a.require_known("svd_compressed")?;
     if a.ndim() != 2 {
         return Err(ArrayError::Rank {
