@@ -293,10 +293,7 @@ fn start_processes(
         workers: children,
         file,
     };
-    let address = sf
-        .address
-        .parse()
-        .map_err(transport::TransportError::from)?;
+    let address = sf.address.parse().map_err(transport::Error::from)?;
     let client = Client::connect_blocking(&address, Secret::from_hex(&sf.secret)?)?;
     crate::runtime::block_on(client.wait_for_workers(workers, Duration::from_secs(60)))?;
     Ok((cluster, client))

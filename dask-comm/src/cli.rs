@@ -150,7 +150,7 @@ impl Args {
 }
 
 fn address(text: &str) -> Result<Address> {
-    Ok(text.parse().map_err(transport::TransportError::from)?)
+    Ok(text.parse().map_err(transport::Error::from)?)
 }
 
 fn secret_from(file: Option<String>) -> Result<Option<Secret>> {

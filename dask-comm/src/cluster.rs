@@ -347,7 +347,7 @@ impl TlsDir {
     fn generate() -> Result<TlsDir> {
         use std::io::Write;
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        let tls = |e: transport::tls::TlsError| Error::from(transport::TransportError::from(e));
+        let tls = |e: transport::tls::TlsError| Error::from(transport::Error::from(e));
         // One certificate per process: its tls:// clusters share it, since the process's own
         // connections (scheduler, clients) use one configuration.
         static PAIR: std::sync::OnceLock<transport::tls::ClusterCertificate> =
@@ -462,7 +462,7 @@ fn worker_from_env() -> Result<()> {
     };
     let scheduler: Address = var(ENV_SCHEDULER)?
         .parse()
-        .map_err(transport::TransportError::from)?;
+        .map_err(transport::Error::from)?;
     let secret = Secret::from_hex(&var(ENV_SECRET)?)?;
     let nthreads = var(ENV_THREADS)?
         .parse()
@@ -483,7 +483,7 @@ fn worker_from_env() -> Result<()> {
         .ok()
         .map(|l| l.parse::<Address>())
         .transpose()
-        .map_err(transport::TransportError::from)?;
+        .map_err(transport::Error::from)?;
     opts.zero_work = std::env::var_os(ENV_ZERO).is_some();
     // 0 (or nothing): no limit.
     opts.memory_limit = std::env::var(ENV_MEMORY)
@@ -558,7 +558,7 @@ impl LocalCluster {
             Protocol::Tls => "tls://127.0.0.1:0".parse(),
             Protocol::Inproc => format!("inproc://cluster-{:016x}", rand::random::<u64>()).parse(),
         }
-        .map_err(transport::TransportError::from)?;
+        .map_err(transport::Error::from)?;
         let s = secret.clone();
         let cfg = opts.scheduler.clone();
         let dashboard_at = opts.dashboard;

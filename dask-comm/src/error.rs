@@ -9,7 +9,7 @@ use crate::security::AuthError;
 pub enum Error {
     /// The network.
     #[error("transport: {0}")]
-    Transport(#[from] transport::TransportError),
+    Transport(#[from] transport::Error),
     /// A peer did not prove it knows the cluster's secret (or we did not).
     #[error("authentication: {0}")]
     Auth(#[from] AuthError),
@@ -32,12 +32,13 @@ pub enum Error {
     #[error("configuration: {0}")]
     Config(String),
     /// Starting or stopping a process, or a file, failed.
-    #[error("{what}: {message}")]
+    #[error("{what}: {source}")]
     Os {
         /// What was being done.
         what: String,
-        /// The operating system's description.
-        message: String,
+        /// The operating system's error (shared: errors are `Clone`).
+        #[source]
+        source: std::sync::Arc<std::io::Error>,
     },
     /// Something took longer than its limit.
     #[error("timed out: {0}")]
@@ -55,10 +56,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// An operating-system error while doing `what`.
     pub(crate) fn os(what: impl Into<String>, e: std::io::Error) -> Error {
         Error::Os {
             what: what.into(),
-            message: e.to_string(),
+            source: std::sync::Arc::new(e),
         }
     }
 }
@@ -74,3 +76,37 @@ impl From<Error> for dask_graph::ComputeError {
 
 /// dask-comm's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+    use std::io;
+    use std::sync::Arc;
+
+    use super::Error;
+
+    #[test]
+    fn operating_system_errors_keep_theirs_as_the_source() {
+        let e = Error::os(
+            "reading a spill file",
+            io::Error::from(io::ErrorKind::NotFound),
+        );
+        assert!(e.to_string().starts_with("reading a spill file: "), "{e}");
+        let source = e.source().expect("a source");
+        let io = source
+            .downcast_ref::<Arc<io::Error>>()
+            .expect("the io::Error");
+        assert_eq!(io.kind(), io::ErrorKind::NotFound);
+        // Clone shares it.
+        let Error::Os { source: a, .. } = e.clone() else {
+            unreachable!()
+        };
+        let Error::Os { source: b, .. } = e else {
+            unreachable!()
+        };
+        assert!(Arc::ptr_eq(&a, &b));
+        let t = transport::Error::from(io::Error::from(io::ErrorKind::PermissionDenied));
+        let io = t.source().and_then(|s| s.downcast_ref::<Arc<io::Error>>());
+        assert_eq!(io.map(|e| e.kind()), Some(io::ErrorKind::PermissionDenied));
+    }
+}

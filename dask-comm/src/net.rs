@@ -85,7 +85,7 @@ fn options(addr: &Address) -> Result<Options> {
             let cert = dir.join("cert.pem");
             let config =
                 transport::tls::TlsConfig::from_pem_files(&cert, dir.join("key.pem"), &cert)
-                    .map_err(transport::TransportError::from)?;
+                    .map_err(transport::Error::from)?;
             let _ = TLS.set(config);
         }
         opts.tls = TLS.get().cloned();
@@ -270,7 +270,7 @@ pub(crate) async fn accept(
     listener: &mut transport::Listener,
     what: &str,
     full: &mut (dyn FnMut() -> bool + Send),
-) -> std::result::Result<Connection, transport::TransportError> {
+) -> std::result::Result<Connection, transport::Error> {
     const FIRST: std::time::Duration = std::time::Duration::from_millis(10);
     const LONGEST: std::time::Duration = std::time::Duration::from_secs(1);
     let mut backoff = FIRST;
@@ -294,8 +294,8 @@ pub(crate) async fn accept(
 }
 
 /// Whether `e` says the process (or the system) is out of file descriptors.
-fn out_of_descriptors(e: &transport::TransportError) -> bool {
-    matches!(e, transport::TransportError::Io(io)
+fn out_of_descriptors(e: &transport::Error) -> bool {
+    matches!(e, transport::Error::Io(io)
         if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)))
 }
 

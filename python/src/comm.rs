@@ -25,7 +25,7 @@ use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyMemoryView};
-use transport::{Address, CloseReason, Connection, Frame, Message, TransportError};
+use transport::{Address, CloseReason, Connection, Frame, Message};
 
 use crate::awaitable::{Polled, Wait};
 use crate::buffer::{self, PyBuf};
@@ -41,19 +41,19 @@ const CHANNEL: u32 = 0;
 /// listens on `UCXUnreachableError`; anything else (a peer that broke the wire format, a
 /// refused message) `UCXError` with the transport's words. `ucxrs.distributed` turns each
 /// into Dask's `CommClosedError`.
-fn to_py(e: TransportError) -> PyErr {
+fn to_py(e: transport::Error) -> PyErr {
     let text = e.to_string();
     match e {
-        TransportError::Closed(CloseReason::PeerFailed(_)) => {
+        transport::Error::Closed(CloseReason::PeerFailed(_)) => {
             UCXConnectionResetError::new_err(text)
         }
-        TransportError::Closed(_) => UCXCloseError::new_err(text),
-        TransportError::Timeout(_) => UCXTimedOutError::new_err(text),
-        TransportError::Address(_) => PyValueError::new_err(text),
-        TransportError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+        transport::Error::Closed(_) => UCXCloseError::new_err(text),
+        transport::Error::Timeout(_) => UCXTimedOutError::new_err(text),
+        transport::Error::Address(_) => PyValueError::new_err(text),
+        transport::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
             UCXUnreachableError::new_err(text)
         }
-        TransportError::Ucx(u) => crate::errors::to_py(u),
+        transport::Error::Ucx(u) => crate::errors::to_py(u),
         _ => UCXError::new_err(text),
     }
 }
@@ -252,7 +252,7 @@ impl Conn {
         let conn = Arc::clone(&self.conn);
         awaitable(py, async move {
             match conn.close().await {
-                Ok(()) | Err(TransportError::Closed(_)) => Ok(()),
+                Ok(()) | Err(transport::Error::Closed(_)) => Ok(()),
                 Err(e) => Err(to_py(e)),
             }
         })

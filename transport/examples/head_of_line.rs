@@ -15,7 +15,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use transport::{connect, listen, Address, Connection, Message, TransportError};
+use transport::{connect, listen, Address, Connection, Message};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -41,13 +41,13 @@ async fn control_while_bulk(
     ctrl: &Connection,
     bulk: &Connection,
     size: usize,
-) -> Result<(Duration, Duration, Duration), TransportError> {
+) -> Result<(Duration, Duration, Duration), transport::Error> {
     let t0 = Instant::now();
     let send_bulk = async {
         bulk.send(1, Message::from(vec![vec![0u8; size]])).await?;
         // A control round trip behind it on the same connection marks its arrival.
         bulk.send(0, Message::from(vec![vec![2u8; 8]])).await?;
-        Ok::<_, TransportError>(())
+        Ok::<_, transport::Error>(())
     };
     let control = async {
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -66,7 +66,7 @@ async fn control_while_bulk(
         }
         let first = rts[0];
         rts.sort();
-        Ok::<_, TransportError>((first, rts[rts.len() / 2]))
+        Ok::<_, transport::Error>((first, rts[rts.len() / 2]))
     };
     let ((), (first, rest)) = tokio::try_join!(send_bulk, control)?;
     if !std::ptr::eq(ctrl, bulk) {

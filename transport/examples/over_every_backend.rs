@@ -9,9 +9,9 @@
 
 use std::time::Instant;
 
-use transport::{connect_with, listen_with, Address, Message, Options, TransportError};
+use transport::{connect_with, listen_with, Address, Message, Options};
 
-async fn round_trips(addr: &str, opts: &Options) -> Result<(), TransportError> {
+async fn round_trips(addr: &str, opts: &Options) -> Result<(), transport::Error> {
     let mut listener = listen_with(&addr.parse::<Address>()?, opts).await?;
     let bound = listener.local_addr().clone();
     let server = tokio::spawn(async move {
@@ -21,7 +21,7 @@ async fn round_trips(addr: &str, opts: &Options) -> Result<(), TransportError> {
             msg.frames.reverse();
             conn.send(channel, msg).await?;
         }
-        Ok::<_, TransportError>(())
+        Ok::<_, transport::Error>(())
     });
     let client = connect_with(&bound, opts).await?;
     let t0 = Instant::now();
@@ -44,7 +44,7 @@ async fn round_trips(addr: &str, opts: &Options) -> Result<(), TransportError> {
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<(), TransportError> {
+async fn main() -> Result<(), transport::Error> {
     // UCX progress by polling: the lowest latency when a core can spin (the default, a
     // progress thread, suits many idle connections better).
     let chosen = transport::configure_ucx(transport::UcxIntent {

@@ -41,7 +41,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::frame::Limits;
-use crate::{CloseReason, Connection, Frame, Message, ProtocolError, TransportError};
+use crate::{CloseReason, Connection, Error, Frame, Message, ProtocolError};
 
 /// What a connection accepts until the peer has proved the secret.
 pub const HANDSHAKE_LIMITS: Limits = Limits {
@@ -149,7 +149,7 @@ pub enum AuthError {
     Timeout(Duration),
     /// The connection failed during the challenge.
     #[error("the connection failed during the challenge: {0}")]
-    Connection(Box<TransportError>),
+    Connection(Box<Error>),
     /// A secret that is not 64 hex digits.
     #[error("a secret must be 64 hex digits")]
     BadSecret,
@@ -172,8 +172,8 @@ async fn recv_any(conn: &Connection, expected: usize) -> Result<Bytes, AuthError
         .await
         .map_err(|_| AuthError::Timeout(HANDSHAKE_TIMEOUT))?
         .map_err(|e| match e {
-            TransportError::Protocol(p) => AuthError::Protocol(p),
-            TransportError::Closed(CloseReason::Refused(p)) => AuthError::Protocol(p),
+            Error::Protocol(p) => AuthError::Protocol(p),
+            Error::Closed(CloseReason::Refused(p)) => AuthError::Protocol(p),
             e => AuthError::Connection(Box::new(e)),
         })?;
     match msg.frames.as_slice() {

@@ -9,9 +9,7 @@ use futures::task::AtomicWaker;
 
 #[cfg(feature = "ucx")]
 use crate::ucx_backend;
-use crate::{
-    check_outgoing, frame, inproc, tcp, Address, CloseReason, Message, Result, TransportError,
-};
+use crate::{check_outgoing, frame, inproc, tcp, Address, CloseReason, Error, Message, Result};
 
 /// A connection carrying messages; see the crate docs.
 #[derive(Debug)]
@@ -90,12 +88,12 @@ impl CloseState {
     }
 
     /// Records what an operation's error says about the connection.
-    fn observe(&self, e: TransportError) -> TransportError {
+    fn observe(&self, e: Error) -> Error {
         match e {
-            TransportError::Closed(r) => TransportError::Closed(self.close(r)),
-            TransportError::Protocol(p) => {
+            Error::Closed(r) => Error::Closed(self.close(r)),
+            Error::Protocol(p) => {
                 self.close(CloseReason::Refused(p.clone()));
-                TransportError::Protocol(p)
+                Error::Protocol(p)
             }
             e => e,
         }
@@ -215,7 +213,7 @@ impl Connection {
         // Spelled out rather than shared with `send_batch`: a helper taking the backend's
         // future by value moved it once more per message (measured: 25% of the 8 B rate).
         if let Some(r) = self.state.get() {
-            return Err(TransportError::Closed(r));
+            return Err(Error::Closed(r));
         }
         let r = match &*self.inner {
             ConnInner::Inproc(c) => c.send(channel, msg).await,
@@ -250,7 +248,7 @@ impl Connection {
     /// ```
     pub async fn send_batch(&self, channel: u32, msgs: Vec<Message>) -> Result<()> {
         if let Some(r) = self.state.get() {
-            return Err(TransportError::Closed(r));
+            return Err(Error::Closed(r));
         }
         let limits = self.limits();
         for m in &msgs {
@@ -325,9 +323,9 @@ impl Connection {
                 if let Some(m) = slot.take_ready() {
                     return Ok(m);
                 }
-                return Err(TransportError::Closed(r));
+                return Err(Error::Closed(r));
             }
-            Some(r) => return Err(TransportError::Closed(r)),
+            Some(r) => return Err(Error::Closed(r)),
             None => {}
         }
         // The waker registered for a local close: registered again only if the task's changed
@@ -345,11 +343,9 @@ impl Connection {
                 registered = Some(cx.waker().clone());
             }
             match self.state.get() {
-                Some(CloseReason::Local) => {
-                    Poll::Ready(Err(TransportError::Closed(CloseReason::Local)))
-                }
+                Some(CloseReason::Local) => Poll::Ready(Err(Error::Closed(CloseReason::Local))),
                 _ => match self.state.given_up() {
-                    Some(r) => Poll::Ready(Err(TransportError::Closed(r))),
+                    Some(r) => Poll::Ready(Err(Error::Closed(r))),
                     None => Poll::Pending,
                 },
             }

@@ -10,7 +10,7 @@ use crate::frame::HeaderError;
 /// Everything that can go wrong on a connection.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
-pub enum TransportError {
+pub enum Error {
     /// The address did not parse.
     #[error(transparent)]
     Address(#[from] AddressError),
@@ -36,9 +36,10 @@ pub enum TransportError {
     #[cfg(feature = "tls")]
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
-    /// An operating-system error other than the peer going away.
+    /// An operating-system error other than the peer going away (also its
+    /// [`source`](std::error::Error::source)).
     #[error("{0}")]
-    Io(Arc<std::io::Error>),
+    Io(#[source] Arc<std::io::Error>),
     /// An error from UCX other than the peer going away.
     #[cfg(feature = "ucx")]
     #[error("UCX: {0}")]
@@ -64,50 +65,45 @@ pub enum TransportError {
     Config(String),
 }
 
-impl TransportError {
+impl Error {
     /// Why the connection closed, when this error means it did.
     pub fn close_reason(&self) -> Option<&CloseReason> {
         match self {
-            TransportError::Closed(r) => Some(r),
+            Error::Closed(r) => Some(r),
             _ => None,
         }
     }
 
     /// Whether the connection is gone (closed by either side, failed, or refused).
     pub fn is_closed(&self) -> bool {
-        matches!(
-            self,
-            TransportError::Closed(_) | TransportError::Protocol(_)
-        )
+        matches!(self, Error::Closed(_) | Error::Protocol(_))
     }
 }
 
-impl From<std::io::Error> for TransportError {
+impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
         use std::io::ErrorKind as K;
         match e.kind() {
             K::ConnectionReset | K::BrokenPipe | K::ConnectionAborted => {
-                TransportError::Closed(CloseReason::PeerFailed(Failure::Io(e.kind())))
+                Error::Closed(CloseReason::PeerFailed(Failure::Io(e.kind())))
             }
-            K::UnexpectedEof => TransportError::Closed(CloseReason::PeerFailed(Failure::Truncated)),
-            _ => TransportError::Io(Arc::new(e)),
+            K::UnexpectedEof => Error::Closed(CloseReason::PeerFailed(Failure::Truncated)),
+            _ => Error::Io(Arc::new(e)),
         }
     }
 }
 
-impl From<TransportError> for std::io::Error {
-    fn from(e: TransportError) -> Self {
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
         use std::io::ErrorKind as K;
         let kind = match &e {
-            TransportError::Io(io) => io.kind(),
-            TransportError::Closed(CloseReason::Local) => K::NotConnected,
-            TransportError::Closed(CloseReason::PeerFailed(Failure::Io(k))) => *k,
-            TransportError::Closed(_) => K::ConnectionReset,
-            TransportError::Protocol(_) => K::InvalidData,
-            TransportError::Timeout(_) => K::TimedOut,
-            TransportError::Address(_) | TransportError::Refused(_) | TransportError::Config(_) => {
-                K::InvalidInput
-            }
+            Error::Io(io) => io.kind(),
+            Error::Closed(CloseReason::Local) => K::NotConnected,
+            Error::Closed(CloseReason::PeerFailed(Failure::Io(k))) => *k,
+            Error::Closed(_) => K::ConnectionReset,
+            Error::Protocol(_) => K::InvalidData,
+            Error::Timeout(_) => K::TimedOut,
+            Error::Address(_) | Error::Refused(_) | Error::Config(_) => K::InvalidInput,
             _ => K::Other,
         };
         std::io::Error::new(kind, e)
@@ -259,7 +255,7 @@ pub enum ProtocolError {
     },
 }
 
-/// Why an outgoing message was refused before sending (see [`TransportError::Refused`]).
+/// Why an outgoing message was refused before sending (see [`Error::Refused`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Refusal {

@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 
 use crate::frame::Limits;
 use crate::{
-    check_limits, check_outgoing, Address, CloseReason, Failure, InprocError, Message, Options,
-    ProtocolError, Result, TransportError,
+    check_limits, check_outgoing, Address, CloseReason, Error, Failure, InprocError, Message,
+    Options, ProtocolError, Result,
 };
 
 /// Messages buffered per direction before `send` waits.
@@ -52,7 +52,7 @@ pub(crate) struct Conn {
 pub(crate) fn listen(name: &str) -> Result<Listener> {
     let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
     if reg.get(name).is_some_and(|tx| !tx.is_closed()) {
-        return Err(TransportError::Inproc(InprocError::Taken(name.to_string())));
+        return Err(Error::Inproc(InprocError::Taken(name.to_string())));
     }
     let (tx, incoming) = mpsc::channel(DEPTH);
     reg.insert(name.to_string(), tx.clone());
@@ -65,7 +65,7 @@ pub(crate) fn listen(name: &str) -> Result<Listener> {
 
 pub(crate) async fn connect(name: &str, opts: &Options) -> Result<Conn> {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    let not_listening = || TransportError::Inproc(InprocError::NotListening(name.to_string()));
+    let not_listening = || Error::Inproc(InprocError::NotListening(name.to_string()));
     let tx = registry()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -91,7 +91,7 @@ impl Listener {
             .incoming
             .recv()
             .await
-            .ok_or(TransportError::Closed(CloseReason::Local))?;
+            .ok_or(Error::Closed(CloseReason::Local))?;
         conn.limits.set(opts.limits);
         Ok((conn, Address::Inproc(format!("{}/{id}", self.name))))
     }
@@ -127,8 +127,8 @@ impl Conn {
     }
 
     /// Why the peer's side of the channel ended.
-    fn peer_end(&self) -> TransportError {
-        TransportError::Closed(if self.closed_there.load(Ordering::Acquire) {
+    fn peer_end(&self) -> Error {
+        Error::Closed(if self.closed_there.load(Ordering::Acquire) {
             CloseReason::PeerClosed
         } else {
             CloseReason::PeerFailed(Failure::Vanished)
@@ -142,7 +142,7 @@ impl Conn {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or(TransportError::Closed(CloseReason::Local))?;
+            .ok_or(Error::Closed(CloseReason::Local))?;
         tx.send((channel, msg)).await.map_err(|_| self.peer_end())
     }
 
@@ -156,7 +156,7 @@ impl Conn {
             .ok_or_else(|| self.peer_end())?;
         if let Err(e) = check_limits(&msg, &self.limits.get()) {
             self.close()?;
-            return Err(TransportError::Protocol(ProtocolError::Header(e)));
+            return Err(Error::Protocol(ProtocolError::Header(e)));
         }
         Ok((channel, msg))
     }

@@ -23,12 +23,12 @@
 //!
 //! Features: `ucx` (default: `ucx://`, links UCX), `topology` (default: GPU/NIC locality, links
 //! hwloc), `cuda` (device frames). Without the defaults, `tcp://` and `inproc://` need no system
-//! library, and a `ucx://` address fails with [`TransportError::NotBuilt`].
+//! library, and a `ucx://` address fails with [`Error::NotBuilt`].
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), transport::TransportError> {
-//! use transport::{connect, listen, CloseReason, Message, TransportError};
+//! # async fn main() -> Result<(), transport::Error> {
+//! use transport::{connect, listen, CloseReason, Message, Error};
 //! let mut listener = listen(&"tcp://127.0.0.1:0".parse()?).await?;
 //! let addr = listener.local_addr().clone();
 //! let (server, client) = tokio::join!(listener.accept(), connect(&addr));
@@ -38,7 +38,7 @@
 //! assert_eq!((channel, msg.frames.len(), msg.frames[1].len()), (3, 2, 1000));
 //! assert_eq!(msg.host(0), Some(&b"header"[..]));
 //! client.close().await?;
-//! assert!(matches!(server.recv().await, Err(TransportError::Closed(CloseReason::PeerClosed))));
+//! assert!(matches!(server.recv().await, Err(Error::Closed(CloseReason::PeerClosed))));
 //! # Ok(()) }
 //! ```
 
@@ -77,7 +77,12 @@ pub use connection::Connection;
 #[cfg(feature = "ucx")]
 pub(crate) use connection::Received;
 pub(crate) use connection::{CloseState, ConnInner};
-pub use error::{CloseReason, Failure, InprocError, ProtocolError, Refusal, TransportError};
+pub use error::{CloseReason, Error, Failure, InprocError, ProtocolError, Refusal};
+
+/// The name [`Error`] had before every crate's error became its `Error` (`ucx::Error`,
+/// `transport::Error`, `dask_comm::Error`).
+#[deprecated(note = "renamed transport::Error")]
+pub type TransportError = Error;
 pub use message::{Frame, Message};
 #[cfg(feature = "ucx")]
 pub use ucx_config::{configure_ucx, UcxIntent, DEFAULT_SAME_HOST_RING};
@@ -222,7 +227,7 @@ pub struct Options {
     pub credit_bytes: u64,
     /// A shared secret both sides must prove before anything else ([`auth`]): a listener
     /// with one hands out only connections that proved it (strangers are dropped and
-    /// logged), and a connect with one fails with [`TransportError::Auth`] unless the
+    /// logged), and a connect with one fails with [`Error::Auth`] unless the
     /// listener knows it too. `None` (the default): no challenge.
     pub secret: Option<auth::Secret>,
     /// `tls://`: the certificates this side presents and trusts (required there; see
@@ -278,14 +283,14 @@ impl Options {
     /// Checks the settings against each other.
     pub fn validate(&self) -> Result<()> {
         if self.credit_bytes < 2 * UCX_CHARGE_CAP {
-            return Err(TransportError::Config(format!(
+            return Err(Error::Config(format!(
                 "credit_bytes {} is below the least window, {} bytes",
                 self.credit_bytes,
                 2 * UCX_CHARGE_CAP
             )));
         }
         if self.limits.max_frames == 0 {
-            return Err(TransportError::Config("max_frames is 0".into()));
+            return Err(Error::Config("max_frames is 0".into()));
         }
         Ok(())
     }
@@ -322,7 +327,7 @@ impl SharedLimits {
 }
 
 /// The crate's result type.
-pub type Result<T, E = TransportError> = std::result::Result<T, E>;
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Accepts connections on an address.
 #[derive(Debug)]
@@ -337,7 +342,7 @@ pub struct Listener {
 
 /// A connection being set up: the connection, or who failed and why.
 type SetUp = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<Connection, (Address, TransportError)>> + Send>,
+    Box<dyn std::future::Future<Output = Result<Connection, (Address, Error)>> + Send>,
 >;
 
 /// The most accepted connections a listener sets up (TLS handshake, secret challenge) at
@@ -388,7 +393,7 @@ fn set_up(accepted: Accepted, opts: Options) -> SetUp {
                 match tokio::time::timeout(opts.connect_timeout, handshake).await {
                     Ok(Ok(c)) => Connection::new(ConnInner::Tcp(c), peer, state),
                     Ok(Err(e)) => return Err((peer, e)),
-                    Err(_) => return Err((peer, TransportError::Timeout(opts.connect_timeout))),
+                    Err(_) => return Err((peer, Error::Timeout(opts.connect_timeout))),
                 }
             }
         };
@@ -466,13 +471,13 @@ async fn accept_raw(
 }
 
 #[cfg(not(feature = "ucx"))]
-const UCX_NOT_BUILT: TransportError = TransportError::NotBuilt {
+const UCX_NOT_BUILT: Error = Error::NotBuilt {
     scheme: "ucx",
     feature: "ucx",
 };
 
 #[cfg(not(feature = "tls"))]
-const TLS_NOT_BUILT: TransportError = TransportError::NotBuilt {
+const TLS_NOT_BUILT: Error = Error::NotBuilt {
     scheme: "tls",
     feature: "tls",
 };
@@ -480,9 +485,9 @@ const TLS_NOT_BUILT: TransportError = TransportError::NotBuilt {
 /// `tls://` needs certificates.
 #[cfg(feature = "tls")]
 fn tls_of(opts: &Options) -> Result<&tls::TlsConfig> {
-    opts.tls.as_ref().ok_or_else(|| {
-        TransportError::Config("tls:// needs Options::tls (see transport::tls)".into())
-    })
+    opts.tls
+        .as_ref()
+        .ok_or_else(|| Error::Config("tls:// needs Options::tls (see transport::tls)".into()))
 }
 
 /// Listens on `addr` with the default [`Options`] (port 0 picks a free port; see
@@ -541,7 +546,7 @@ pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> 
     let started = std::time::Instant::now();
     let state = Arc::new(CloseState::default());
     let attempt = async {
-        Ok::<_, TransportError>(match addr {
+        Ok::<_, Error>(match addr {
             Address::Inproc(name) => ConnInner::Inproc(inproc::connect(name, opts).await?),
             Address::Tcp { host, port } => {
                 ConnInner::Tcp(tcp::connect(host, *port, opts, Arc::clone(&state)).await?)
@@ -562,7 +567,7 @@ pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> 
     };
     let inner = tokio::time::timeout(opts.connect_timeout, attempt)
         .await
-        .map_err(|_| TransportError::Timeout(opts.connect_timeout))?
+        .map_err(|_| Error::Timeout(opts.connect_timeout))?
         .inspect_err(|e| tracing::debug!(peer = %addr, error = %e, "connect failed"))?;
     tracing::debug!(peer = %addr, "connected");
     let conn = Connection::new(inner, addr.clone(), state);
@@ -644,9 +649,9 @@ impl Listener {
 /// refuse it).
 fn check_outgoing(channel: u32, msg: &Message, limits: &frame::Limits) -> Result<()> {
     if channel == CLOSE_CHANNEL {
-        return Err(TransportError::Refused(Refusal::Channel(channel)));
+        return Err(Error::Refused(Refusal::Channel(channel)));
     }
-    check_limits(msg, limits).map_err(|e| TransportError::Refused(Refusal::Limits(e)))
+    check_limits(msg, limits).map_err(|e| Error::Refused(Refusal::Limits(e)))
 }
 
 /// Checks a message's frame count and bytes against `limits`.

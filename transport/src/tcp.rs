@@ -21,7 +21,7 @@ use tokio::sync::Mutex;
 use crate::frame;
 use crate::{
     check_outgoing, close_marker, encode_header, encode_whole, Address, CloseReason, CloseState,
-    Failure, Frame, Message, Options, ProtocolError, Result, TransportError, CLOSE_CHANNEL,
+    Error, Failure, Frame, Message, Options, ProtocolError, Result, CLOSE_CHANNEL,
 };
 
 /// Messages up to this size (header and frames) are copied into one buffer and written at
@@ -209,9 +209,7 @@ async fn read_full(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<u
 /// message cut short.
 async fn read_rest(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<()> {
     if read_full(r, buf).await? < buf.len() {
-        return Err(TransportError::Closed(CloseReason::PeerFailed(
-            Failure::Truncated,
-        )));
+        return Err(Error::Closed(CloseReason::PeerFailed(Failure::Truncated)));
     }
     Ok(())
 }
@@ -231,9 +229,7 @@ async fn read_frame(r: &mut (impl AsyncRead + Unpin), size: usize) -> Result<Vec
         }
         let room = (b.capacity() - b.len()).min(left);
         if (&mut *r).take(room as u64).read_buf(&mut b).await? == 0 {
-            return Err(TransportError::Closed(CloseReason::PeerFailed(
-                Failure::Truncated,
-            )));
+            return Err(Error::Closed(CloseReason::PeerFailed(Failure::Truncated)));
         }
     }
     Ok(b)
@@ -407,15 +403,9 @@ impl Conn {
             got
         };
         match got {
-            0 => {
-                return Err(TransportError::Closed(CloseReason::PeerFailed(
-                    Failure::Vanished,
-                )))
-            }
+            0 => return Err(Error::Closed(CloseReason::PeerFailed(Failure::Vanished))),
             n if n < fixed.len() => {
-                return Err(TransportError::Closed(CloseReason::PeerFailed(
-                    Failure::Truncated,
-                )))
+                return Err(Error::Closed(CloseReason::PeerFailed(Failure::Truncated)))
             }
             _ => {}
         }
@@ -424,7 +414,7 @@ impl Conn {
             Err(e) => return Err(self.refuse(e.into()).await),
         };
         if channel == CLOSE_CHANNEL {
-            return Err(TransportError::Closed(CloseReason::PeerClosed));
+            return Err(Error::Closed(CloseReason::PeerClosed));
         }
         let mut entries = vec![0u8; n as usize * frame::ENTRY_LEN];
         read_rest(&mut *r, &mut entries).await?;
@@ -452,10 +442,10 @@ impl Conn {
         Ok((channel, Message { frames }))
     }
 
-    async fn refuse(&self, e: ProtocolError) -> TransportError {
+    async fn refuse(&self, e: ProtocolError) -> Error {
         tracing::warn!(error = %e, "closing a TCP connection after a malformed message");
         let _ = self.writer.lock().await.half.shutdown().await;
-        TransportError::Protocol(e)
+        Error::Protocol(e)
     }
 
     pub(crate) async fn close(&self) -> Result<()> {

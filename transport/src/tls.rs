@@ -253,13 +253,13 @@ impl TlsConfig {
 }
 
 /// The TLS error inside an I/O error from a handshake, if that is what it is.
-pub(crate) fn handshake_error(e: std::io::Error) -> crate::TransportError {
+pub(crate) fn handshake_error(e: std::io::Error) -> crate::Error {
     let tls = e
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
         .cloned();
     match tls {
-        Some(t) => crate::TransportError::Tls(TlsError::Rustls(t)),
+        Some(t) => crate::Error::Tls(TlsError::Rustls(t)),
         None => e.into(),
     }
 }

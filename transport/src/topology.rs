@@ -20,7 +20,7 @@ use hwlocality::object::types::OSDeviceType;
 use hwlocality::object::TopologyObject;
 use hwlocality::topology::builder::TypeFilter;
 
-use crate::{Result, TransportError};
+use crate::{Error, Result};
 
 /// Which GPU.
 #[derive(Debug, Clone, Copy)]
@@ -71,8 +71,8 @@ pub struct Topology {
     topo: hwlocality::Topology,
 }
 
-fn topo_err(e: impl std::fmt::Display) -> TransportError {
-    TransportError::Topology(format!("hwloc: {e}"))
+fn topo_err(e: impl std::fmt::Display) -> Error {
+    Error::Topology(format!("hwloc: {e}"))
 }
 
 /// hwloc's list format (`0-3,8`) of a CPU or node set (whose `Display` wraps it as
@@ -224,7 +224,7 @@ impl Topology {
 
 /// Parses hwloc's list format (`"0-3,8,10-11"`) into a CPU set.
 fn parse_cpu_list(list: &str) -> Result<hwlocality::cpu::cpuset::CpuSet> {
-    let bad = || TransportError::Topology(format!("{list:?} is not a CPU list like \"0-3,8\""));
+    let bad = || Error::Topology(format!("{list:?} is not a CPU list like \"0-3,8\""));
     let mut set = hwlocality::cpu::cpuset::CpuSet::new();
     for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         match part.split_once('-') {

@@ -17,7 +17,7 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-use crate::{Result, TransportError};
+use crate::{Error, Result};
 
 /// What the `ucx://` backend should use. With no transport flag set, UCX chooses (`all`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +89,7 @@ impl UcxIntent {
         if self.same_host_ring != 0
             && !(crate::UCX_RING_MIN..=crate::UCX_RING_MAX).contains(&self.same_host_ring)
         {
-            return Err(TransportError::Config(format!(
+            return Err(Error::Config(format!(
                 "same_host_ring {} is outside {}..={} bytes (or 0: none)",
                 self.same_host_ring,
                 crate::UCX_RING_MIN,
@@ -97,12 +97,12 @@ impl UcxIntent {
             )));
         }
         if self.rdmacm && !self.infiniband {
-            return Err(TransportError::Config(
+            return Err(Error::Config(
                 "rdmacm needs infiniband: RDMA CM connects over IB/RoCE devices".into(),
             ));
         }
         if !self.any_transport() && !self.shared_memory {
-            return Err(TransportError::Config(
+            return Err(Error::Config(
                 "no transport left: enable tcp, infiniband, nvlink, cuda_copy or shared memory"
                     .into(),
             ));
@@ -131,7 +131,7 @@ impl UcxIntent {
         }
         if let Some(dev) = &self.net_devices {
             if dev.trim().is_empty() || dev.contains(char::is_whitespace) {
-                return Err(TransportError::Config(format!(
+                return Err(Error::Config(format!(
                     "net_devices {dev:?}: give device names separated by commas"
                 )));
             }
@@ -189,7 +189,7 @@ pub fn configure_ucx(intent: UcxIntent) -> Result<String> {
             Ok(text)
         }
         Err(intent) if CHOSEN.get() == Some(&intent) => Ok(text),
-        Err(_) => Err(TransportError::Config(format!(
+        Err(_) => Err(Error::Config(format!(
             "the UCX backend already runs with {}; configure it once, before the first ucx:// use",
             CHOSEN.get().map(ToString::to_string).unwrap_or_default()
         ))),

@@ -42,7 +42,7 @@
 use std::time::{Duration, Instant};
 
 use crate::ucx_backend::Conn;
-use crate::{Options, ProtocolError, Result, TransportError};
+use crate::{Error, Options, ProtocolError, Result};
 
 /// The tag the exchange travels on (over the client-server endpoint).
 pub const LANES_TAG: ucx::Tag = ucx::Tag::User(0x5457);
@@ -79,7 +79,7 @@ pub(crate) async fn settle(
     };
     match tokio::time::timeout(left, exchange).await {
         Ok(r) => r,
-        Err(_) => Err(TransportError::Timeout(opts.connect_timeout)),
+        Err(_) => Err(Error::Timeout(opts.connect_timeout)),
     }
 }
 
@@ -204,9 +204,9 @@ fn flag(bytes: &[u8]) -> Result<bool> {
     }
 }
 
-fn broken(got: usize) -> TransportError {
+fn broken(got: usize) -> Error {
     tracing::warn!(got, "the peer broke the ucx:// lanes exchange");
-    TransportError::Protocol(ProtocolError::Lanes { got })
+    Error::Protocol(ProtocolError::Lanes { got })
 }
 
 #[cfg(test)]
@@ -223,7 +223,7 @@ mod tests {
         for bad in [&[][..], &[0, 1], &[1, 2, 3], &[2, 0, 0, 0, 0, 0, 0, 0, 0]] {
             assert!(matches!(
                 offered(bad),
-                Err(TransportError::Protocol(ProtocolError::Lanes { .. }))
+                Err(Error::Protocol(ProtocolError::Lanes { .. }))
             ));
         }
         assert!(flag(&[1]).unwrap() && !flag(&[0]).unwrap());

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::STEP;
 use transport::auth::{AuthError, Secret, AUTH_CHANNEL};
-use transport::{Address, Message, Options, TransportError};
+use transport::{Address, Message, Options};
 
 fn with(secret: &Secret) -> Options {
     Options {
@@ -57,7 +57,7 @@ async fn challenge(addr: &str) {
             .await
             .unwrap_err();
         assert!(
-            matches!(e, TransportError::Auth(AuthError::WrongSecret)),
+            matches!(e, transport::Error::Auth(AuthError::WrongSecret)),
             "{addr}: {e}"
         );
         echo_ok(&at, &good, 100).await;
@@ -107,7 +107,7 @@ async fn listener_without_secret(addr: &str) {
         .expect("in time")
         .unwrap_err();
     assert!(
-        matches!(e, TransportError::Auth(AuthError::Timeout(_))),
+        matches!(e, transport::Error::Auth(AuthError::Timeout(_))),
         "{addr}: {e}"
     );
     server.abort();

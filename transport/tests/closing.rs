@@ -8,8 +8,7 @@ use std::time::Duration;
 use common::{pair, pair_with, STEP};
 use transport::frame::Limits;
 use transport::{
-    Address, CloseReason, Failure, Message, Options, ProtocolError, Refusal, TransportError,
-    CLOSE_CHANNEL,
+    Address, CloseReason, Failure, Message, Options, ProtocolError, Refusal, CLOSE_CHANNEL,
 };
 
 fn msg(n: usize) -> Message {
@@ -88,12 +87,15 @@ async fn refusals_keep_the_connection(addr: &str) {
     tokio::time::timeout(STEP, async {
         let e = client.send(CLOSE_CHANNEL, msg(1)).await.unwrap_err();
         assert!(
-            matches!(e, TransportError::Refused(Refusal::Channel(CLOSE_CHANNEL))),
+            matches!(
+                e,
+                transport::Error::Refused(Refusal::Channel(CLOSE_CHANNEL))
+            ),
             "{e:?}"
         );
         let e = client.send(0, msg(1001)).await.unwrap_err();
         assert!(
-            matches!(e, TransportError::Refused(Refusal::Limits(_))),
+            matches!(e, transport::Error::Refused(Refusal::Limits(_))),
             "{e:?}"
         );
         let e = client
@@ -101,7 +103,7 @@ async fn refusals_keep_the_connection(addr: &str) {
             .await
             .unwrap_err();
         assert!(
-            matches!(e, TransportError::Refused(Refusal::Limits(_))),
+            matches!(e, transport::Error::Refused(Refusal::Limits(_))),
             "{e:?}"
         );
         assert!(!client.is_closed());
@@ -166,7 +168,7 @@ async fn inproc_limits_and_identities() {
     c1.send(0, msg(101)).await.unwrap();
     let e = s1.recv().await.unwrap_err();
     assert!(
-        matches!(e, TransportError::Protocol(ProtocolError::Header(_))),
+        matches!(e, transport::Error::Protocol(ProtocolError::Header(_))),
         "{e:?}"
     );
     assert!(matches!(s1.close_reason(), Some(CloseReason::Refused(_))));
@@ -198,7 +200,7 @@ async fn limits_can_be_raised(addr: &str) {
         client.send(0, msg(1000)).await.unwrap();
         assert!(matches!(
             server.recv().await,
-            Err(TransportError::Protocol(_))
+            Err(transport::Error::Protocol(_))
         ));
     })
     .await
@@ -308,5 +310,5 @@ fn options_are_checked() {
     }
     .validate()
     .unwrap_err();
-    assert!(matches!(e, TransportError::Config(_)), "{e:?}");
+    assert!(matches!(e, transport::Error::Config(_)), "{e:?}");
 }

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use common::{pair, STEP};
-use transport::{frame, listen, Message, ProtocolError, TransportError};
+use transport::{frame, listen, Message, ProtocolError};
 
 fn pattern(n: usize, seed: u32) -> Vec<u8> {
     (0..n)
@@ -175,9 +175,9 @@ async fn a_broken_plan_is_refused() {
         match (what, got) {
             (
                 "two offsets for one frame",
-                Err(TransportError::Protocol(ProtocolError::RingPlanSize { got: 16, want: 8 })),
+                Err(transport::Error::Protocol(ProtocolError::RingPlanSize { got: 16, want: 8 })),
             ) => {}
-            (_, Err(TransportError::Protocol(ProtocolError::RingPlan { len, size: s, .. })))
+            (_, Err(transport::Error::Protocol(ProtocolError::RingPlan { len, size: s, .. })))
                 if len == size && s == RING => {}
             (_, other) => panic!("{what}: {:?}", other.map(|(c, m)| (c, m.len()))),
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::{pair, STEP};
 use transport::frame;
-use transport::{connect, listen, Address, CloseReason, Message, ProtocolError, TransportError};
+use transport::{connect, listen, Address, CloseReason, Message, ProtocolError};
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
@@ -134,7 +134,7 @@ async fn close_ends_pending_recv(addr: &str) {
         .await
         .expect("the pending receive ended");
     assert!(
-        matches!(r, Err(TransportError::Closed(CloseReason::PeerClosed))),
+        matches!(r, Err(transport::Error::Closed(CloseReason::PeerClosed))),
         "{addr}: {r:?}"
     );
 }
@@ -223,7 +223,7 @@ async fn batches(addr: &str) {
             .send_batch(5, vec![Message::from(vec![b"x".to_vec()]), too_many_frames])
             .await;
         assert!(
-            matches!(r, Err(TransportError::Refused(_))),
+            matches!(r, Err(transport::Error::Refused(_))),
             "{addr}: {r:?}"
         );
         let (sent, got) = tokio::join!(
@@ -293,7 +293,7 @@ suite!(ucx_direct, crate::common::UCX_DIRECT);
 async fn inproc_names_are_exclusive_and_free_again() {
     let a: Address = "inproc://exclusive".parse().unwrap();
     let l = listen(&a).await.unwrap();
-    assert!(matches!(listen(&a).await, Err(TransportError::Inproc(_))));
+    assert!(matches!(listen(&a).await, Err(transport::Error::Inproc(_))));
     drop(l);
     listen(&a)
         .await
@@ -355,7 +355,7 @@ async fn tcp_garbage_header_closes_the_connection() {
     raw.write_all(&junk).await.unwrap();
     let r = tokio::time::timeout(STEP, server.recv()).await.unwrap();
     assert!(
-        matches!(r, Err(TransportError::Protocol(ProtocolError::Header(_)))),
+        matches!(r, Err(transport::Error::Protocol(ProtocolError::Header(_)))),
         "{r:?}"
     );
     assert!(matches!(
@@ -367,7 +367,7 @@ async fn tcp_garbage_header_closes_the_connection() {
     raw2.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
     let r = tokio::time::timeout(STEP, server2.recv()).await.unwrap();
     assert!(
-        matches!(r, Err(TransportError::Protocol(ProtocolError::Header(_)))),
+        matches!(r, Err(transport::Error::Protocol(ProtocolError::Header(_)))),
         "{r:?}"
     );
 }
@@ -461,7 +461,7 @@ async fn ucx_garbage_closes_the_connection() {
         }
         let r = r.unwrap();
         assert!(
-            matches!(r, Err(TransportError::Protocol(_))),
+            matches!(r, Err(transport::Error::Protocol(_))),
             "{what}: {r:?}"
         );
         assert!(
@@ -505,7 +505,7 @@ async fn ucx_messages_before_garbage_arrive_first() {
         );
     }
     let r = tokio::time::timeout(STEP, server.recv()).await.unwrap();
-    assert!(matches!(r, Err(TransportError::Protocol(_))), "{r:?}");
+    assert!(matches!(r, Err(transport::Error::Protocol(_))), "{r:?}");
 }
 
 /// Without the `ucx` feature, `ucx://` addresses still parse but say what is missing.
@@ -517,7 +517,7 @@ async fn ucx_needs_its_feature() {
     assert!(
         matches!(
             e,
-            TransportError::NotBuilt {
+            transport::Error::NotBuilt {
                 scheme: "ucx",
                 feature: "ucx"
             }
@@ -525,7 +525,7 @@ async fn ucx_needs_its_feature() {
         "{e:?}"
     );
     let e = connect(&addr).await.unwrap_err();
-    assert!(matches!(e, TransportError::NotBuilt { .. }), "{e:?}");
+    assert!(matches!(e, transport::Error::NotBuilt { .. }), "{e:?}");
     assert!(e.to_string().contains("`ucx` feature"), "{e}");
 }
 
@@ -564,7 +564,7 @@ async fn tcp_spin_receives_the_same() {
         client.close().await.unwrap();
         let r = pending.await.unwrap();
         assert!(
-            matches!(r, Err(TransportError::Closed(CloseReason::PeerClosed))),
+            matches!(r, Err(transport::Error::Closed(CloseReason::PeerClosed))),
             "{r:?}"
         );
     })

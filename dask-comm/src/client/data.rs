@@ -134,7 +134,7 @@ impl Client {
                 .inner
                 .rt
                 .run(async move {
-                    let addr: Address = address.parse().map_err(transport::TransportError::from)?;
+                    let addr: Address = address.parse().map_err(transport::Error::from)?;
                     let conn = net::dial(&addr, &secret, Hello::Data { name }).await?;
                     let reply = net::request(&conn, vec![DataMsg::TransferLog], 0).await;
                     let _ = conn.close().await;
@@ -260,7 +260,7 @@ impl Client {
             let (address, id) = (workers[w].address.clone(), workers[w].id);
             let (name, secret) = (self.inner.name.clone(), self.inner.secret.clone());
             puts.push(self.inner.rt.run(async move {
-                let addr: Address = address.parse().map_err(transport::TransportError::from)?;
+                let addr: Address = address.parse().map_err(transport::Error::from)?;
                 let conn = net::dial(&addr, &secret, Hello::Data { name }).await?;
                 let sizes: Vec<(Key, u64)> = items.iter().map(|(k, _, n)| (*k, *n)).collect();
                 let bytes = items.iter().map(|(_, p, _)| p.len() as u64).sum();

@@ -298,10 +298,7 @@ pub fn freeze_scheduler(
                 })
                 .collect::<Result<Vec<_>>>()?;
             let sf = crate::cli::SchedulerFile::read(&file)?;
-            let address: transport::Address = sf
-                .address
-                .parse()
-                .map_err(transport::TransportError::from)?;
+            let address: transport::Address = sf.address.parse().map_err(transport::Error::from)?;
             let secret = crate::security::Secret::from_hex(&sf.secret)?;
             let client = crate::runtime::block_on(Client::connect_with(
                 &address,
@@ -525,7 +522,7 @@ pub fn run_client_if_asked() {
         };
         let address: transport::Address = var(ENV_CLIENT_ADDRESS)?
             .parse()
-            .map_err(transport::TransportError::from)?;
+            .map_err(transport::Error::from)?;
         let secret = crate::security::Secret::from_hex(&var(ENV_CLIENT_SECRET)?)?;
         let client = Client::connect_blocking(&address, secret)?;
         println!("GATHERING");

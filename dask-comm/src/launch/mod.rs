@@ -412,7 +412,7 @@ fn serve(opts: &LaunchOptions, job: &Job, role: Role, launched: bool) -> Result<
 const REJOINS: u32 = 10;
 
 fn parse(text: &str) -> Result<Address> {
-    Ok(text.parse().map_err(transport::TransportError::from)?)
+    Ok(text.parse().map_err(transport::Error::from)?)
 }
 
 /// Runs the scheduler until a client shuts the cluster down (or SIGINT/SIGTERM), with its

@@ -357,13 +357,13 @@ impl Worker {
                     }
                     Some(Err(e)) => break match e {
                         // Closed by the scheduler without a `Close`: it dropped this worker.
-                        Error::Transport(transport::TransportError::Closed(
+                        Error::Transport(transport::Error::Closed(
                             transport::CloseReason::PeerClosed,
                         )) => Err(Error::Removed(
                             "the scheduler closed this worker's connection".into(),
                         )),
                         // Closed here (the worker is leaving).
-                        Error::Transport(transport::TransportError::Closed(
+                        Error::Transport(transport::Error::Closed(
                             transport::CloseReason::Local,
                         )) => Ok(()),
                         // Failed, reset or refused (the scheduler was killed, the network

@@ -41,8 +41,7 @@ pub(crate) mod ring;
 pub mod ring_exchange;
 mod send;
 use crate::{
-    close_marker, Address, CloseReason, CloseState, Failure, Options, ProtocolError, Result,
-    TransportError,
+    close_marker, Address, CloseReason, CloseState, Error, Failure, Options, ProtocolError, Result,
 };
 
 /// The tag every message and frame of a connection travels on (a UCXX user tag, so it is
@@ -213,7 +212,7 @@ fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
         return Ok(SocketAddr::new(ip, port));
     }
     (host, port).to_socket_addrs()?.next().ok_or_else(|| {
-        TransportError::Io(Arc::new(std::io::Error::new(
+        Error::Io(Arc::new(std::io::Error::new(
             std::io::ErrorKind::NotFound,
             format!("{host} resolved to no address"),
         )))
@@ -263,9 +262,7 @@ pub(crate) async fn connect(
             )) if attempt < 2 && matches!(*e, ucx::Error::Ucx(s) if s.is_peer_failure()) => {
                 tracing::warn!(peer = %at, error = %e, attempt, "UCX reset the connection during its handshake: connecting again");
             }
-            Err(ucx::Error::Timeout(_)) => {
-                return Err(TransportError::Timeout(opts.connect_timeout))
-            }
+            Err(ucx::Error::Timeout(_)) => return Err(Error::Timeout(opts.connect_timeout)),
             Err(e) => return Err(e.into()),
         }
     }
@@ -435,10 +432,10 @@ impl Conn {
 
     /// The error an operation ended with: once the connection is cut (`cut` set, and the
     /// endpoint in use aborted, which ends the operation), why it was cut.
-    pub(crate) fn cut_reason(&self, e: TransportError) -> TransportError {
+    pub(crate) fn cut_reason(&self, e: Error) -> Error {
         match self.cut.get() {
-            Some(CloseReason::Refused(p)) => TransportError::Protocol(p.clone()),
-            Some(why) => TransportError::Closed(why.clone()),
+            Some(CloseReason::Refused(p)) => Error::Protocol(p.clone()),
+            Some(why) => Error::Closed(why.clone()),
             None => e,
         }
     }
@@ -456,10 +453,10 @@ impl Conn {
     }
 
     /// Closes the connection after the peer broke the wire format.
-    fn refuse(&self, e: ProtocolError) -> TransportError {
+    fn refuse(&self, e: ProtocolError) -> Error {
         tracing::warn!(error = %e, "closing a UCX connection after a malformed message");
         self.cut_off(CloseReason::Refused(e.clone()));
-        TransportError::Protocol(e)
+        Error::Protocol(e)
     }
 
     pub(crate) async fn close(&self) -> Result<()> {
@@ -554,7 +551,7 @@ async fn finish_close(
         }
     }
     match closed {
-        Err(e) if !e.is_disconnect() => Err(TransportError::Ucx(e)),
+        Err(e) if !e.is_disconnect() => Err(Error::Ucx(e)),
         _ => Ok(()),
     }
 }
@@ -622,12 +619,12 @@ async fn give_up_if_stalled(posted: Arc<AtomicBool>, state: Arc<CloseState>, why
 
 /// A UCX error as the transport reports it: a peer that went away, or a local close, is a
 /// closed connection; anything else stays a UCX error.
-pub(crate) fn closed_or(e: ucx::Error) -> TransportError {
+pub(crate) fn closed_or(e: ucx::Error) -> Error {
     match e {
-        ucx::Error::Closed => TransportError::Closed(CloseReason::Local),
+        ucx::Error::Closed => Error::Closed(CloseReason::Local),
         ucx::Error::Ucx(s) if s.is_peer_failure() => {
-            TransportError::Closed(CloseReason::PeerFailed(Failure::Ucx(s)))
+            Error::Closed(CloseReason::PeerFailed(Failure::Ucx(s)))
         }
-        e => TransportError::Ucx(e),
+        e => Error::Ucx(e),
     }
 }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::{closed_or, ring, Conn, COPY_MAX, FIRST_MAX, TAG};
 use crate::frame;
-use crate::{ucx_charge, CloseReason, Frame, Message, ProtocolError, Result, TransportError};
+use crate::{ucx_charge, CloseReason, Error, Frame, Message, ProtocolError, Result};
 
 /// Host frames of at least this many bytes are probed before memory is set aside for them,
 /// and counted against the receive budget ([`crate::budget`]).
@@ -78,9 +78,7 @@ impl Conn {
         }
         crate::pool::try_take(size)
             .map(RecvBuf::Host)
-            .ok_or(TransportError::Protocol(ProtocolError::FrameMemory {
-                size: m.size,
-            }))
+            .ok_or(Error::Protocol(ProtocolError::FrameMemory { size: m.size }))
     }
 
     /// Receives one frame into `buf` (posted on the first poll).
@@ -274,7 +272,7 @@ impl Conn {
             Err(e) => Err(self.refuse(e)),
         };
         match parsed? {
-            First::Close => Err(TransportError::Closed(CloseReason::PeerClosed)),
+            First::Close => Err(Error::Closed(CloseReason::PeerClosed)),
             First::Whole((first, more)) => {
                 self.took(charge(&first, &more)).await;
                 Ok((first, more))

@@ -23,7 +23,7 @@
 use std::time::Instant;
 
 use super::{closed_or, ring, Conn};
-use crate::{ProtocolError, Result, TransportError};
+use crate::{Error, ProtocolError, Result};
 
 /// The tag offers travel on.
 pub const RING_OFFER_TAG: ucx::Tag = ucx::Tag::User(0x5459);
@@ -36,7 +36,7 @@ pub(crate) async fn exchange(conn: &Conn, size: u64, deadline: Instant) -> Resul
     let left = deadline.saturating_duration_since(Instant::now());
     match tokio::time::timeout(left, run(conn, size)).await {
         Ok(r) => r,
-        Err(_) => Err(TransportError::Timeout(left)),
+        Err(_) => Err(Error::Timeout(left)),
     }
 }
 

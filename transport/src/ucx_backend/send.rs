@@ -164,7 +164,7 @@ impl Conn {
             if let Frame::Cuda(d) = f {
                 d.stream()
                     .synchronize()
-                    .map_err(|e| crate::TransportError::Ucx(ucx::Error::Cuda(e.to_string())))?;
+                    .map_err(|e| crate::Error::Ucx(ucx::Error::Cuda(e.to_string())))?;
             }
         }
         if let Some(ring) = self.ring_out.get() {
@@ -275,7 +275,7 @@ impl Conn {
     }
 
     /// Ends the connection: the peer counted ring frames copied out that were never placed.
-    fn bad_count(&self, bad: ring::BadCount) -> crate::TransportError {
+    fn bad_count(&self, bad: ring::BadCount) -> crate::Error {
         self.refuse(ProtocolError::RingCount {
             count: bad.count,
             placed: bad.placed,
@@ -298,7 +298,7 @@ impl Conn {
                 Err(bad) => return Err(self.bad_count(bad)),
             }
             if let Some(why) = self.state.get().or_else(|| self.cut.get().cloned()) {
-                return Err(crate::TransportError::Closed(why));
+                return Err(crate::Error::Closed(why));
             }
             if self.ep().is_closed() {
                 let e = self.ep().peer_error().unwrap_or(ucx::Error::Closed);
