@@ -38,7 +38,7 @@ pub mod value;
 pub use exec::{run, ComputeError, FailureKind, TaskFailure};
 pub use graph::{Graph, GraphError, Structure};
 pub use key::{Key, Name, MAX_INDICES};
-pub use local::{Inline, Persisted, Plan, Scheduler, Threaded};
+pub use local::{AsyncScheduler, BoxFuture, Inline, Persisted, Plan, Scheduler, Threaded};
 pub use registry::{
     registry, CallError, Callable, DuplicateName, FromValue, Func, Function, IntoValue, Params,
     Registry, TypedFn, Values, Variadic,

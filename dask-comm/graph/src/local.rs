@@ -31,6 +31,21 @@ pub trait Scheduler {
     }
 }
 
+/// A future a scheduler returns: boxed, `Send`, borrowing the scheduler and the keys.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// A scheduler that computes without blocking the caller's thread: a cluster's client, whose
+/// I/O runs on a runtime of its own. The collections' `compute_async` take one, for async
+/// callers (their `compute` takes a [`Scheduler`] and blocks until the values are there).
+pub trait AsyncScheduler: std::marker::Sync {
+    /// Computes `keys` of `graph`; resolves to their values in the order of `keys`.
+    fn get_async<'a>(
+        &'a self,
+        graph: Graph,
+        keys: &'a [Key],
+    ) -> BoxFuture<'a, Result<Vec<Value>, ComputeError>>;
+}
+
 /// What [`Scheduler::persist`] kept.
 pub enum Persisted {
     /// The values, by key.

@@ -787,6 +787,18 @@ impl State {
     }
 }
 
+/// The collections' `compute_async` on a cluster: `x.compute_async(&client).await`, the
+/// caller's thread free while the workers compute.
+impl dask_graph::AsyncScheduler for Client {
+    fn get_async<'a>(
+        &'a self,
+        graph: Graph,
+        keys: &'a [Key],
+    ) -> dask_graph::BoxFuture<'a, Result<Vec<Value>, ComputeError>> {
+        Box::pin(async move { self.compute(graph, keys).await.map_err(ComputeError::from) })
+    }
+}
+
 impl dask_graph::Scheduler for Client {
     fn get(&self, graph: Graph, keys: &[Key]) -> Result<Vec<Value>, ComputeError> {
         self.blocking()

@@ -557,12 +557,40 @@ impl Array {
         // it touches.
         let graph = self.graph_for(&keys);
         let values = scheduler.get(graph, &keys).map_err(linalg::typed_failure)?;
+        self.assemble(&keys, values)
+    }
+
+    /// [`Array::compute`] for async callers, on a scheduler that does not block their thread
+    /// (a `dask_comm::Client`).
+    ///
+    /// ```no_run
+    /// # async fn doc(client: &dyn dask_graph::AsyncScheduler) -> Result<(), dask_collections::array::ArrayError> {
+    /// use dask_collections::array::{self, DType};
+    /// let x = array::ones(&[1000], 100, DType::F64)?;
+    /// let total = x.sum(&[], false)?.compute_async(client).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn compute_async(
+        &self,
+        scheduler: &dyn dask_graph::AsyncScheduler,
+    ) -> Result<Chunk, ArrayError> {
+        let keys = self.keys();
+        let graph = self.graph_for(&keys);
+        let values = scheduler
+            .get_async(graph, &keys)
+            .await
+            .map_err(linalg::typed_failure)?;
+        self.assemble(&keys, values)
+    }
+
+    /// The computed blocks (`values`, of `keys`), checked, assembled into one chunk.
+    fn assemble(&self, keys: &[Key], values: Vec<dask_graph::Value>) -> Result<Chunk, ArrayError> {
         let shapes = block_indices(&self.numblocks())
             .into_iter()
             .map(|idx| self.block_shape(&idx));
         let blocks = values
             .iter()
-            .zip(&keys)
+            .zip(keys)
             .zip(shapes)
             .map(|((v, k), expected)| match v.downcast_ref::<Chunk>() {
                 Some(c)

@@ -199,6 +199,22 @@ impl Scalar {
     pub fn compute(&self, scheduler: &dyn Scheduler) -> Result<Item, BagError> {
         let g = graph_for(&self.layers, &[self.key]);
         let v = scheduler.get(g, &[self.key]).map_err(typed_failure)?;
+        self.item(v)
+    }
+
+    /// [`Scalar::compute`] for async callers, on a scheduler that does not block their
+    /// thread (a `dask_comm::Client`).
+    pub async fn compute_async(
+        &self,
+        scheduler: &dyn dask_graph::AsyncScheduler,
+    ) -> Result<Item, BagError> {
+        let g = graph_for(&self.layers, &[self.key]);
+        let keys = [self.key];
+        let v = scheduler.get_async(g, &keys).await.map_err(typed_failure)?;
+        self.item(v)
+    }
+
+    fn item(&self, v: Vec<dask_graph::Value>) -> Result<Item, BagError> {
         let v = v.into_iter().next().expect("one value per key");
         v.downcast_ref::<Item>()
             .cloned()
@@ -364,6 +380,28 @@ impl Bag {
         let values = scheduler
             .get(graph_for(&b.layers, &keys), &keys)
             .map_err(typed_failure)?;
+        Self::items(keys, values)
+    }
+
+    /// [`Bag::compute`] for async callers, on a scheduler that does not block their thread
+    /// (a `dask_comm::Client`).
+    pub async fn compute_async(
+        &self,
+        scheduler: &dyn dask_graph::AsyncScheduler,
+    ) -> Result<Vec<Item>, BagError> {
+        let b = self.materialized();
+        let keys: Vec<Key> = (0..self.npartitions)
+            .map(|i| Key::new(&b.name, &[i as u32]))
+            .collect();
+        let values = scheduler
+            .get_async(graph_for(&b.layers, &keys), &keys)
+            .await
+            .map_err(typed_failure)?;
+        Self::items(keys, values)
+    }
+
+    /// The items of computed partitions (`values`, of `keys`), in order.
+    fn items(keys: Vec<Key>, values: Vec<dask_graph::Value>) -> Result<Vec<Item>, BagError> {
         let mut out = Vec::new();
         for (v, k) in values.into_iter().zip(keys) {
             match v.downcast_ref::<Part>() {

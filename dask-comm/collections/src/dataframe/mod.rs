@@ -303,6 +303,14 @@ impl DataFrame {
             .map(|&i| Key::new(&d.name, &[i as u32]))
             .collect();
         let values = s.get(graph_for(&d.layers, &keys), &keys)?;
+        Self::frames(keys, values)
+    }
+
+    /// The polars frames of computed partitions (`values`, of `keys`), in order.
+    fn frames(
+        keys: Vec<Key>,
+        values: Vec<dask_graph::Value>,
+    ) -> Result<Vec<PlFrame>, DataFrameError> {
         values
             .iter()
             .zip(keys)
@@ -334,6 +342,23 @@ impl DataFrame {
     pub fn compute(&self, scheduler: &dyn Scheduler) -> Result<PlFrame, DataFrameError> {
         let all: Vec<usize> = (0..self.npartitions).collect();
         let parts = self.get_parts(&all, scheduler)?;
+        self.stacked(parts)
+    }
+
+    /// [`DataFrame::compute`] for async callers, on a scheduler that does not block their
+    /// thread (a `dask_comm::Client`).
+    pub async fn compute_async(
+        &self,
+        scheduler: &dyn dask_graph::AsyncScheduler,
+    ) -> Result<PlFrame, DataFrameError> {
+        let d = self.materialized();
+        let keys: Vec<Key> = (0..self.npartitions)
+            .map(|i| Key::new(&d.name, &[i as u32]))
+            .collect();
+        let values = scheduler
+            .get_async(graph_for(&d.layers, &keys), &keys)
+            .await?;
+        let parts = Self::frames(keys, values)?;
         self.stacked(parts)
     }
 

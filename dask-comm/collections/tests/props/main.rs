@@ -5,6 +5,7 @@
 mod common;
 
 mod array;
+mod async_compute;
 mod bag;
 mod frame;
 mod linalg;
