@@ -446,8 +446,16 @@ pub struct DuplicateName {
     pub second: String,
 }
 
+/// What a name is registered as.
+enum Registered {
+    /// A function tasks call.
+    Task(Arc<Function>),
+    /// A function a collection runs in its own form (see [`Registry::register_native`]).
+    Native(Arc<dyn std::any::Any + Send + Sync>),
+}
+
 struct Entry {
-    f: Arc<Function>,
+    what: Registered,
     at: &'static Location<'static>,
 }
 
@@ -479,16 +487,17 @@ pub fn registry() -> &'static Registry {
 }
 
 impl Registry {
-    fn insert<Args, R>(
+    /// Takes `name` for `what`, registered `at`; the same place again keeps the first.
+    fn claim(
         &self,
-        f: Function,
+        name: Name,
+        what: impl FnOnce() -> Registered,
         at: &'static Location<'static>,
-    ) -> Result<Func<Args, R>, DuplicateName> {
-        let name = f.name;
+    ) -> Result<(), DuplicateName> {
         let mut table = self.functions.write().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = table.get(&name) {
             if e.at == at {
-                return Ok(Func::named(name.as_str()));
+                return Ok(());
             }
             let err = DuplicateName {
                 name: name.as_str().to_string(),
@@ -499,11 +508,51 @@ impl Registry {
             return Err(err);
         }
         tracing::trace!(%name, %at, "registered a function");
-        table.insert(name, Entry { f: Arc::new(f), at });
+        table.insert(name, Entry { what: what(), at });
+        Ok(())
+    }
+
+    fn insert<Args, R>(
+        &self,
+        f: Function,
+        at: &'static Location<'static>,
+    ) -> Result<Func<Args, R>, DuplicateName> {
+        let name = f.name;
+        self.claim(name, || Registered::Task(Arc::new(f)), at)?;
         Ok(Func {
             name,
             sig: PhantomData,
         })
+    }
+
+    /// Registers `native` under `name`: a function a collection runs in its own form (a bag's
+    /// `Fn(&Item) -> Item`, a dataframe's partition function) inside its tasks, not as a task
+    /// of its own. It shares the one name table: a name taken by a task function or another
+    /// collection's is refused, as [`Registry::try_register`] refuses. [`Registry::native`]
+    /// finds it; [`Registry::get`] does not (a task cannot call it).
+    #[track_caller]
+    pub fn register_native<T: std::any::Any + Send + Sync>(
+        &self,
+        name: &str,
+        native: T,
+    ) -> Result<Name, DuplicateName> {
+        let name = Name::new(name);
+        self.claim(
+            name,
+            || Registered::Native(Arc::new(native)),
+            Location::caller(),
+        )?;
+        Ok(name)
+    }
+
+    /// The function registered under `name` with [`Registry::register_native`], if it is a
+    /// `T` (`None` when the name is not registered, or is registered as something else).
+    pub fn native<T: std::any::Any + Send + Sync>(&self, name: impl Into<Name>) -> Option<Arc<T>> {
+        let table = self.functions.read().unwrap_or_else(|e| e.into_inner());
+        match &table.get(&name.into())?.what {
+            Registered::Native(n) => Arc::clone(n).downcast::<T>().ok(),
+            Registered::Task(_) => None,
+        }
     }
 
     fn typed<Args, F: TypedFn<Args>>(name: &str, f: F) -> Function {
@@ -599,7 +648,10 @@ impl Registry {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(&name.into())
-            .map(|e| e.f.clone())
+            .and_then(|e| match &e.what {
+                Registered::Task(f) => Some(f.clone()),
+                Registered::Native(_) => None,
+            })
     }
 
     /// Whether `name` is registered.
@@ -658,6 +710,24 @@ mod tests {
             .try_register("t-inc", |xs: Vec<i64>| xs.len() as i64)
             .unwrap_err();
         assert_eq!(e.name, "t-inc");
+    }
+
+    #[test]
+    fn native_functions_share_the_table() {
+        let r = Registry::default();
+        #[derive(Debug, PartialEq)]
+        struct Mine(u32);
+        let n = r.register_native("t-native", Mine(7)).unwrap();
+        assert_eq!(r.native::<Mine>(n).as_deref(), Some(&Mine(7)));
+        assert!(r.native::<String>("t-native").is_none());
+        assert!(r.get("t-native").is_none(), "not a task function");
+        assert!(r.contains("t-native"));
+        // One table: a task function cannot take a native's name, nor the reverse.
+        let e = r.try_register("t-native", || 1u8).unwrap_err();
+        assert_eq!(e.name, "t-native");
+        r.register("t-task", || 1u8);
+        assert!(r.register_native("t-task", Mine(1)).is_err());
+        assert!(r.native::<Mine>("t-task").is_none());
     }
 
     #[test]

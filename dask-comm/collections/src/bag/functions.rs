@@ -24,9 +24,10 @@
 //! # Ok::<(), bag::BagError>(())
 //! ```
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Once};
+
+use dask_graph::registry;
 
 use super::{BagError, Item};
 
@@ -103,31 +104,68 @@ impl Func {
     }
 }
 
-/// Every function by name, and whether it is the built-in one of that name.
-fn table() -> &'static RwLock<HashMap<String, (Func, bool)>> {
-    static T: OnceLock<RwLock<HashMap<String, (Func, bool)>>> = OnceLock::new();
-    T.get_or_init(|| {
-        let all = super::builtins::all();
-        RwLock::new(all.into_iter().map(|(k, f)| (k, (f, true))).collect())
-    })
+/// A bag function as the process's registry holds it: the function, and whether it is the
+/// built-in one of its name.
+struct Registered {
+    f: Func,
+    builtin: bool,
 }
 
-/// Whether `name` still names the built-in function of that name (a pipeline may then run
-/// it in a fused form).
+/// The name a bag function has in the process's one registry: bag functions (of `&Item`, not
+/// task values) are qualified, `bag:{name}`, so that the bag's `add` and a task function
+/// `add` are two names, and a name cannot mean one thing to a task and another to a bag.
+fn wire(name: &str) -> String {
+    format!("bag:{name}")
+}
+
+/// The built-in functions, registered once per process before any other bag function (so
+/// none can take a built-in's name).
+fn builtins() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for (name, f) in super::builtins::all() {
+            // One place registers them all: never two of one name.
+            let r = registry().register_native(&wire(&name), Registered { f, builtin: true });
+            if let Err(e) = r {
+                tracing::error!(%e, "a built-in bag function's name was taken");
+            }
+        }
+    });
+}
+
+fn registered(name: &str) -> Option<Arc<Registered>> {
+    builtins();
+    registry().native::<Registered>(wire(name).as_str())
+}
+
+/// Whether `name` names a built-in function (a pipeline may then run it in a fused form).
 pub(crate) fn is_builtin(name: &str) -> bool {
-    let t = table().read().unwrap_or_else(|e| e.into_inner());
-    t.get(name).is_some_and(|e| e.1)
+    registered(name).is_some_and(|r| r.builtin)
 }
 
+/// Registers `f` under `name` in the process's registry.
+///
+/// # Panics
+///
+/// When another place in the code registered a bag function of that name (a built-in's
+/// included): the message names both places, as `dask_graph::Registry::register`'s does.
+#[track_caller]
 fn insert(name: &str, f: Func) {
+    builtins();
     tracing::trace!(name, "registered a bag function");
-    table()
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(name.to_string(), (f, false));
+    if let Err(e) = registry().register_native(&wire(name), Registered { f, builtin: false }) {
+        panic!("{e}");
+    }
 }
 
-/// Registers a map function under `name` (replacing any bag function of that name).
+/// Registers a map function under `name`.
+///
+/// # Panics
+///
+/// When another place in the code registered a bag function of that name, a built-in's
+/// included (the message names both places). The same place registering again (a
+/// `register()` run twice) keeps the first.
+#[track_caller]
 pub fn register_map<R, F>(name: &str, f: F)
 where
     R: Outcome<Item>,
@@ -136,7 +174,8 @@ where
     insert(name, Func::Map(Arc::new(move |x| f(x).outcome())));
 }
 
-/// Registers a predicate under `name`.
+/// Registers a predicate under `name` (panics as [`register_map`]).
+#[track_caller]
 pub fn register_predicate<R, F>(name: &str, f: F)
 where
     R: Outcome<bool>,
@@ -145,7 +184,9 @@ where
     insert(name, Func::Predicate(Arc::new(move |x| f(x).outcome())));
 }
 
-/// Registers a binary function (an accumulator and an item) under `name`.
+/// Registers a binary function (an accumulator and an item) under `name` (panics as
+/// [`register_map`]).
+#[track_caller]
 pub fn register_binary<R, F>(name: &str, f: F)
 where
     R: Outcome<Item>,
@@ -154,7 +195,8 @@ where
     insert(name, Func::Binary(Arc::new(move |a, x| f(a, x).outcome())));
 }
 
-/// Registers a partition function under `name`.
+/// Registers a partition function under `name` (panics as [`register_map`]).
+#[track_caller]
 pub fn register_partition<R, F>(name: &str, f: F)
 where
     R: Outcome<Vec<Item>>,
@@ -163,7 +205,9 @@ where
     insert(name, Func::Partition(Arc::new(move |x| f(x).outcome())));
 }
 
-/// Registers an aggregate (a list of items to one item) under `name`.
+/// Registers an aggregate (a list of items to one item) under `name` (panics as
+/// [`register_map`]).
+#[track_caller]
 pub fn register_aggregate<R, F>(name: &str, f: F)
 where
     R: Outcome<Item>,
@@ -174,8 +218,7 @@ where
 
 /// The function registered under `name`, of kind `kind`.
 pub(crate) fn lookup(name: &str, kind: Kind) -> Result<Func, BagError> {
-    let t = table().read().unwrap_or_else(|e| e.into_inner());
-    match t.get(name).map(|e| &e.0) {
+    match registered(name).as_deref().map(|r| &r.f) {
         Some(f) if f.kind() == kind => Ok(f.clone()),
         Some(f) => Err(BagError::WrongKind {
             name: name.to_string(),
@@ -221,5 +264,48 @@ pub(crate) fn aggregate(name: &str) -> Result<AggFn, BagError> {
     match lookup(name, Kind::Aggregate)? {
         Func::Aggregate(f) => Ok(f),
         _ => unreachable!("kind checked"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn register_square() {
+        register_map("fn-test-square", |x: &Item| {
+            Item::Int(x.as_i64().unwrap_or(0).pow(2))
+        });
+    }
+
+    #[test]
+    fn names_are_taken_once_and_built_ins_stay() {
+        register_square();
+        register_square(); // the same place again: kept
+        assert!(map_fn("fn-test-square").is_ok());
+        // Another place: refused, naming both.
+        let e = std::panic::catch_unwind(|| register_map("fn-test-square", |x: &Item| x.clone()))
+            .unwrap_err();
+        let text = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(
+            text.contains("bag:fn-test-square") && text.contains("functions.rs"),
+            "{text}"
+        );
+        // A built-in cannot be replaced, and still runs as itself.
+        assert!(
+            std::panic::catch_unwind(|| register_binary(super::super::ADD, |a: Item, _: &Item| a))
+                .is_err()
+        );
+        assert!(is_builtin(super::super::ADD));
+        // Kinds are still checked, and a bag function is not a task function (nor the reverse).
+        assert!(matches!(
+            predicate("fn-test-square"),
+            Err(BagError::WrongKind { .. })
+        ));
+        assert!(registry().get("bag:fn-test-square").is_none());
+        assert!(
+            map_fn("identity").is_ok(),
+            "the bag's identity, beside the graph's"
+        );
+        assert!(registry().get("identity").is_some());
     }
 }

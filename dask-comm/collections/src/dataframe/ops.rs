@@ -3,8 +3,7 @@
 //! that reads a partition runs them as one polars query (so a read of a CSV file parses only
 //! the columns the query needs and filters as it goes).
 
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::Arc;
 
 use dask_graph::Value;
 use polars::prelude::{
@@ -50,13 +49,23 @@ dask_graph::serde_data!(Scan);
 
 type PartFn = Arc<dyn Fn(PlFrame) -> PolarsResult<PlFrame> + Send + Sync>;
 
-fn table() -> &'static RwLock<HashMap<String, PartFn>> {
-    static T: OnceLock<RwLock<HashMap<String, PartFn>>> = OnceLock::new();
-    T.get_or_init(Default::default)
+/// A partition function as the process's registry holds it.
+struct Registered(PartFn);
+
+/// The name a partition function has in the process's one registry: qualified,
+/// `dataframe:{name}`, as bag functions are `bag:{name}` (functions of polars frames, not of
+/// task values).
+fn wire(name: &str) -> String {
+    format!("dataframe:{name}")
 }
 
 /// Registers a function over whole partitions under `name` (in every process, as every task
 /// function), for [`DataFrame::map_partitions`](super::DataFrame::map_partitions).
+///
+/// # Panics
+///
+/// When another place in the code registered a partition function of that name (the message
+/// names both places). The same place registering again keeps the first.
 ///
 /// ```
 /// use dask_collections::dataframe;
@@ -70,23 +79,21 @@ fn table() -> &'static RwLock<HashMap<String, PartFn>> {
 /// assert_eq!(got.column("x").unwrap().i64().unwrap().to_vec(), vec![Some(2), Some(4), Some(6)]);
 /// # Ok::<(), dataframe::DataFrameError>(())
 /// ```
+#[track_caller]
 pub fn register_partition<F>(name: &str, f: F)
 where
     F: Fn(PlFrame) -> PolarsResult<PlFrame> + Send + Sync + 'static,
 {
     tracing::trace!(name, "registered a dataframe partition function");
-    table()
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(name.to_string(), Arc::new(f));
+    if let Err(e) = dask_graph::registry().register_native(&wire(name), Registered(Arc::new(f))) {
+        panic!("{e}");
+    }
 }
 
 pub(crate) fn partition_fn(name: &str) -> Result<PartFn, DataFrameError> {
-    table()
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(name)
-        .cloned()
+    dask_graph::registry()
+        .native::<Registered>(wire(name).as_str())
+        .map(|r| r.0.clone())
         .ok_or_else(|| DataFrameError::UnknownFunction {
             name: name.to_string(),
         })
@@ -184,4 +191,24 @@ pub(crate) fn run(v: &Value, ops: &Ops) -> Result<PlFrame, String> {
     apply(input(v)?, &ops.0)?
         .collect()
         .map_err(|e| context(v, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_function_name_is_taken_once() {
+        let register = || register_partition("ops-test-same", Ok);
+        register();
+        register();
+        assert!(partition_fn("ops-test-same").is_ok());
+        let e = std::panic::catch_unwind(|| register_partition("ops-test-same", Ok)).unwrap_err();
+        let text = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(text.contains("dataframe:ops-test-same"), "{text}");
+        assert!(matches!(
+            partition_fn("ops-test-none"),
+            Err(DataFrameError::UnknownFunction { .. })
+        ));
+    }
 }
