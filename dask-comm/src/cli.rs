@@ -172,6 +172,8 @@ const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file
 
 /// Runs the command line (the process's arguments); returns the exit status.
 pub fn main() -> i32 {
+    // The benchmark's functions, which `dask-comm bench` and its workers run.
+    crate::bench::register();
     crate::cluster::run_if_worker();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(

@@ -107,7 +107,9 @@ pub struct ClusterOptions {
     pub protocol: Protocol,
     /// Workers as processes (true) or as tasks in this process (inproc only).
     pub processes: bool,
-    /// Workers answer without running tasks (measuring the runtime alone).
+    /// Workers answer without running tasks (measuring the runtime alone): a benchmark's
+    /// knob, not API.
+    #[doc(hidden)]
     pub zero_work: bool,
     /// Each worker's memory limit (default: the machine's memory shared among the worker
     /// processes).

@@ -30,13 +30,21 @@
 //! assert_eq!(total[0].downcast_ref::<i64>(), Some(&5050));
 //! ```
 
+// Not the library's API: the drills and the benchmark functions this repository's tests,
+// examples and comparisons use (feature `drills`).
+#[cfg(feature = "drills")]
+#[doc(hidden)]
 pub mod bench;
+#[cfg(not(feature = "drills"))]
+mod bench;
 mod benchcli;
 pub mod cli;
 mod client;
 mod cluster;
 pub mod core;
 pub mod dashboard;
+#[cfg(feature = "drills")]
+#[doc(hidden)]
 pub mod drills;
 mod error;
 pub mod launch;

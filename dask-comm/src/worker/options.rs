@@ -41,7 +41,8 @@ pub struct WorkerOptions {
     /// A name for logs.
     pub name: String,
     /// Answer every task at once without running it or fetching its inputs (to measure the
-    /// runtime alone, like RSDS's zero worker). Values are `()`.
+    /// runtime alone, like RSDS's zero worker). Values are `()`. A benchmark's knob, not API.
+    #[doc(hidden)]
     pub zero_work: bool,
     /// A scheduler that answers no heartbeat for this long is taken for lost: the worker
     /// ends with [`Error::Disconnected`] (a process exits with [`EXIT_SCHEDULER_LOST`]).
