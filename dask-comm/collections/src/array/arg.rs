@@ -265,10 +265,8 @@ pub(crate) fn kernels() -> &'static Kernels {
                 },
             ),
             combine: r.register_values("dask-array-arg-combine", |args: &[dask_graph::Value]| {
-                let Some(spec) = args.first().and_then(|v| v.downcast_ref::<ArgSpec>()) else {
-                    return Err("arg-combine takes a spec, a grid, then partial results".into());
-                };
-                let (grid, parts) = crate::array::grid_and_chunks(&args[1..])?;
+                let (spec, grid, parts) =
+                    crate::array::spec_grid_and_chunks::<ArgSpec>(args, "arg-combine")?;
                 combine(spec, &grid, parts).map(dask_graph::Value::new)
             }),
             finish: r.register(

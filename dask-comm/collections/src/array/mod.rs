@@ -747,6 +747,19 @@ pub fn register() {
     });
 }
 
+/// A spec (`S`), a grid, then the partial results: the arguments of the kernels that combine
+/// partial results (`what` names the kernel in the error).
+pub(crate) fn spec_grid_and_chunks<'a, S: 'static>(
+    args: &'a [dask_graph::Value],
+    what: &str,
+) -> Result<(&'a S, Vec<usize>, Vec<Chunk>), String> {
+    let Some(spec) = args.first().and_then(|v| v.downcast_ref::<S>()) else {
+        return Err(format!("{what} takes a spec, a grid, then partial results"));
+    };
+    let (grid, parts) = grid_and_chunks(&args[1..])?;
+    Ok((spec, grid, parts))
+}
+
 /// A grid (`Vec<u64>`) and then as many chunks as it has cells: the arguments of the kernels
 /// that join blocks.
 pub(crate) fn grid_and_chunks(
