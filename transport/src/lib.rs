@@ -51,6 +51,7 @@ mod connection;
 pub mod cuda;
 mod error;
 pub mod frame;
+mod handle;
 mod inproc;
 mod message;
 mod pool;
@@ -78,6 +79,7 @@ pub use connection::Connection;
 pub(crate) use connection::Received;
 pub(crate) use connection::{CloseState, ConnInner};
 pub use error::{CloseReason, Error, Failure, InprocError, ProtocolError, Refusal};
+pub use handle::{Transport, TransportConfig};
 
 /// The name [`Error`] had before every crate's error became its `Error` (`ucx::Error`,
 /// `transport::Error`, `dask_comm::Error`).
@@ -164,7 +166,7 @@ pub fn host_buffer(len: usize) -> Vec<u8> {
 /// fresh one), so its user may keep the one it got.
 #[cfg(feature = "ucx")]
 pub fn ucx_worker() -> Result<ucx::Worker> {
-    ucx_backend::worker()
+    Transport::global().ucx_worker()
 }
 
 /// A received frame as memory of the caller's own, to write to: without a copy when the
@@ -335,6 +337,8 @@ pub struct Listener {
     inner: ListenerInner,
     local: Address,
     opts: Options,
+    /// The transport it belongs to.
+    shared: Arc<handle::Shared>,
     /// Accepted connections being set up (TLS handshake, secret challenge), at most
     /// [`MAX_PENDING_ACCEPTS`] at a time.
     pending: futures::stream::FuturesUnordered<SetUp>,
@@ -382,7 +386,9 @@ impl ListenerInner {
 /// `ucx://` lanes exchange with [`Options::ucx_direct`] ([`ucx_lanes`]) and the ring exchange
 /// (`ucx_backend::ring_exchange`), then the challenge if `opts` has a secret.
 #[cfg_attr(not(feature = "tls"), allow(clippy::infallible_destructuring_match))]
-fn set_up(accepted: Accepted, opts: Options) -> SetUp {
+fn set_up(accepted: Accepted, opts: Options, shared: Arc<handle::Shared>) -> SetUp {
+    #[cfg(not(feature = "ucx"))]
+    let _ = shared;
     Box::pin(async move {
         let conn = match accepted {
             Accepted::Ready(c) => c,
@@ -409,7 +415,7 @@ fn set_up(accepted: Accepted, opts: Options) -> SetUp {
         #[cfg(feature = "ucx")]
         if let ConnInner::Ucx(c) = &*conn.inner {
             let deadline = std::time::Instant::now() + opts.connect_timeout;
-            let size = ucx_config::chosen().ring_bytes();
+            let size = shared.intent().ring_bytes();
             if let Err(e) = ucx_backend::ring_exchange::exchange(c, size, deadline).await {
                 let _ = conn.close().await;
                 return Err((conn.peer_addr().clone(), e));
@@ -496,8 +502,17 @@ pub async fn listen(addr: &Address) -> Result<Listener> {
     listen_with(addr, &Options::default()).await
 }
 
-/// Listens on `addr`; accepted connections get `opts`.
+/// Listens on `addr`; accepted connections get `opts` (on [`Transport::global`]).
 pub async fn listen_with(addr: &Address, opts: &Options) -> Result<Listener> {
+    Transport::global().listen_with(addr, opts).await
+}
+
+/// Listens on `addr` for the transport `shared`.
+pub(crate) async fn listen_on(
+    shared: &Arc<handle::Shared>,
+    addr: &Address,
+    opts: &Options,
+) -> Result<Listener> {
     opts.validate()?;
     let (inner, local) = match addr {
         Address::Inproc(name) => (ListenerInner::Inproc(inproc::listen(name)?), addr.clone()),
@@ -508,7 +523,7 @@ pub async fn listen_with(addr: &Address, opts: &Options) -> Result<Listener> {
         }
         #[cfg(feature = "ucx")]
         Address::Ucx { host, port } => {
-            let l = ucx_backend::listen(host, *port).await?;
+            let l = ucx_backend::listen(shared, host, *port).await?;
             let local = l.local();
             (ListenerInner::Ucx(l), local)
         }
@@ -531,6 +546,7 @@ pub async fn listen_with(addr: &Address, opts: &Options) -> Result<Listener> {
         inner,
         local,
         opts: opts.clone(),
+        shared: Arc::clone(shared),
         pending: Default::default(),
     })
 }
@@ -540,8 +556,19 @@ pub async fn connect(addr: &Address) -> Result<Connection> {
     connect_with(addr, &Options::default()).await
 }
 
-/// Connects to `addr` within `opts.connect_timeout`.
+/// Connects to `addr` within `opts.connect_timeout` (on [`Transport::global`]).
 pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> {
+    Transport::global().connect_with(addr, opts).await
+}
+
+/// Connects to `addr` for the transport `shared`.
+pub(crate) async fn connect_on(
+    shared: &Arc<handle::Shared>,
+    addr: &Address,
+    opts: &Options,
+) -> Result<Connection> {
+    #[cfg(not(feature = "ucx"))]
+    let _ = shared;
     opts.validate()?;
     let started = std::time::Instant::now();
     let state = Arc::new(CloseState::default());
@@ -552,9 +579,9 @@ pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> 
                 ConnInner::Tcp(tcp::connect(host, *port, opts, Arc::clone(&state)).await?)
             }
             #[cfg(feature = "ucx")]
-            Address::Ucx { host, port } => {
-                ConnInner::Ucx(ucx_backend::connect(host, *port, opts, Arc::clone(&state)).await?)
-            }
+            Address::Ucx { host, port } => ConnInner::Ucx(
+                ucx_backend::connect(shared, host, *port, opts, Arc::clone(&state)).await?,
+            ),
             #[cfg(not(feature = "ucx"))]
             Address::Ucx { .. } => return Err(UCX_NOT_BUILT),
             #[cfg(feature = "tls")]
@@ -584,7 +611,7 @@ pub async fn connect_with(addr: &Address, opts: &Options) -> Result<Connection> 
     #[cfg(feature = "ucx")]
     if let ConnInner::Ucx(c) = &*conn.inner {
         let deadline = started + opts.connect_timeout;
-        let size = ucx_config::chosen().ring_bytes();
+        let size = shared.intent().ring_bytes();
         if let Err(e) = ucx_backend::ring_exchange::exchange(c, size, deadline).await {
             tracing::warn!(peer = %addr, error = %e, "the ucx:// ring exchange failed");
             let _ = conn.close().await;
@@ -633,7 +660,7 @@ impl Listener {
                     }
                 },
                 raw = accept_raw(&mut self.inner, &self.opts, &self.local), if room => {
-                    self.pending.push(set_up(raw?, self.opts.clone()));
+                    self.pending.push(set_up(raw?, self.opts.clone(), Arc::clone(&self.shared)));
                 }
             }
         }

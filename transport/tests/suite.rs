@@ -571,3 +571,66 @@ async fn tcp_spin_receives_the_same() {
     .await
     .expect("in time");
 }
+
+/// Two transports configured differently in one process, beside the process-wide one: each has
+/// its own UCX context (one on TCP only, one as UCX chooses), worker and receive budget, and
+/// the `ucx://` connections of each carry a message larger than the smaller budget.
+#[cfg(feature = "ucx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_configured_transports_in_one_process() {
+    use transport::{Transport, TransportConfig, UcxIntent};
+    let mut tcp_only = TransportConfig::default();
+    tcp_only.ucx = UcxIntent {
+        tcp: true,
+        shared_memory: false,
+        ..UcxIntent::default()
+    };
+    tcp_only.receive_budget = 8 << 20;
+    let tcp_only = Transport::new(tcp_only).unwrap();
+    let mut plain = TransportConfig::default();
+    plain.receive_budget = 64 << 20;
+    let plain = Transport::new(plain).unwrap();
+    assert_eq!(
+        (tcp_only.receive_budget(), plain.receive_budget()),
+        (8 << 20, 64 << 20)
+    );
+    let (a, b) = (tcp_only.ucx_worker().unwrap(), plain.ucx_worker().unwrap());
+    let global = transport::ucx_worker().unwrap();
+    assert!(!a.same_as(&b) && !a.same_as(&global) && !b.same_as(&global));
+    assert_eq!(a.context().config()["TLS"], "self,tcp");
+    assert_ne!(b.context().config()["TLS"], "self,tcp");
+    assert!(
+        tcp_only.ucx_worker().unwrap().same_as(&a),
+        "one worker per transport"
+    );
+    // A message of 12 MiB: more than the TCP-only transport's whole budget (it waits for all
+    // of it, then runs alone), well within the other's.
+    let big = pattern(12 << 20, 9);
+    for t in [&tcp_only, &plain] {
+        let mut l = t
+            .listen(&"ucx://127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = l.local_addr().clone();
+        let (s, c) = tokio::join!(l.accept(), t.connect(&addr));
+        let (s, c) = (s.unwrap(), c.unwrap());
+        // A rendezvous send completes once the receiver takes it: both at once.
+        let both = async { tokio::join!(c.send(1, Message::from(vec![big.clone()])), s.recv()) };
+        let (sent, received) = tokio::time::timeout(Duration::from_secs(60), both)
+            .await
+            .expect("sent and received in time");
+        sent.unwrap();
+        let (channel, m) = received.unwrap();
+        assert_eq!(channel, 1);
+        assert_eq!(m.host(0), Some(&big[..]), "{t:?}");
+        c.close().await.unwrap();
+        assert!(matches!(
+            s.recv().await,
+            Err(transport::Error::Closed(CloseReason::PeerClosed))
+        ));
+    }
+    // A configuration UCX cannot take is refused when the transport is made.
+    let mut bad = TransportConfig::default();
+    bad.ucx.shared_memory = false;
+    assert!(Transport::new(bad).is_err());
+}

@@ -1,5 +1,6 @@
-//! UCX connections over `ucx-rs`. Each process shares one UCX context and worker, set up from
-//! [`crate::UcxIntent`] (see [`crate::configure_ucx`]).
+//! UCX connections over `ucx-rs`. The connections of a [`crate::Transport`] share its UCX
+//! context and worker, set up from its [`crate::UcxIntent`] (for the process-wide one, see
+//! [`crate::configure_ucx`]).
 //!
 //! **On the wire** (all on [`TAG`], whose per-tag order UCX keeps): a message's first UCX
 //! message is at most [`FIRST_MAX`] bytes, so the receiver can post that receive before the
@@ -40,6 +41,7 @@ mod receive;
 pub(crate) mod ring;
 pub mod ring_exchange;
 mod send;
+use crate::handle::Shared;
 use crate::{
     close_marker, Address, CloseReason, CloseState, Error, Failure, Options, ProtocolError, Result,
 };
@@ -70,36 +72,42 @@ const MAX_RUN: usize = 64;
 /// The tag credit grants travel on (little-endian `u64`: bytes granted back).
 pub const CREDIT_TAG: ucx::Tag = ucx::Tag::User(0x5456);
 
-/// The process's UCX worker, made on first use. A `blocking` worker is progressed by a task
+/// A transport's UCX state: its context and worker, made on first use from its
+/// [`crate::UcxIntent`].
+#[derive(Debug, Default)]
+pub(crate) struct UcxState {
+    context: OnceLock<std::result::Result<ucx::Context, ucx::Error>>,
+    worker: std::sync::Mutex<Option<ucx::Worker>>,
+    /// Workers made for connects that UCX wedged ([`fresh_worker`]).
+    fresh_made: AtomicU64,
+}
+
+/// The transport's UCX worker, made on first use. A `blocking` worker is progressed by a task
 /// on the runtime it was made in; when that runtime has shut down (a program that makes one
 /// runtime per phase, or a test after a test), the next connection makes a new worker in the
 /// current runtime. Connections of the old worker died with its runtime. A connect that UCX
 /// wedged gets a fresh worker too ([`fresh_worker`]).
-pub(crate) fn worker() -> Result<ucx::Worker> {
-    let intent = crate::ucx_config::chosen();
-    let mut current = WORKER.lock().unwrap_or_else(|e| e.into_inner());
+pub(crate) fn worker(t: &Shared) -> Result<ucx::Worker> {
+    let mut current = t.ucx.worker.lock().unwrap_or_else(|e| e.into_inner());
     match &*current {
         Some(w) if w.is_progressing() => Ok(w.clone()),
         stale => {
             if stale.is_some() {
                 tracing::info!("the UCX worker's runtime shut down: making a new worker");
             }
-            let w = ucx::Worker::new(&context()?, intent.progress)?;
+            let w = ucx::Worker::new(&context(t)?, t.intent().progress)?;
             *current = Some(w.clone());
             Ok(w)
         }
     }
 }
 
-static WORKER: std::sync::Mutex<Option<ucx::Worker>> = std::sync::Mutex::new(None);
-
-/// The process's UCX context, from [`crate::UcxIntent`].
-fn context() -> Result<ucx::Context> {
-    static CONTEXT: OnceLock<std::result::Result<ucx::Context, ucx::Error>> = OnceLock::new();
-    let intent = crate::ucx_config::chosen();
-    Ok(CONTEXT
+/// The transport's UCX context, from its [`crate::UcxIntent`].
+fn context(t: &Shared) -> Result<ucx::Context> {
+    Ok(t.ucx
+        .context
         .get_or_init(|| {
-            let mut opts = intent.options().unwrap_or_default();
+            let mut opts = t.intent().options().unwrap_or_default();
             // Every first UCX message fits FIRST_MAX and has its receive posted before it
             // arrives, so eager lands it in place; UCX's own threshold (auto) chose
             // rendezvous from 20,553 B over TCP and 8,256 B on shared memory, a round trip
@@ -107,34 +115,33 @@ fn context() -> Result<ucx::Context> {
             if std::env::var_os("UCX_RNDV_THRESH").is_none() {
                 opts.push(("RNDV_THRESH", RNDV_THRESH.to_string()));
             }
-            tracing::debug!(ucx = %intent, rndv_thresh = RNDV_THRESH, "starting the UCX backend");
+            tracing::debug!(ucx = %t.intent(), rndv_thresh = RNDV_THRESH, "starting the UCX backend");
             ucx::Context::builder().options(opts).build()
         })
         .clone()?)
 }
 
-/// The most workers a process makes for connects that UCX wedged ([`fresh_worker`]).
+/// The most workers a transport makes for connects that UCX wedged ([`fresh_worker`]).
 const MAX_FRESH_WORKERS: usize = 4;
 
-/// After a connect timed out on `stale`, makes the process's later connects use a new worker
+/// After a connect timed out on `stale`, makes the transport's later connects use a new worker
 /// (unless another connect did already, or [`MAX_FRESH_WORKERS`] were made); returns whether
 /// the next connect gets a different worker (if not, it tries the same one again). UCX 1.13's TCP layer can reuse a closed
 /// connection of a dead peer for a new peer on the same address and port, after which that
 /// worker's connects hang (docs/notes/2026-11-23-ucx-direct-same-host-lanes.md, "A UCX 1.13 wedge"); a new worker has TCP
 /// interfaces of its own. The old one lives on for its connections and listeners.
-fn fresh_worker(stale: &ucx::Worker) -> bool {
-    static MADE: AtomicU64 = AtomicU64::new(0);
+fn fresh_worker(t: &Shared, stale: &ucx::Worker) -> bool {
     // An External worker is progressed by its user, who watches this worker's event fd and
     // would not know of a new one (`crate::ucx_worker`): keep trying the same worker.
-    if crate::ucx_config::chosen().progress == ucx::ProgressMode::External {
+    if t.intent().progress == ucx::ProgressMode::External {
         return false;
     }
-    let mut current = WORKER.lock().unwrap_or_else(|e| e.into_inner());
+    let mut current = t.ucx.worker.lock().unwrap_or_else(|e| e.into_inner());
     match &*current {
         Some(w) if w.same_as(stale) => {}
         _ => return true,
     }
-    if MADE.fetch_add(1, Ordering::Relaxed) >= MAX_FRESH_WORKERS as u64 {
+    if t.ucx.fresh_made.fetch_add(1, Ordering::Relaxed) >= MAX_FRESH_WORKERS as u64 {
         return false;
     }
     tracing::warn!("a UCX connect timed out: later connects use a new worker");
@@ -145,6 +152,8 @@ fn fresh_worker(stale: &ucx::Worker) -> bool {
 #[derive(Debug)]
 pub(crate) struct Listener {
     inner: ucx::Listener,
+    /// The transport its connections belong to.
+    transport: Arc<Shared>,
 }
 
 /// A posted receive of a credit grant.
@@ -205,6 +214,8 @@ pub(crate) struct Conn {
     ring_out: OnceLock<ring::RingOut>,
     /// The peer's ring, once taken: large host frames come through it.
     ring_in: OnceLock<ring::RingIn>,
+    /// The transport it belongs to (its receive budget).
+    transport: Arc<Shared>,
 }
 
 fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
@@ -219,13 +230,15 @@ fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
     })
 }
 
-pub(crate) async fn listen(host: &str, port: u16) -> Result<Listener> {
+pub(crate) async fn listen(t: &Arc<Shared>, host: &str, port: u16) -> Result<Listener> {
     Ok(Listener {
-        inner: ucx::Listener::bind(&worker()?, resolve(host, port)?)?,
+        inner: ucx::Listener::bind(&worker(t)?, resolve(host, port)?)?,
+        transport: Arc::clone(t),
     })
 }
 
 pub(crate) async fn connect(
+    t: &Arc<Shared>,
     host: &str,
     port: u16,
     opts: &Options,
@@ -239,7 +252,7 @@ pub(crate) async fn connect(
     // try has half the time: one that times out is tried again on a fresh worker
     // ([`fresh_worker`]).
     for attempt in 0.. {
-        let w = worker()?;
+        let w = worker(t)?;
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let connected = ucx::Endpoint::connect_with(
             &w,
@@ -251,9 +264,9 @@ pub(crate) async fn connect(
         )
         .await;
         match connected {
-            Ok(ep) => return Ok(Conn::new(ep, opts, state)),
+            Ok(ep) => return Ok(Conn::new(ep, opts, state, Arc::clone(t))),
             Err(ucx::Error::Timeout(_)) if attempt == 0 => {
-                if fresh_worker(&w) {
+                if fresh_worker(t, &w) {
                     tracing::warn!(peer = %at, "connecting again on a new UCX worker");
                 }
             }
@@ -293,7 +306,10 @@ impl Listener {
                         host: "?".into(),
                         port: 0,
                     });
-                    return Ok((Conn::new(ep, opts, state), peer));
+                    return Ok((
+                        Conn::new(ep, opts, state, Arc::clone(&self.transport)),
+                        peer,
+                    ));
                 }
                 // A failed handshake concerns that client only: keep accepting.
                 Err(ucx::Error::Handshake(e)) => tracing::warn!(error = %e, "rejected a client"),
@@ -304,7 +320,12 @@ impl Listener {
 }
 
 impl Conn {
-    fn new(ep: ucx::Endpoint, opts: &Options, state: Arc<CloseState>) -> Conn {
+    fn new(
+        ep: ucx::Endpoint,
+        opts: &Options,
+        state: Arc<CloseState>,
+        transport: Arc<Shared>,
+    ) -> Conn {
         let ep = Arc::new(ep);
         let receiving = Arc::new(AtomicBool::new(false));
         let ahead = Arc::default();
@@ -327,6 +348,7 @@ impl Conn {
             sent: AtomicBool::new(false),
             ring_out: OnceLock::new(),
             ring_in: OnceLock::new(),
+            transport,
         }
     }
 

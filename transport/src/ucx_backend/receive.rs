@@ -329,7 +329,7 @@ impl Conn {
             let len = metas[i].size;
             // Counted against the receive budget while it is copied out, as a rendezvous
             // frame is while it lands.
-            let _reserved = crate::budget::reserve(len).await;
+            let _reserved = self.transport.budget().reserve(len).await;
             let Some(mut buf) = crate::pool::try_take(len as usize) else {
                 return Err(self.refuse(ProtocolError::FrameMemory { size: len }));
             };
@@ -440,7 +440,7 @@ impl Conn {
                     announced: m.size,
                 }));
             }
-            let _reserved = crate::budget::reserve(got).await;
+            let _reserved = self.transport.budget().reserve(got).await;
             let Some(buf) = crate::pool::try_take(m.size as usize) else {
                 return Err(self.refuse(ProtocolError::FrameMemory { size: m.size }));
             };
