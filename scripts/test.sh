@@ -61,6 +61,9 @@ if [ "$tier" != drills ]; then
   # One pass over every target with every feature (the cuda code included); transport without
   # UCX is other code (its tcp://-only cfg), checked apart.
   cargo clippy -j2 "${ALL[@]}" --all-targets -- -D warnings
+  # dask-comm as a user builds it: its tests' self dev-dependency turns the `drills` feature
+  # on above; its library and command without it (~15 s).
+  cargo clippy -j2 -p dask-comm --lib --bins -- -D warnings
   step_done "clippy"
   cargo clippy -j2 -p transport --no-default-features --all-targets -- -D warnings
   step_done "clippy, transport without UCX"

@@ -170,10 +170,16 @@ const USAGE: &str = "usage: dask-comm scheduler [--listen URI] [--scheduler-file
        mpirun -np N dask-comm mpi [--scheduler-file F] [--nthreads N] [--memory-limit SIZE|auto|none] [--interface IF] [--address-family ipv4|ipv6] [--protocol tcp|ucx] [--scheduler-rank R] [--local-directory D] [--dashboard-address HOST:PORT | --no-dashboard]
        dask-comm bench [--workload W[,W...]] [--workers N] [--threads N] [--protocol tcp|ucx] [--zero-work] [--rounds N] [--scheduler-process] [--json]";
 
+/// Registers the functions of `dask-comm bench` (`inc`, `add`, `sum`, ...): the `dask-comm`
+/// program does before [`main`]; a program embedding the command line registers its own
+/// functions instead (and may call this too, if it has none of those names).
+#[doc(hidden)]
+pub fn register_bench_functions() {
+    crate::bench::register();
+}
+
 /// Runs the command line (the process's arguments); returns the exit status.
 pub fn main() -> i32 {
-    // The benchmark's functions, which `dask-comm bench` and its workers run.
-    crate::bench::register();
     crate::cluster::run_if_worker();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(

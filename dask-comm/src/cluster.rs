@@ -175,8 +175,8 @@ impl ClusterOptions {
     /// The memory limit each worker gets (`None`: none).
     pub fn worker_memory_limit(&self) -> Option<u64> {
         match self.memory_limit {
+            MemoryLimit::Bytes(0) | MemoryLimit::Unlimited => None,
             MemoryLimit::Bytes(m) => Some(m),
-            MemoryLimit::Unlimited => None,
             MemoryLimit::Auto if self.processes => {
                 crate::worker::memory::machine_memory().map(|m| m / self.workers.max(1) as u64)
             }
@@ -973,7 +973,37 @@ impl Drop for LocalCluster {
 
 #[cfg(test)]
 mod tests {
-    use super::cuda_visible_devices;
+    #[test]
+    fn memory_limits_say_what_each_worker_gets() {
+        let with = |memory_limit, processes| ClusterOptions {
+            memory_limit,
+            processes,
+            workers: 4,
+            ..ClusterOptions::default()
+        };
+        assert_eq!(
+            with(MemoryLimit::Bytes(1 << 30), true).worker_memory_limit(),
+            Some(1 << 30)
+        );
+        // 0 bytes is no limit, as it always was.
+        assert_eq!(
+            with(MemoryLimit::Bytes(0), true).worker_memory_limit(),
+            None
+        );
+        assert_eq!(
+            with(MemoryLimit::Unlimited, true).worker_memory_limit(),
+            None
+        );
+        // In-process workers share one process: no automatic limit.
+        assert_eq!(with(MemoryLimit::Auto, false).worker_memory_limit(), None);
+        let machine = crate::worker::memory::machine_memory();
+        assert_eq!(
+            with(MemoryLimit::Auto, true).worker_memory_limit(),
+            machine.map(|m| m / 4)
+        );
+    }
+
+    use super::{cuda_visible_devices, ClusterOptions, MemoryLimit};
 
     #[test]
     fn each_worker_sees_its_own_gpu_first() {

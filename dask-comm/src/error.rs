@@ -56,6 +56,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// The operating system's error, for [`Error::Os`] (also its `source()`, as an
+    /// `Arc<io::Error>`: errors are `Clone`).
+    pub fn io_error(&self) -> Option<&std::io::Error> {
+        match self {
+            Error::Os { source, .. } => Some(source),
+            Error::Transport(t) => t.io_error(),
+            _ => None,
+        }
+    }
+
     /// An operating-system error while doing `what`.
     pub(crate) fn os(what: impl Into<String>, e: std::io::Error) -> Error {
         Error::Os {
@@ -97,6 +107,10 @@ mod tests {
             .downcast_ref::<Arc<io::Error>>()
             .expect("the io::Error");
         assert_eq!(io.kind(), io::ErrorKind::NotFound);
+        assert_eq!(
+            e.io_error().map(io::Error::kind),
+            Some(io::ErrorKind::NotFound)
+        );
         // Clone shares it.
         let Error::Os { source: a, .. } = e.clone() else {
             unreachable!()
@@ -108,5 +122,10 @@ mod tests {
         let t = transport::Error::from(io::Error::from(io::ErrorKind::PermissionDenied));
         let io = t.source().and_then(|s| s.downcast_ref::<Arc<io::Error>>());
         assert_eq!(io.map(|e| e.kind()), Some(io::ErrorKind::PermissionDenied));
+        let e = Error::from(t);
+        assert_eq!(
+            e.io_error().map(io::Error::kind),
+            Some(io::ErrorKind::PermissionDenied)
+        );
     }
 }

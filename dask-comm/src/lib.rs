@@ -19,7 +19,8 @@
 //! use dask_graph::{registry, Arg, Graph, Scheduler, Task};
 //! registry().register("inc", |x: i64| x + 1);
 //! registry().register_variadic("sum", |xs: Vec<i64>| xs.iter().sum::<i64>());
-//! let cluster = LocalCluster::new(2, 1).unwrap(); // worker processes stop here, as workers
+//! dask_comm::run_if_worker(); // worker processes stop here, as workers
+//! let cluster = LocalCluster::new(2, 1).unwrap();
 //! let client = cluster.client().unwrap();
 //! let mut g = Graph::new();
 //! for i in 0..100u32 {

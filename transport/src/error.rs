@@ -66,6 +66,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The operating system's error, for [`Error::Io`] (also its `source()`, as an
+    /// `Arc<io::Error>`: errors are `Clone`).
+    pub fn io_error(&self) -> Option<&std::io::Error> {
+        match self {
+            Error::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// Why the connection closed, when this error means it did.
     pub fn close_reason(&self) -> Option<&CloseReason> {
         match self {

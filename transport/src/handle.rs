@@ -105,9 +105,15 @@ impl std::fmt::Debug for Shared {
 impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("Transport");
+        // What it was made with; the process-wide one's settings are not read here (reading
+        // them fixes them).
         #[cfg(feature = "ucx")]
-        d.field("ucx", &self.shared.intent().to_string())
-            .field("receive_budget", &self.shared.budget().bytes());
+        match &self.shared.own {
+            Some((intent, budget)) => d
+                .field("ucx", &intent.to_string())
+                .field("receive_budget", budget),
+            None => d.field("settings", &"process-wide"),
+        };
         d.finish_non_exhaustive()
     }
 }
@@ -176,13 +182,15 @@ impl Transport {
         crate::ucx_backend::worker(&self.shared)
     }
 
-    /// Its UCX configuration.
+    /// Its UCX configuration (for [`Transport::global`], reading it fixes it, as its first
+    /// `ucx://` use does).
     #[cfg(feature = "ucx")]
     pub fn ucx_intent(&self) -> &crate::UcxIntent {
         self.shared.intent()
     }
 
-    /// Its receive budget in bytes.
+    /// Its receive budget in bytes: its own, not shared with other transports (for
+    /// [`Transport::global`], reading it fixes it).
     #[cfg(feature = "ucx")]
     pub fn receive_budget(&self) -> u64 {
         self.shared.budget().bytes()

@@ -91,7 +91,7 @@ pub struct ClientOptions {
     /// `DASK_COMM_SCHEDULER_TIMEOUT` (seconds).
     pub scheduler_timeout: Duration,
     /// Draw a progress bar on a terminal (standard error) while [`Client::wait`] takes more
-    /// than a second. Default: no (the examples and the CLI turn it on); see
+    /// than a second. Default: no (the examples turn it on); see
     /// [`Client::set_progress`].
     pub progress: bool,
 }

@@ -373,8 +373,8 @@ fn serve(opts: &LaunchOptions, job: &Job, role: Role, launched: bool) -> Result<
             );
             w.listen = Some(parse(&format!("{scheme}://{host_port}"))?);
             w.memory_limit = match opts.memory_limit {
+                MemoryLimit::Bytes(0) | MemoryLimit::Unlimited => None,
                 MemoryLimit::Bytes(b) => Some(b),
-                MemoryLimit::Unlimited => None,
                 MemoryLimit::Auto => {
                     // The ranks on this host share its memory.
                     let local = match rank.one_host {

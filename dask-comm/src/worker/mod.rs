@@ -84,7 +84,9 @@ struct Pending {
 }
 
 /// Runs a worker until the scheduler tells it to close or goes away.
-pub async fn run_worker(opts: WorkerOptions) -> Result<()> {
+pub async fn run_worker(mut opts: WorkerOptions) -> Result<()> {
+    // A limit of 0 bytes is none.
+    opts.memory_limit = opts.memory_limit.filter(|&m| m > 0);
     if opts.nthreads == 0 {
         return Err(Error::Config("a worker needs at least one thread".into()));
     }

@@ -21,8 +21,8 @@ pub struct WorkerOptions {
     pub listen: Option<Address>,
     /// Threads that run tasks.
     pub nthreads: usize,
-    /// Memory limit in bytes (`None`: none): the store spills, and the worker pauses and
-    /// exits, at fractions of it (see [`memory`]).
+    /// Memory limit in bytes (`None`: none; `Some(0)` is taken for none too): the store
+    /// spills, and the worker pauses and exits, at fractions of it (see [`memory`]).
     pub memory_limit: Option<u64>,
     /// The fractions of the memory limit where the worker spills, pauses and exits.
     pub thresholds: MemoryThresholds,
@@ -68,7 +68,7 @@ pub enum MemoryLimit {
     Auto,
     /// No limit: workers never spill, pause or exit for memory.
     Unlimited,
-    /// This many bytes per worker.
+    /// This many bytes per worker (0: none, as [`MemoryLimit::Unlimited`]).
     Bytes(u64),
 }
 

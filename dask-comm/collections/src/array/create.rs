@@ -118,6 +118,9 @@ pub fn from_array<T: ChunkElem>(
     chunks: impl Into<ChunkSpec>,
 ) -> Result<Array, ArrayError> {
     check_rank(a.ndim())?;
+    // Its blocks are chunks in the graph, not kernels' results: the chunk type (and the
+    // kernels later operations use) must be known to decode them.
+    super::register();
     let chunks = normalize(&chunks.into(), a.shape(), T::DTYPE)?;
     let name = fresh_name("array");
     let mut layer = Graph::new();

@@ -119,6 +119,8 @@ impl Array {
         dtype: DType,
         chunks: Option<Vec<Vec<usize>>>,
     ) -> Result<Array, ArrayError> {
+        // The array's own kernels, should `function` name one of them.
+        super::register();
         let function: dask_graph::Name = function.into();
         if registry().get(function).is_none() {
             return Err(ArrayError::UnknownFunction {

@@ -4,7 +4,7 @@
 
 use dask_graph::{Arg, Graph, Key, Task};
 
-use super::functions;
+use super::functions::{self, BagFunction, kind};
 use super::reduce::Agg;
 use super::{Bag, BagError, Item, Scalar, fresh_name, kernels, stack};
 
@@ -120,10 +120,11 @@ impl Bag {
     /// ```
     pub fn fold(
         &self,
-        binop: &str,
+        binop: impl BagFunction<kind::Binary>,
         combine: Option<&str>,
         initial: Option<Item>,
     ) -> Result<Scalar, BagError> {
+        let binop = binop.bag_name();
         functions::binary(binop)?;
         let combine = combine.unwrap_or(binop);
         functions::binary(combine)?;
@@ -137,7 +138,12 @@ impl Bag {
     /// `perpartition` over each partition's items, then `aggregate` over the list of those
     /// results, `split_every` at a time up a tree ([`Kind::Aggregate`] both; Dask's
     /// `reduction`).
-    pub fn reduction(&self, perpartition: &str, aggregate: &str) -> Result<Scalar, BagError> {
+    pub fn reduction(
+        &self,
+        perpartition: impl BagFunction<kind::Aggregate>,
+        aggregate: impl BagFunction<kind::Aggregate>,
+    ) -> Result<Scalar, BagError> {
+        let (perpartition, aggregate) = (perpartition.bag_name(), aggregate.bag_name());
         functions::aggregate(perpartition)?;
         functions::aggregate(aggregate)?;
         Ok(self.reduce_item(Agg::Reduction {
@@ -162,7 +168,8 @@ impl Bag {
     }
 
     /// The `k` items with the largest `key(item)` ([`Kind::Map`]), largest first.
-    pub fn topk_by(&self, k: usize, key: &str) -> Result<Bag, BagError> {
+    pub fn topk_by(&self, k: usize, key: impl BagFunction<kind::Map>) -> Result<Bag, BagError> {
+        let key = key.bag_name();
         functions::map_fn(key)?;
         Ok(self.reduce_bag(Agg::TopK {
             k,
@@ -186,7 +193,8 @@ impl Bag {
     }
 
     /// The first item (in partition order) of each distinct `key(item)`, ordered by key.
-    pub fn distinct_by(&self, key: &str) -> Result<Bag, BagError> {
+    pub fn distinct_by(&self, key: impl BagFunction<kind::Map>) -> Result<Bag, BagError> {
+        let key = key.bag_name();
         functions::map_fn(key)?;
         Ok(self.reduce_bag(Agg::Distinct {
             key: Some(key.into()),
@@ -211,12 +219,13 @@ impl Bag {
     /// ```
     pub fn foldby(
         &self,
-        key: &str,
-        binop: &str,
+        key: impl BagFunction<kind::Map>,
+        binop: impl BagFunction<kind::Binary>,
         initial: Option<Item>,
         combine: Option<&str>,
         combine_initial: Option<Item>,
     ) -> Result<Bag, BagError> {
+        let (key, binop) = (key.bag_name(), binop.bag_name());
         functions::map_fn(key)?;
         functions::binary(binop)?;
         let combine = combine.unwrap_or(binop);

@@ -55,6 +55,122 @@ pub(crate) type BinFn = Arc<dyn Fn(Item, &Item) -> Result<Item, String> + Send +
 pub(crate) type PartFn = Arc<dyn Fn(Vec<Item>) -> Result<Vec<Item>, String> + Send + Sync>;
 pub(crate) type AggFn = Arc<dyn Fn(Vec<Item>) -> Result<Item, String> + Send + Sync>;
 
+/// The kinds of bag function as types, for [`BagFn`] handles: an operation that needs a
+/// predicate takes a `BagFn<kind::Predicate>` (or a name), and a map function's handle does
+/// not compile there.
+pub mod kind {
+    /// `Fn(&Item) -> Item`.
+    #[derive(Debug)]
+    pub enum Map {}
+    /// `Fn(&Item) -> bool`.
+    #[derive(Debug)]
+    pub enum Predicate {}
+    /// `Fn(Item, &Item) -> Item`.
+    #[derive(Debug)]
+    pub enum Binary {}
+    /// `Fn(Vec<Item>) -> Vec<Item>`.
+    #[derive(Debug)]
+    pub enum Partition {}
+    /// `Fn(Vec<Item>) -> Item`.
+    #[derive(Debug)]
+    pub enum Aggregate {}
+}
+
+/// A registered bag function's handle: its name, and its kind in its type (`K`, one of
+/// [`kind`]'s). Returned by the `register_*` functions; cheap to copy.
+///
+/// ```
+/// use dask_collections::bag::{self, Item};
+/// let odd = bag::register_predicate("handle-doc-odd", |x: &Item| x.as_i64().is_some_and(|i| i % 2 == 1));
+/// let b = bag::range(10, 3)?.filter(odd)?;
+/// assert_eq!(b.count().compute(&dask_graph::Inline)?, Item::Int(5));
+/// # Ok::<(), bag::BagError>(())
+/// ```
+///
+/// A handle of another kind does not compile:
+///
+/// ```compile_fail
+/// use dask_collections::bag::{self, Item};
+/// let square = bag::register_map("handle-doc-square", |x: &Item| x.clone());
+/// let b = bag::range(10, 3).unwrap().filter(square);
+/// ```
+pub struct BagFn<K> {
+    name: &'static str,
+    kind: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<K> BagFn<K> {
+    fn new(name: &str) -> BagFn<K> {
+        BagFn {
+            name: dask_graph::Name::new(name).as_str(),
+            kind: std::marker::PhantomData,
+        }
+    }
+
+    /// The function's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl<K> Clone for BagFn<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for BagFn<K> {}
+
+impl<K> fmt::Debug for BagFn<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BagFn({})", self.name)
+    }
+}
+
+impl<K> PartialEq for BagFn<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+/// A bag function as an operation names it: a [`BagFn`] handle of the kind the operation
+/// needs (checked as it compiles), or a name (`&str`, `String`; checked when the operation is
+/// built, [`BagError::UnknownFunction`], [`BagError::WrongKind`]).
+pub trait BagFunction<K> {
+    /// The function's name.
+    fn bag_name(&self) -> &str;
+}
+
+impl<K> BagFunction<K> for BagFn<K> {
+    fn bag_name(&self) -> &str {
+        self.name
+    }
+}
+
+impl<K> BagFunction<K> for &BagFn<K> {
+    fn bag_name(&self) -> &str {
+        self.name
+    }
+}
+
+impl<K> BagFunction<K> for &str {
+    fn bag_name(&self) -> &str {
+        self
+    }
+}
+
+impl<K> BagFunction<K> for String {
+    fn bag_name(&self) -> &str {
+        self
+    }
+}
+
+impl<K> BagFunction<K> for &String {
+    fn bag_name(&self) -> &str {
+        self
+    }
+}
+
 /// A registered function.
 #[derive(Clone)]
 pub(crate) enum Func {
@@ -166,54 +282,59 @@ fn insert(name: &str, f: Func) {
 /// included (the message names both places). The same place registering again (a
 /// `register()` run twice) keeps the first.
 #[track_caller]
-pub fn register_map<R, F>(name: &str, f: F)
+pub fn register_map<R, F>(name: &str, f: F) -> BagFn<kind::Map>
 where
     R: Outcome<Item>,
     F: Fn(&Item) -> R + Send + Sync + 'static,
 {
     insert(name, Func::Map(Arc::new(move |x| f(x).outcome())));
+    BagFn::new(name)
 }
 
 /// Registers a predicate under `name` (panics as [`register_map`]).
 #[track_caller]
-pub fn register_predicate<R, F>(name: &str, f: F)
+pub fn register_predicate<R, F>(name: &str, f: F) -> BagFn<kind::Predicate>
 where
     R: Outcome<bool>,
     F: Fn(&Item) -> R + Send + Sync + 'static,
 {
     insert(name, Func::Predicate(Arc::new(move |x| f(x).outcome())));
+    BagFn::new(name)
 }
 
 /// Registers a binary function (an accumulator and an item) under `name` (panics as
 /// [`register_map`]).
 #[track_caller]
-pub fn register_binary<R, F>(name: &str, f: F)
+pub fn register_binary<R, F>(name: &str, f: F) -> BagFn<kind::Binary>
 where
     R: Outcome<Item>,
     F: Fn(Item, &Item) -> R + Send + Sync + 'static,
 {
     insert(name, Func::Binary(Arc::new(move |a, x| f(a, x).outcome())));
+    BagFn::new(name)
 }
 
 /// Registers a partition function under `name` (panics as [`register_map`]).
 #[track_caller]
-pub fn register_partition<R, F>(name: &str, f: F)
+pub fn register_partition<R, F>(name: &str, f: F) -> BagFn<kind::Partition>
 where
     R: Outcome<Vec<Item>>,
     F: Fn(Vec<Item>) -> R + Send + Sync + 'static,
 {
     insert(name, Func::Partition(Arc::new(move |x| f(x).outcome())));
+    BagFn::new(name)
 }
 
 /// Registers an aggregate (a list of items to one item) under `name` (panics as
 /// [`register_map`]).
 #[track_caller]
-pub fn register_aggregate<R, F>(name: &str, f: F)
+pub fn register_aggregate<R, F>(name: &str, f: F) -> BagFn<kind::Aggregate>
 where
     R: Outcome<Item>,
     F: Fn(Vec<Item>) -> R + Send + Sync + 'static,
 {
     insert(name, Func::Aggregate(Arc::new(move |x| f(x).outcome())));
+    BagFn::new(name)
 }
 
 /// The function registered under `name`, of kind `kind`.

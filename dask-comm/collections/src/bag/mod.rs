@@ -49,8 +49,8 @@ pub use builtins::{
 };
 pub use create::{from_sequence, range, read_json, read_text};
 pub use functions::{
-    Kind, Outcome, register_aggregate, register_binary, register_map, register_partition,
-    register_predicate,
+    BagFn, BagFunction, Kind, Outcome, kind, register_aggregate, register_binary, register_map,
+    register_partition, register_predicate,
 };
 pub use item::Item;
 pub use kernels::register;
@@ -261,18 +261,18 @@ impl Bag {
     }
 
     /// `f` applied to every item ([`Kind::Map`]).
-    pub fn map(&self, f: &str) -> Result<Bag, BagError> {
-        self.with_step(Step::Map(f.to_string()))
+    pub fn map(&self, f: impl BagFunction<kind::Map>) -> Result<Bag, BagError> {
+        self.with_step(Step::Map(f.bag_name().to_string()))
     }
 
     /// The items for which `predicate` is true ([`Kind::Predicate`]).
-    pub fn filter(&self, predicate: &str) -> Result<Bag, BagError> {
-        self.with_step(Step::Filter(predicate.to_string()))
+    pub fn filter(&self, predicate: impl BagFunction<kind::Predicate>) -> Result<Bag, BagError> {
+        self.with_step(Step::Filter(predicate.bag_name().to_string()))
     }
 
     /// The items for which `predicate` is false.
-    pub fn remove(&self, predicate: &str) -> Result<Bag, BagError> {
-        self.with_step(Step::Remove(predicate.to_string()))
+    pub fn remove(&self, predicate: impl BagFunction<kind::Predicate>) -> Result<Bag, BagError> {
+        self.with_step(Step::Remove(predicate.bag_name().to_string()))
     }
 
     /// The elements of every item, which must be a list (a string item fails the task).
@@ -312,8 +312,8 @@ impl Bag {
     }
 
     /// `f` applied to every partition's list of items ([`Kind::Partition`]).
-    pub fn map_partitions(&self, f: &str) -> Result<Bag, BagError> {
-        self.with_step(Step::Partition(f.to_string()))
+    pub fn map_partitions(&self, f: impl BagFunction<kind::Partition>) -> Result<Bag, BagError> {
+        self.with_step(Step::Partition(f.bag_name().to_string()))
     }
 
     /// The argument a task reads partition `i` from (before the pending steps).

@@ -8,7 +8,7 @@ use dask_graph::{Arg, Graph, Key, Task};
 use crate::ShuffleMethod;
 use crate::layers::{p2p_shuffle, shuffle_id};
 
-use super::functions;
+use super::functions::{self, BagFunction, kind};
 use super::steps::Steps;
 use super::{Bag, BagError, Source, fresh_name, kernels};
 
@@ -36,7 +36,11 @@ impl Bag {
     /// assert_eq!(got[0], Item::pair(0, vec![0, 3, 6]));
     /// # Ok::<(), bag::BagError>(())
     /// ```
-    pub fn groupby(&self, key: &str, npartitions: Option<usize>) -> Result<Bag, BagError> {
+    pub fn groupby(
+        &self,
+        key: impl BagFunction<kind::Map>,
+        npartitions: Option<usize>,
+    ) -> Result<Bag, BagError> {
         self.groupby_with(key, npartitions, ShuffleMethod::P2p)
     }
 
@@ -55,10 +59,11 @@ impl Bag {
     /// ```
     pub fn groupby_with(
         &self,
-        key: &str,
+        key: impl BagFunction<kind::Map>,
         npartitions: Option<usize>,
         method: ShuffleMethod,
     ) -> Result<Bag, BagError> {
+        let key = key.bag_name();
         functions::map_fn(key)?;
         let n = npartitions.unwrap_or(self.npartitions);
         if n == 0 {
