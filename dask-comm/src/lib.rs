@@ -10,8 +10,6 @@
 //! - [`SchedulerServer`], [`run_worker`], [`Client`]: the processes;
 //! - [`LocalCluster`]: a scheduler and worker processes on this machine;
 //! - [`cli`]: the `dask-comm scheduler|worker|bench` command line;
-//! - [`drills`]: resilience drills on real processes (killed, added and retired workers,
-//!   spilling, queuing, stealing);
 //! - [`protocol`], [`spec`], [`security`]: what travels, and who may send it.
 //!
 //! ```no_run

@@ -25,7 +25,6 @@
 //! ```
 
 use std::path::PathBuf;
-use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,32 +38,13 @@ use crate::scheduler::SchedulerServer;
 use crate::security::Secret;
 use crate::worker::{run_worker, MemoryLimit, WorkerOptions};
 
-const ENV_ROLE: &str = "DASK_COMM_WORKER";
-const ENV_SCHEDULER: &str = "DASK_COMM_SCHEDULER";
-const ENV_SECRET: &str = "DASK_COMM_SECRET";
-const ENV_THREADS: &str = "DASK_COMM_NTHREADS";
-const ENV_NAME: &str = "DASK_COMM_NAME";
-const ENV_ZERO: &str = "DASK_COMM_ZERO_WORK";
-const ENV_MEMORY: &str = "DASK_COMM_MEMORY_LIMIT";
-const ENV_DEVICE_MEMORY: &str = "DASK_COMM_DEVICE_MEMORY_LIMIT";
-const ENV_LOCAL_DIR: &str = "DASK_COMM_LOCAL_DIRECTORY";
-const ENV_LISTEN: &str = "DASK_COMM_LISTEN";
-/// Set for a worker whose supervisor is its parent (its process id): it dies with the parent.
-const ENV_PARENT: &str = "DASK_COMM_PARENT";
-/// The cluster's folders, which the workers remove if their parent died without doing so.
-const ENV_CLUSTER_DIRS: &str = "DASK_COMM_CLUSTER_DIRS";
+mod supervise;
+mod worker_process;
 
-/// Whether this worker process's supervisor (named by [`ENV_PARENT`]) is gone: it was
-/// reparented.
-fn parent_gone() -> bool {
-    let Some(parent) = std::env::var(ENV_PARENT)
-        .ok()
-        .and_then(|p| p.parse::<u32>().ok())
-    else {
-        return false;
-    };
-    std::os::unix::process::parent_id() != parent
-}
+pub(crate) use supervise::nanny;
+use supervise::{supervise, Spawner, Supervised, QUICK_DEATHS};
+pub use worker_process::run_if_worker;
+use worker_process::*;
 
 /// The network a local cluster uses between its processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -185,73 +165,6 @@ impl ClusterOptions {
     }
 }
 
-/// How to start one more worker process.
-#[derive(Debug, Clone)]
-struct Spawner {
-    exe: PathBuf,
-    args: Vec<std::ffi::OsString>,
-    env: Vec<(String, std::ffi::OsString)>,
-    local_dir: PathBuf,
-    /// GPUs to pin workers to ([`ClusterOptions::gpus`]; empty: none).
-    gpus: Vec<usize>,
-}
-
-/// `CUDA_VISIBLE_DEVICES` for the worker in `slot`: `gpus` rotated to start at its
-/// `slot % len`-th entry (its device 0), the others after it, as dask-cuda's does.
-pub(crate) fn cuda_visible_devices(slot: usize, gpus: &[usize]) -> String {
-    let n = gpus.len().max(1);
-    (0..gpus.len())
-        .map(|i| gpus[(slot + i) % n].to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-impl Spawner {
-    /// Starts the worker process `name` in `slot` (its place among the workers: its GPU).
-    fn spawn(&self, name: &str, slot: usize) -> Result<Child> {
-        let mut cmd = Command::new(&self.exe);
-        cmd.args(&self.args).env(ENV_ROLE, "1").env(ENV_NAME, name);
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        if !self.gpus.is_empty() {
-            let visible = cuda_visible_devices(slot, &self.gpus);
-            tracing::debug!(%name, %visible, "pinning a worker to its GPU");
-            cmd.env("CUDA_VISIBLE_DEVICES", visible);
-        }
-        cmd.spawn()
-            .map_err(|e| Error::os("starting a worker process", e))
-    }
-
-    /// Removes what a dead worker process left in the local directory.
-    fn clean_after(&self, pid: u32) {
-        let Ok(entries) = std::fs::read_dir(&self.local_dir) else {
-            return;
-        };
-        let prefix = format!("dask-comm-spill-{pid}-");
-        for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-    }
-}
-
-/// Worker processes and their supervisor's books.
-#[derive(Debug, Default)]
-struct Supervised {
-    /// Each live process, with its name, start time and slot (its GPU).
-    children: Vec<(Child, String, Instant, usize)>,
-    stopping: bool,
-    restarts: u64,
-    /// Worker processes that ended while supervised: process id and exit code (`None`: a
-    /// signal), the latest [`EXITS_KEPT`].
-    exits: std::collections::VecDeque<(u32, Option<i32>)>,
-    /// Deaths in a row within a second of starting (a worker that cannot start).
-    quick_deaths: u32,
-    next_name: usize,
-}
-
 enum Workers {
     Processes {
         supervised: Arc<Mutex<Supervised>>,
@@ -259,71 +172,6 @@ enum Workers {
         watcher: Option<std::thread::JoinHandle<()>>,
     },
     InProcess(Vec<tokio::task::JoinHandle<Result<()>>>),
-}
-
-/// Worker processes that exit with an error within a second of starting, this many times in
-/// a row, stop the supervisor from restarting them (a worker that cannot start would
-/// otherwise loop forever). Deaths by signal do not count.
-const QUICK_DEATHS: u32 = 5;
-
-/// Whether a worker process that ended with `status` failed to start: it exited with an
-/// error within a second. One killed by a signal, however young, is always replaced.
-fn failed_at_start(status: &std::process::ExitStatus, started: Instant) -> bool {
-    status.code().is_some_and(|c| c != 0) && started.elapsed() < Duration::from_secs(1)
-}
-
-/// Worker exits [`LocalCluster::worker_exits`] remembers.
-const EXITS_KEPT: usize = 1024;
-
-/// Watches worker processes every 50 ms: one that died abnormally is replaced.
-fn supervise(sup: Arc<Mutex<Supervised>>, spawner: Spawner, restart: bool) {
-    loop {
-        std::thread::sleep(Duration::from_millis(50));
-        let mut s = sup.lock().unwrap_or_else(|e| e.into_inner());
-        if s.stopping {
-            return;
-        }
-        let mut i = 0;
-        while i < s.children.len() {
-            let status = match s.children[i].0.try_wait() {
-                Ok(Some(status)) => status,
-                _ => {
-                    i += 1;
-                    continue;
-                }
-            };
-            let (child, name, started, slot) = s.children.remove(i);
-            spawner.clean_after(child.id());
-            if s.exits.len() == EXITS_KEPT {
-                s.exits.pop_front();
-            }
-            s.exits.push_back((child.id(), status.code()));
-            if status.success() {
-                tracing::info!(%name, pid = child.id(), "a worker process exited");
-                continue;
-            }
-            if status.code() == Some(crate::worker::EXIT_SCHEDULER_LOST) {
-                tracing::error!(%name, pid = child.id(), "a worker process lost the scheduler: not restarting it");
-                continue;
-            }
-            let quick = failed_at_start(&status, started);
-            s.quick_deaths = if quick { s.quick_deaths + 1 } else { 0 };
-            if !restart || s.quick_deaths >= QUICK_DEATHS {
-                tracing::error!(%name, %status, "a worker process died; not restarting it");
-                continue;
-            }
-            tracing::warn!(%name, pid = child.id(), %status, "a worker process died: restarting it");
-            s.next_name += 1;
-            let fresh = format!("local-{}", s.next_name - 1);
-            match spawner.spawn(&fresh, slot) {
-                Ok(c) => {
-                    s.restarts += 1;
-                    s.children.push((c, fresh, Instant::now(), slot));
-                }
-                Err(e) => tracing::error!(error = %e, "restarting a worker process failed"),
-            }
-        }
-    }
 }
 
 /// A scheduler and its workers on this machine. Dropping it shuts them down.
@@ -408,98 +256,6 @@ impl std::fmt::Debug for LocalCluster {
             .field("address", &self.address)
             .finish()
     }
-}
-
-/// If this process was started as a worker of a [`LocalCluster`], runs the worker and exits
-/// the process; otherwise returns at once. Call it at the top of `main`, after registering
-/// functions, in every program that starts a cluster of worker processes.
-pub fn run_if_worker() {
-    if std::env::var_os(ENV_ROLE).is_none() {
-        return;
-    }
-    // A worker's warnings (a stalled spill directory, refused connections, …) go to its
-    // standard error, which it shares with the cluster's process; `RUST_LOG` tunes them.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
-    let r = worker_from_env();
-    if let Err(e) = &r {
-        eprintln!("dask-comm worker: {e}");
-    }
-    let code = crate::worker::exit_code(&r);
-    // A parent that dies closes its sockets before its children are handed to another: a
-    // worker that lost its scheduler with its parent gives the parent a moment to be gone.
-    if code != 0 && std::env::var_os(ENV_CLUSTER_DIRS).is_some() {
-        let deadline = std::time::Instant::now() + Duration::from_secs(1);
-        while !parent_gone() && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-    if parent_gone() {
-        // The cluster's process died without cleaning up (killed): the last of its workers
-        // to go removes the cluster's folders. The first is the spill root, where each
-        // worker's own folder goes with it: it can be removed (it is empty) only once every
-        // worker that spills has left; then the others (the certificate's) go too.
-        let dirs: Vec<PathBuf> = std::env::var_os(ENV_CLUSTER_DIRS)
-            .map(|d| std::env::split_paths(&d).collect())
-            .unwrap_or_default();
-        if let Some((root, rest)) = dirs.split_first() {
-            if std::fs::remove_dir(root).is_ok() {
-                for d in rest {
-                    let _ = std::fs::remove_dir_all(d);
-                }
-            }
-        }
-    }
-    std::process::exit(code);
-}
-
-fn worker_from_env() -> Result<()> {
-    crate::worker::raise_descriptor_limit();
-    let var = |k: &str| {
-        std::env::var(k).map_err(|_| Error::Config(format!("worker process without {k}")))
-    };
-    let scheduler: Address = var(ENV_SCHEDULER)?
-        .parse()
-        .map_err(transport::Error::from)?;
-    let secret = Secret::from_hex(&var(ENV_SECRET)?)?;
-    let nthreads = var(ENV_THREADS)?
-        .parse()
-        .map_err(|_| Error::Config(format!("{ENV_THREADS} is not a number")))?;
-    let mut opts = WorkerOptions::new(scheduler, secret, nthreads);
-    opts.handle_signals = true;
-    opts.parent = std::env::var(ENV_PARENT)
-        .ok()
-        .and_then(|p| p.parse::<u32>().ok());
-    if parent_gone() {
-        return Err(Error::Disconnected(
-            "the process that started this worker is gone".into(),
-        ));
-    }
-    opts.name = var(ENV_NAME)?;
-    opts.local_directory = std::env::var_os(ENV_LOCAL_DIR).map(PathBuf::from);
-    opts.listen = std::env::var(ENV_LISTEN)
-        .ok()
-        .map(|l| l.parse::<Address>())
-        .transpose()
-        .map_err(transport::Error::from)?;
-    opts.zero_work = std::env::var_os(ENV_ZERO).is_some();
-    // 0 (or nothing): no limit.
-    opts.memory_limit = std::env::var(ENV_MEMORY)
-        .ok()
-        .and_then(|m| m.parse().ok())
-        .filter(|&m: &u64| m > 0);
-    opts.device_memory_limit = std::env::var(ENV_DEVICE_MEMORY)
-        .ok()
-        .and_then(|m| m.parse().ok());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::os("starting the worker's runtime", e))?;
-    rt.block_on(run_worker(opts))
 }
 
 impl LocalCluster {
@@ -879,73 +635,6 @@ impl LocalCluster {
     }
 }
 
-/// Runs worker `opts` as a child process of this one, and starts it again when it dies
-/// (not when it exits cleanly: told to close, or retired). The child dies with this process.
-/// Returns when the child exited cleanly, or gave up after [`QUICK_DEATHS`] quick deaths.
-pub(crate) fn nanny(opts: &WorkerOptions) -> Result<()> {
-    let exe = std::env::current_exe().map_err(|e| Error::os("finding this program", e))?;
-    let mut env: Vec<(String, std::ffi::OsString)> = vec![
-        (ENV_SCHEDULER.into(), opts.scheduler.to_string().into()),
-        (ENV_SECRET.into(), opts.secret.to_hex().into()),
-        (ENV_THREADS.into(), opts.nthreads.to_string().into()),
-        (
-            ENV_MEMORY.into(),
-            opts.memory_limit.unwrap_or(0).to_string().into(),
-        ),
-        (ENV_PARENT.into(), std::process::id().to_string().into()),
-    ];
-    if let Some(d) = &opts.local_directory {
-        env.push((ENV_LOCAL_DIR.into(), d.clone().into()));
-    }
-    if let Some(l) = &opts.listen {
-        env.push((ENV_LISTEN.into(), l.to_string().into()));
-    }
-    if opts.zero_work {
-        env.push((ENV_ZERO.into(), "1".into()));
-    }
-    if let Some(d) = opts.device_memory_limit {
-        env.push((ENV_DEVICE_MEMORY.into(), d.to_string().into()));
-    }
-    let spawner = Spawner {
-        exe,
-        args: Vec::new(),
-        env,
-        local_dir: opts
-            .local_directory
-            .clone()
-            .unwrap_or_else(std::env::temp_dir),
-        gpus: Vec::new(),
-    };
-    let mut quick = 0;
-    loop {
-        let started = Instant::now();
-        let mut child = spawner.spawn(&opts.name, 0)?;
-        let status = child
-            .wait()
-            .map_err(|e| Error::os("waiting for the worker process", e))?;
-        spawner.clean_after(child.id());
-        if status.success() {
-            return Ok(());
-        }
-        if status.code() == Some(crate::worker::EXIT_SCHEDULER_LOST) {
-            return Err(Error::Disconnected(
-                "the worker process lost the scheduler".into(),
-            ));
-        }
-        quick = if failed_at_start(&status, started) {
-            quick + 1
-        } else {
-            0
-        };
-        if quick >= QUICK_DEATHS {
-            return Err(Error::Config(format!(
-                "the worker process died {quick} times within a second of starting ({status})"
-            )));
-        }
-        tracing::warn!(name = %opts.name, %status, "the worker process died: restarting it");
-    }
-}
-
 /// Options for in-process worker number `i`.
 fn in_process_worker(
     address: &Address,
@@ -1003,7 +692,8 @@ mod tests {
         );
     }
 
-    use super::{cuda_visible_devices, ClusterOptions, MemoryLimit};
+    use super::supervise::cuda_visible_devices;
+    use super::{ClusterOptions, MemoryLimit};
 
     #[test]
     fn each_worker_sees_its_own_gpu_first() {
