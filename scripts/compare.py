@@ -53,7 +53,7 @@ Options that add or change tables:
   --interop             UCXX's own send_recv client against a UCXX listener and against ours
                         (ucxx-peer bench-server, built against the wheel's UCX)
 
-  cargo build --release -p ucx-stack --bin ucx-echo && cargo build --release -p transport --bins
+  cargo build --release -p ucx-stack --bin ucx-echo && cargo build --release -p ucxrs-transport --bins
   python3 scripts/compare.py [--rounds 3] [--sizes 8,1m,64m] [options above] [--json FILE]
 
 Optional peers:
@@ -434,7 +434,7 @@ def main():
     for tool in ([] if a.ab else [b for _, b in ab_pairs] if ab_pairs else tools):
         if not os.path.exists(tool):
             sys.exit(f"{tool} is missing: cargo build --release -p ucx-stack --bin ucx-echo && "
-                     "cargo build --release -p transport --bins")
+                     "cargo build --release -p ucxrs-transport --bins")
     if a.build_async_ucx:
         build_async_ucx()
     has_ucxx = os.path.exists(a.ucxx_python) and subprocess.run(

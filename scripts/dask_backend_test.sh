@@ -4,8 +4,8 @@
 #   bash scripts/dask_backend_test.sh --setup   set up only
 # Set-up: target/ucxx-venv (tests/interop/run.sh's, with UCXX and the libucx wheel) gains Dask
 # from PyPI through distributed-ucxx-cu12 (UCXX's Dask comm, for the comparison), dask-mpi, pandas,
-# pyarrow and pytest; ucxrs is built into it against the wheel's UCX, so that both UCX comms
-# run the same UCX. The tests: python/tests_dask (Dask's comm contract, real clusters, a killed
+# pyarrow and pytest, and the ucxrs-cu12 wheel, so that both UCX comms run the same UCX. The
+# tests: python/tests_dask (Dask's comm contract, real clusters, a killed
 # worker, strangers, `dask scheduler`/`dask worker`, workers started by mpirun, dask-mpi), in the
 # backend's default progress mode (the event loop's), and the comm contract again with UCX's
 # progress thread and in blocking mode. Then scripts/dask_comm_compare.py --quick: tcp, distributed-ucxx's ucx and
@@ -15,23 +15,19 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 VENV=target/ucxx-venv
 PY=$VENV/bin/python
-if [ ! -x "$PY" ] || ! "$PY" -c "import ucxx, distributed_ucxx, pandas, pyarrow, pytest, pytest_asyncio, pytest_timeout, maturin, dask_mpi, mpi4py" 2>/dev/null; then
+if [ ! -x "$PY" ] || ! "$PY" -c "import ucxx, distributed_ucxx, pandas, pyarrow, pytest, pytest_asyncio, pytest_timeout, dask_mpi, mpi4py" 2>/dev/null; then
   echo "dask backend: installing distributed-ucxx-cu12, pandas, pyarrow and pytest into $VENV"
   [ -x "$PY" ] || python3 -m venv "$VENV"
   timeout 900 "$VENV/bin/pip" install -q --disable-pip-version-check distributed-ucxx-cu12 \
-    pandas pyarrow numpy pytest pytest-asyncio pytest-timeout maturin dask-mpi mpi4py \
+    pandas pyarrow numpy pytest pytest-asyncio pytest-timeout dask-mpi mpi4py \
     || skip_or_fail dask-backend "could not install distributed-ucxx-cu12 and Dask from PyPI (no network?)"
 fi
-SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-LIBUCX=$SITE/libucx
-# The build tests/interop/run.sh makes too (same target folder: one build serves both).
-# With device frames built in (`--features cuda`: they need no CUDA to build or run; without a
-# GPU, test_device.py skips and says why).
-UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=$PWD/target/ucx-ucxx-py PATH="$PWD/$VENV/bin:$PATH" CARGO_BUILD_JOBS=2 \
-  MATURIN_PEP517_ARGS="--features cuda" "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
-export LD_LIBRARY_PATH=$LIBUCX/lib:$SITE/libucx_cu12.libs
-export UCX_MODULE_DIR=$LIBUCX/lib/ucx UCX_WARN_UNUSED_ENV_VARS=n
-echo "dask backend: $("$PY" -c 'import distributed, ucxrs; print("Dask", distributed.__version__, "with ucxrs on UCX %d.%d.%d" % ucxrs.get_ucx_version())')"
+# ucxrs as users install it: the ucxrs-cu12 wheel (scripts/wheel.sh, built in CI by
+# scripts/python_test.sh before this), beside UCXX's comm on the same libucx wheel, which both
+# load themselves: no LD_LIBRARY_PATH, no UCX_MODULE_DIR.
+install_ucxrs_wheel "$VENV"
+export UCX_WARN_UNUSED_ENV_VARS=n
+echo "dask backend: $("$PY" -c 'import distributed, ucxrs; print("Dask", distributed.__version__, "with ucxrs", ucxrs.__version__, "on UCX", ucxrs.__ucx_version__, "from", ucxrs.ucx_library())')"
 [ "${1:-}" = --setup ] && exit 0
 # A test that hangs ends the run within 120 s with every thread's stack (pytest-timeout); the
 # slowest test, dask-mpi's, takes about 10 s.

@@ -26,7 +26,7 @@ same round: the median transfer rates, their ratio to perftest's bandwidth, and 
 the seed's 25/50/75% table. `--python PY` runs the clusters with that interpreter and this
 environment as it is (scripts/gpu/prove.sh's), not target/ucxx-venv.
 
-Runs in target/ucxx-venv (given Dask, and ucxrs built into it against the libucx wheel's UCX, by
+Runs in target/ucxx-venv (given Dask, and the ucxrs-cu12 wheel installed into it, by
 scripts/dask_backend_test.sh --setup), so both UCX comms run the same UCX. Figures are for a
 2-core VM whose two workers, scheduler and client share the cores: a benchmark, never a test.
 """
@@ -186,11 +186,9 @@ def child(args):
 
 
 def env_for_venv():
-    site = subprocess.run([VPY, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = f"{site}/libucx/lib:{site}/libucx_cu12.libs"
-    env["UCX_MODULE_DIR"] = f"{site}/libucx/lib/ucx"
+    """The venv's processes as a user runs them: UCXX's comm and ucxrs both load the libucx
+    wheel's UCX themselves (no LD_LIBRARY_PATH, no UCX_MODULE_DIR)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "UCX_MODULE_DIR")}
     env["UCX_WARN_UNUSED_ENV_VARS"] = "n"
     return env
 

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 leak_check() {
   # As the tests were built where STACK_ALL_FEATURES=1 (CI), so nothing is built again.
-  local which=(-p transport)
+  local which=(-p ucxrs-transport)
   [ "${STACK_ALL_FEATURES:-}" = 1 ] && which=(--workspace --all-features)
   SOAK=$(cargo test -q -j2 "${which[@]}" --test soak --no-run --message-format=json |
     python3 -c 'import sys, json; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable") and j["target"]["name"] == "soak"][0])')
@@ -27,11 +27,11 @@ if [ "${1:-}" = --leak-only ]; then
   leak_check
   exit 0
 fi
-PEER_DEATH_TRIALS=${PEER_DEATH_TRIALS:-250} cargo test -q -j2 -p transport --test peer_death -- --ignored
-PEER_DEATH_SIZES=13..16 PEER_DEATH_TRIALS=${PEER_DEATH_TRIALS:-250} cargo test -q -j2 -p transport --test peer_death -- --ignored
-cargo test -q -j2 -p transport --test storm -- --ignored --nocapture 2>&1 | grep -E "clients|test result"
-cargo test -q -j2 -p transport --test hostile -- --nocapture 2>&1 | grep -E "peers|test result"
+PEER_DEATH_TRIALS=${PEER_DEATH_TRIALS:-250} cargo test -q -j2 -p ucxrs-transport --test peer_death -- --ignored
+PEER_DEATH_SIZES=13..16 PEER_DEATH_TRIALS=${PEER_DEATH_TRIALS:-250} cargo test -q -j2 -p ucxrs-transport --test peer_death -- --ignored
+cargo test -q -j2 -p ucxrs-transport --test storm -- --ignored --nocapture 2>&1 | grep -E "clients|test result"
+cargo test -q -j2 -p ucxrs-transport --test hostile -- --nocapture 2>&1 | grep -E "peers|test result"
 # The 10M-message soak (RSS sampled every 1M, flat within 10%), then a short one under valgrind
 # (no definite leak; UCX's process-wide setup suppressed, see scripts/valgrind-ucx.supp).
-SOAK_MESSAGES=${SOAK_MESSAGES:-10000000} cargo test -q -j2 -p transport --test soak -- --ignored --nocapture 2>&1 | grep -E "messages in|test result"
+SOAK_MESSAGES=${SOAK_MESSAGES:-10000000} cargo test -q -j2 -p ucxrs-transport --test soak -- --ignored --nocapture 2>&1 | grep -E "messages in|test result"
 leak_check

@@ -39,3 +39,38 @@ skip_or_fail() {
   echo "$1: skipped: $2"
   exit 0
 }
+
+# The oldest UCX the project supports, and builds its wheels and its pre-generated bindings
+# against (docs/python.md, "Which UCX"): the first release of the CUDA 13 libucx wheel
+# (libucx-cu13 starts at 1.19.0), and inside the range UCXX 0.52 accepts (libucx-cu12
+# >=1.19.0,<1.22), so one native module serves both variants and ucxrs and UCXX share one
+# libucx in one environment.
+UCX_OLDEST=1.19.0
+
+# libucx_prefix VERSION: unpacks the libucx-cu12 wheel of that UCX version (from PyPI, once)
+# under target/libucx/VERSION and prints the folder that holds its include/ and lib/ (what
+# UCX_PREFIX takes).
+libucx_prefix() {
+  local v=$1 dir=$PWD/target/libucx/$1
+  if [ ! -f "$dir/libucx/include/ucp/api/ucp.h" ]; then
+    rm -rf "$dir" && mkdir -p "$dir/dl"
+    timeout 600 python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --platform manylinux_2_28_x86_64 -d "$dir/dl" "libucx-cu12==$v" >&2 \
+      || skip_or_fail libucx "could not download libucx-cu12==$v from PyPI (no network?)"
+    python3 -m zipfile -e "$dir"/dl/libucx_cu12-*.whl "$dir"
+    rm -rf "$dir/dl"
+  fi
+  echo "$dir/libucx"
+}
+
+# install_ucxrs_wheel VENV: the ucxrs-cu12 wheel (scripts/wheel.sh's, built first if dist/ has
+# none) into VENV as users install it, in place of any earlier ucxrs there; its libucx must be
+# there already (UCXX's venv has it). Unsets LD_LIBRARY_PATH and UCX_MODULE_DIR: ucxrs finds the
+# libucx wheel's UCX itself.
+install_ucxrs_wheel() {
+  local venv=$1
+  ls dist/ucxrs_cu12-*.whl >/dev/null 2>&1 || bash scripts/wheel.sh cu12
+  "$venv/bin/pip" uninstall -q -y ucxrs ucxrs-cu13 2>/dev/null || true  # an older from-source build
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall dist/ucxrs_cu12-*.whl
+  unset LD_LIBRARY_PATH UCX_MODULE_DIR
+}

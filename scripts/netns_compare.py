@@ -16,7 +16,7 @@ Rows: ucx-rs alone (`ucx-echo`, client-server endpoint) per mode, when built; uc
 endpoint and with Options::ucx_direct ("direct": endpoints by worker address, which across
 hosts carry the TCP lanes of the peers' worker addresses); transport tcp://.
 
-  cargo build --release -p transport --bins   (and -p ucx-stack --bin ucx-echo for ucx-rs rows)
+  cargo build --release -p ucxrs-transport --bins   (and -p ucx-stack --bin ucx-echo for ucx-rs rows)
   sudo python3 scripts/netns_compare.py [--rounds 5] [--sizes 8,64k,4m] [--modes polling,blocking,thread]
   sudo python3 scripts/netns_compare.py --ab OLD/transport-echo NEW/transport-echo   (A/B of two builds)
   sudo python3 scripts/netns_compare.py --against-tcp   (ucx:// per mode, with our tcp:// as the
@@ -217,7 +217,7 @@ def main():
     if os.geteuid() != 0:
         sys.exit("needs root (ip netns)")
     if not os.path.exists(TECHO):
-        sys.exit(f"{TECHO} is missing: cargo build --release -p transport --bins")
+        sys.exit(f"{TECHO} is missing: cargo build --release -p ucxrs-transport --bins")
     # `timeout` and CI stop the script with SIGTERM: exit through the `finally` that removes
     # the namespaces and restores the allowed list.
     signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))

@@ -65,17 +65,23 @@ if [ "$tier" != drills ]; then
   # on above; its library and command without it (~15 s).
   cargo clippy -j2 -p dask-comm --lib --bins -- -D warnings
   step_done "clippy"
-  cargo clippy -j2 -p transport --no-default-features --all-targets -- -D warnings
+  cargo clippy -j2 -p ucxrs-transport --no-default-features --all-targets -- -D warnings
   step_done "clippy, transport without UCX"
   # The fast tier: unit, integration and doc tests; the drills are listed as ignored.
   cargo test -j2 "${ALL[@]}" --lib --bins --tests
   step_done "fast tier: tests (build and run)"
   cargo test -j2 "${ALL[@]}" --doc
   step_done "fast tier: doc tests"
-  cargo test -j2 -p transport --no-default-features
+  cargo test -j2 -p ucxrs-transport --no-default-features
   step_done "fast tier: transport without UCX"
 fi
 [ "$tier" = fast ] && exit 0
+
+# The six library crates package as crates.io takes them (cargo package; five built from their
+# .crate, with what the fast tier compiled), declare the rust-version they need, and document
+# without UCX (DOCS_RS, pre-generated bindings).
+bash scripts/crates_check.sh
+step_done "crates: cargo package, rust-version, docs without UCX"
 
 # The drills: the ignored tests (chaos, soak, storm, peer death at scale, namespaces, ...),
 # with NVIDIA's PTX assembler for the array device kernels' drill (fetched once, ~10 s).
@@ -114,10 +120,12 @@ timeout 300 "$STACK_DIR/examples/dataframe_tour"
 echo "example million (dask-graph, 100,000 tasks here):"
 timeout 300 "$STACK_DIR/examples/million" 100000
 step_done "examples (run)"
-# The Python package: `pip install ./python` into target/py-venv, its tests in every progress
-# mode (needs PyPI for maturin, pytest and NumPy).
+# The Python package as users install it: the ucxrs-cu12 and -cu13 wheels (manylinux_2_28, on
+# the libucx wheels), ucxrs-cu12 pip-installed into a new venv from the index, its tests in
+# every progress mode against it; the build from source on Debian's UCX, its tests once. The
+# interop and Dask steps below install the same wheel (one build of ucxrs for all three).
 bash scripts/python_test.sh
-step_done "drills: Python package (pip install, pytest)"
+step_done "drills: Python package (wheels, pip install, pytest; from source)"
 # Every decoder of bytes from the wire, fuzzed for a bounded total (kept crash inputs replayed
 # first; scripts/fuzz.sh with no argument is the long run).
 echo "disk: $(free_mb) MB free before the fuzzers' build (about 1 GB, fuzz/target)"

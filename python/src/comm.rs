@@ -32,6 +32,7 @@ use crate::buffer::{self, PyBuf};
 use crate::errors::{
     UCXCloseError, UCXConnectionResetError, UCXError, UCXTimedOutError, UCXUnreachableError,
 };
+use crate::read_ahead::ReadAhead;
 
 /// The channel Dask messages travel on (one kind of message: the comm has no others).
 const CHANNEL: u32 = 0;
@@ -202,6 +203,24 @@ fn message(frames: &Bound<'_, PyAny>) -> PyResult<(Message, usize)> {
 #[derive(Debug)]
 pub struct Conn {
     conn: Arc<Connection>,
+    /// Its receive ahead of a read ([`crate::read_ahead`]).
+    ahead: Arc<ReadAhead>,
+}
+
+impl Conn {
+    /// A comm of `conn`: armed to receive ahead, in case it is written to before it reads.
+    fn new(conn: Connection) -> Conn {
+        let conn = Arc::new(conn);
+        let ahead = Arc::new(ReadAhead::default());
+        ahead.arm(&conn);
+        Conn { conn, ahead }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.ahead.stop();
+    }
 }
 
 #[pymethods]
@@ -224,8 +243,10 @@ impl Conn {
     /// The frames of the next message, as a list of writable buffers.
     fn recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let conn = Arc::clone(&self.conn);
+        let ahead = Arc::clone(&self.ahead);
         awaitable(py, async move {
-            let (channel, msg) = conn.recv().await.map_err(to_py)?;
+            let (channel, msg) = ahead.recv(&conn).await.map_err(to_py)?;
+            ahead.arm(&conn);
             if channel != CHANNEL {
                 let _ = conn.close().await;
                 return Err(UCXError::new_err(format!(
@@ -283,6 +304,13 @@ impl Conn {
     #[getter]
     fn peer_address(&self) -> String {
         self.conn.peer_addr().to_string()
+    }
+
+    /// This end's address (`host:port` of its socket; what the peer's `peer_address` of an
+    /// accepted connection says), when the transport knows it.
+    #[getter]
+    fn local_address(&self) -> Option<String> {
+        self.conn.local_addr().map(|a| a.to_string())
     }
 
     /// Which lanes carry it: `(this side's ring, the peer's ring)` on `ucx://` (a same-host
@@ -440,9 +468,7 @@ impl Listen {
                 return Err(UCXCloseError::new_err("the listener is closed"));
             };
             let conn = l.accept().await.map_err(to_py)?;
-            Ok(Conn {
-                conn: Arc::new(conn),
-            })
+            Ok(Conn::new(conn))
         })
     }
 
@@ -542,8 +568,6 @@ pub fn transport_connect<'py>(
     let opts = options(timeout, max_message)?;
     awaitable(py, async move {
         let conn = transport::connect_with(&addr, &opts).await.map_err(to_py)?;
-        Ok(Conn {
-            conn: Arc::new(conn),
-        })
+        Ok(Conn::new(conn))
     })
 }

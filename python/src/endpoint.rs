@@ -32,8 +32,8 @@ impl RawEndpoint {
             ep: Arc::new(ep),
             closed_here: Arc::default(),
             sent: Arc::default(),
+            live: std::sync::Mutex::new(Some(Live::new(&core))),
             _core: core,
-            live: std::sync::Mutex::new(Some(Live::new())),
         }
     }
 
@@ -311,10 +311,9 @@ impl RawEndpoint {
         self.mark_closed();
         let sent = self.sent.swap(false, Ordering::AcqRel);
         crate::awaitable(py, &self._core, async move {
-            if ep.is_closed() {
-                return Ok(());
-            }
-            if sent {
+            // Closed by its peer already (its close or failure was reported): UCX's endpoint
+            // is still there, with its sockets, until it is closed here too.
+            if sent && !ep.is_closed() {
                 settle(&ep).await;
             }
             ep.close().await.map_err(to_py)
@@ -367,12 +366,22 @@ impl RawEndpoint {
 
 /// Connects to a UCXX-compatible listener (ours or UCXX's) at `host:port`.
 #[pyfunction]
-pub fn connect(py: Python<'_>, host: String, port: u16) -> PyResult<Bound<'_, PyAny>> {
+#[pyo3(signature = (host, port, timeout=None))]
+pub fn connect(
+    py: Python<'_>,
+    host: String,
+    port: u16,
+    timeout: Option<f64>,
+) -> PyResult<Bound<'_, PyAny>> {
     release_pending(py);
     let core = py.detach(core)?;
+    let timeout = match timeout {
+        Some(t) => crate::seconds("connect_timeout", t)?,
+        None => core.connect_timeout,
+    };
     crate::awaitable(py, &core.clone(), async move {
         let opts = ucx::ConnectOptions {
-            timeout: core.connect_timeout,
+            timeout,
             ..Default::default()
         };
         let ep = ucx::Endpoint::connect_with(&core.worker, (host.as_str(), port), opts)
@@ -393,4 +402,24 @@ pub fn connect_address(py: Python<'_>, address: Vec<u8>) -> PyResult<RawEndpoint
         .detach(|| ucx::Endpoint::connect_sealed(&core.worker, &address))
         .map_err(to_py)?;
     Ok(RawEndpoint::new(ep, core))
+}
+
+/// Receives into `buffer` one message sent to this process's worker with the raw tag `tag`
+/// (a forced tag: `force_tag=True` on the sender), from any endpoint: UCXX's `ucxx.recv`, for
+/// peers connected by worker address. `None` once it has landed.
+#[pyfunction]
+pub fn worker_recv<'py>(
+    py: Python<'py>,
+    buffer: &Bound<'py, PyAny>,
+    tag: u64,
+) -> PyResult<Bound<'py, PyAny>> {
+    release_pending(py);
+    let core = py.detach(crate::core)?;
+    let buf = PyBuf::writable(buffer)?;
+    let worker = core.worker.clone();
+    crate::awaitable(py, &core, async move {
+        let (r, buf) = worker.tag_recv(buf, tag, u64::MAX).await;
+        Lent::release(buf);
+        r.map(|_| ()).map_err(to_py)
+    })
 }

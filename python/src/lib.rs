@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyImportError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -26,6 +26,7 @@ mod dlpack;
 mod endpoint;
 mod errors;
 mod listener;
+mod read_ahead;
 
 use errors::{to_py, UCXError};
 
@@ -38,27 +39,27 @@ struct Core {
     /// The process that created them: UCX and tokio do not survive `fork`.
     pid: u32,
     connect_timeout: Duration,
+    /// Its endpoints and listeners not yet closed ([`Live`]).
+    live: Arc<AtomicUsize>,
 }
 
 static CORE: Mutex<Option<Arc<Core>>> = Mutex::new(None);
-/// Endpoints and listeners open (`reset` refuses while any is): counted from creation until
-/// closed here or dropped.
-static LIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// Counts a live endpoint or listener for as long as it is held.
+/// Counts a live endpoint or listener of one core (`reset` reports them): from creation until
+/// closed here or dropped.
 #[derive(Debug)]
-struct Live;
+struct Live(Arc<AtomicUsize>);
 
 impl Live {
-    fn new() -> Live {
-        LIVE.fetch_add(1, Ordering::SeqCst);
-        Live
+    fn new(core: &Core) -> Live {
+        core.live.fetch_add(1, Ordering::SeqCst);
+        Live(Arc::clone(&core.live))
     }
 }
 
 impl Drop for Live {
     fn drop(&mut self) {
-        LIVE.fetch_sub(1, Ordering::SeqCst);
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -112,6 +113,9 @@ fn check_pid(core: &Core) -> PyResult<()> {
     Ok(())
 }
 
+/// UCX's keepalive interval unless the options or the environment set one (UCX's default: 20 s).
+const KEEPALIVE_INTERVAL: &str = "1s";
+
 fn build(
     options: Vec<(String, String)>,
     env_takes_precedence: bool,
@@ -123,6 +127,18 @@ fn build(
     } else {
         ucx::Precedence::Options
     };
+    let mut options = options;
+    let keepalive_set = options
+        .iter()
+        .any(|(k, _)| k.trim_start_matches("UCX_") == "KEEPALIVE_INTERVAL")
+        || std::env::var_os("UCX_KEEPALIVE_INTERVAL").is_some();
+    if !keepalive_set {
+        // UCX keeps the sockets of a connection whose two sides closed at once until a
+        // keepalive round finds the peer gone: with UCX's 20 s a server in thread mode (where
+        // the two closes usually cross) held two descriptors and about 30 KB per client for
+        // 20 s, and stopped accepting at a limit of 1,024 after a few hundred clients.
+        options.insert(0, ("KEEPALIVE_INTERVAL".into(), KEEPALIVE_INTERVAL.into()));
+    }
     let context = ucx::Context::builder()
         .options(options)
         .precedence(precedence)
@@ -144,7 +160,19 @@ fn build(
         mode,
         pid: std::process::id(),
         connect_timeout,
+        live: Arc::default(),
     }))
+}
+
+/// A time limit given in seconds: positive, finite, and at most a day.
+fn seconds(what: &str, s: f64) -> PyResult<Duration> {
+    if s.is_finite() && s > 0.0 && s <= 86_400.0 {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(PyValueError::new_err(format!(
+            "{what} must be a positive number of seconds (at most a day), not {s}"
+        )))
+    }
 }
 
 /// The process's core, created with the defaults (`UCXPY_PROGRESS_MODE` or thread) on first use.
@@ -196,12 +224,7 @@ fn init(
         None => default_mode()?,
     };
     let timeout = match connect_timeout {
-        Some(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
-        Some(s) => {
-            return Err(PyValueError::new_err(format!(
-                "connect_timeout must be a positive number of seconds, not {s}"
-            )))
-        }
+        Some(s) => seconds("connect_timeout", s)?,
         None => ucx::DEFAULT_TIMEOUT,
     };
     let mut slot = CORE.lock().unwrap_or_else(|e| e.into_inner());
@@ -215,31 +238,49 @@ fn init(
     Ok(())
 }
 
-/// Forgets the process's UCX context and worker, so that `init` can make new ones. Fails while
-/// endpoints or listeners are alive. In a child forked after UCX was initialised, it drops the
-/// parent's state without touching it.
+/// Forgets the process's UCX context and worker, so that `init` can make new ones, as UCXX's
+/// `reset` does: endpoints and listeners still open keep the old ones alive and working, and
+/// are reported with `UCXError` (after which `init` works). In a child forked after UCX was
+/// initialised, it drops the parent's state without touching it.
 #[pyfunction]
 fn reset(py: Python<'_>) -> PyResult<()> {
     buffer::release_pending(py);
-    let mut slot = CORE.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(core) = slot.take() else {
+    let Some(core) = CORE.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         return Ok(());
     };
     if core.pid != std::process::id() {
         // The parent's threads are not here: tearing its UCX down could hang.
         std::mem::forget(core);
-        LIVE.store(0, Ordering::SeqCst);
         return Ok(());
     }
-    let live = LIVE.load(Ordering::SeqCst);
+    let live = core.live.load(Ordering::SeqCst);
+    // The last reference, unless open endpoints or listeners hold it: then they keep it.
+    py.detach(move || drop(core));
     if live > 0 {
-        *slot = Some(core);
+        tracing::warn!(live, "reset() with endpoints or listeners still open");
         return Err(UCXError::new_err(format!(
-            "reset() while {live} endpoint(s) or listener(s) are alive: close them first"
+            "Trying to reset UCX but not all Endpoints and/or Listeners are closed(): {live} \
+             still alive. They keep the previous UCX context working until they are closed; \
+             init() now starts a new one."
         )));
     }
-    py.detach(move || drop(core));
     Ok(())
+}
+
+/// How many endpoints and listeners of the current context are open (0 before `init`).
+#[pyfunction]
+fn live_objects() -> usize {
+    CORE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map_or(0, |c| c.live.load(Ordering::SeqCst))
+}
+
+/// Whether UCX is initialised: `init` (or a first use) made a context that `reset` has not
+/// forgotten.
+#[pyfunction]
+fn initialised() -> bool {
+    CORE.lock().unwrap_or_else(|e| e.into_inner()).is_some()
 }
 
 /// The loaded UCX's version, as `(major, minor, release)`.
@@ -318,31 +359,85 @@ fn cuda_support() -> PyResult<&'static str> {
     })
 }
 
-/// The loaded UCX library's path (where the dynamic linker found `libucp`).
+/// The loaded UCX library's file (where the dynamic linker found `libucp`).
 #[pyfunction]
 fn ucx_library() -> Option<String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.contains("libucp.so"))
-        .map(str::to_string)
+    ucx::library::library_path().map(|p| p.display().to_string())
+}
+
+/// The UCP API version this module was built against (`(1, 19)`): the oldest UCX it runs on.
+#[pyfunction]
+fn built_against_ucx() -> (u32, u32) {
+    ucx::library::built_against()
+}
+
+/// UCX's description of the process's context (`ucp_context_print_info`): its components,
+/// memory domains and the transport resources it found (`resource N : ... tl/device`).
+#[pyfunction]
+fn ucx_context_info(py: Python<'_>) -> PyResult<String> {
+    let core = py.detach(core)?;
+    core.context.info().map_err(to_py)
+}
+
+/// UCX's description of the process's worker (`ucp_worker_print_info`): its transports and
+/// address.
+#[pyfunction]
+fn ucx_worker_info(py: Python<'_>) -> PyResult<String> {
+    let core = py.detach(core)?;
+    let worker = core.worker.clone();
+    py.detach(move || worker.info()).map_err(to_py)
+}
+
+/// Makes GPU `ordinal`'s primary context current on the calling thread, opening it (and CUDA's
+/// driver) first: what UCX needs to find before it starts, to use CUDA's transports
+/// (dask-cuda's `create-cuda-context`). Raises `RuntimeError` with the reason where no GPU can
+/// be used, or in a build without CUDA.
+#[pyfunction]
+#[pyo3(signature = (ordinal = 0))]
+fn cuda_context_before_ucx(ordinal: i32) -> PyResult<()> {
+    #[cfg(feature = "cuda")]
+    {
+        let g = device::gpu(ordinal)?;
+        g.ctx
+            .bind_to_thread()
+            .map_err(|e| PyRuntimeError::new_err(format!("CUDA: cuCtxSetCurrent: {e}")))?;
+        tracing::info!(ordinal, "CUDA context made current before UCX starts");
+        Ok(())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        Err(PyRuntimeError::new_err(
+            "this build of ucxrs has no CUDA support (the `cuda` feature)",
+        ))
+    }
 }
 
 #[pymodule]
 fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // A UCX older than the headers this module was built against may lack what it calls:
+    // refused here, as an ImportError the Python package explains (ucxrs/_load.py).
+    ucx::library::check_version().map_err(|e| PyImportError::new_err(e.to_string()))?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(reset, m)?)?;
+    m.add_function(wrap_pyfunction!(live_objects, m)?)?;
+    m.add_function(wrap_pyfunction!(initialised, m)?)?;
+    m.add_function(wrap_pyfunction!(ucx_worker_info, m)?)?;
     m.add_function(wrap_pyfunction!(get_ucx_version, m)?)?;
     m.add_function(wrap_pyfunction!(get_config, m)?)?;
     m.add_function(wrap_pyfunction!(progress_mode, m)?)?;
     m.add_function(wrap_pyfunction!(ucx_library, m)?)?;
+    m.add_function(wrap_pyfunction!(built_against_ucx, m)?)?;
+    m.add_function(wrap_pyfunction!(ucx_context_info, m)?)?;
     m.add_function(wrap_pyfunction!(progress, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     m.add_function(wrap_pyfunction!(exiting, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_support, m)?)?;
     m.add_function(wrap_pyfunction!(endpoint::connect, m)?)?;
     m.add_function(wrap_pyfunction!(endpoint::connect_address, m)?)?;
+    m.add_function(wrap_pyfunction!(endpoint::worker_recv, m)?)?;
     m.add_function(wrap_pyfunction!(get_worker_address, m)?)?;
     m.add_function(wrap_pyfunction!(listener::listen, m)?)?;
     m.add_class::<endpoint::RawEndpoint>()?;
@@ -351,6 +446,7 @@ fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(comm::transport_listen, m)?)?;
     m.add_function(wrap_pyfunction!(comm::transport_connect, m)?)?;
     m.add_function(wrap_pyfunction!(comm::transport_configure, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_context_before_ucx, m)?)?;
     m.add_function(wrap_pyfunction!(device_frames::transport_device_frames, m)?)?;
     m.add_class::<comm::Conn>()?;
     m.add_class::<comm::Listen>()?;

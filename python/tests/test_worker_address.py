@@ -35,6 +35,26 @@ def test_the_address_pickles_and_compares():
     assert ucxrs.get_ucx_address_from_buffer(addr.address) == addr
 
 
+async def test_the_address_travels_as_a_buffer():
+    """UCXX's users send the address itself (``ep.send(addr)``, ``send_obj(addr)``): it is a
+    buffer, and the bytes received make the same address."""
+
+    async def serve(ep):
+        got = await ep.recv_obj()
+        await ep.send_obj(got)
+        await ep.close()
+
+    listener = ucxrs.create_listener(serve)
+    ep = await ucxrs.create_endpoint("127.0.0.1", listener.port)
+    addr = ucxrs.get_worker_address()
+    assert memoryview(addr).nbytes == len(addr)
+    await ep.send_obj(addr)
+    back = await ep.recv_obj()
+    assert ucxrs.get_ucx_address_from_buffer(back) == addr
+    await ep.close()
+    listener.close()
+
+
 async def test_an_endpoint_to_our_own_worker():
     ep = await ucxrs.create_endpoint_from_worker_address(ucxrs.get_worker_address())
     sent = np.arange(1 << 16, dtype=np.float32)

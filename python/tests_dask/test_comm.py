@@ -4,7 +4,12 @@ explicitly and implicitly, connect failures, many listeners, deserialisation on 
 and addresses, and strangers that send garbage."""
 
 import asyncio
+import json
 import logging
+import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -207,33 +212,171 @@ async def test_abort_ends_the_peers_read():
     listener.stop()
 
 
-async def test_cancelled_read_loses_nothing():
+async def test_comm_closed_on_read_error():
+    """distributed's own check: a read that times out closes the comm."""
+    listener, comm, server_comm, ended = await serving_one()
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(comm.read(), 0.01)
+    assert comm.closed()
+    with pytest.raises(CommClosedError):
+        await comm.read()
+    assert isinstance(await asyncio.wait_for(ended, 30), CommClosedError)
+    listener.stop()
+
+
+async def test_a_read_cancelled_at_any_point_closes_the_comm():
     """Reads cancelled at every point of a large message's arrival and decoding (before it,
-    during it, while Dask decodes it in a thread): the next read gets the whole message, and
-    the ones after it theirs."""
+    during it, while Dask decodes it in a thread): each closes its comm, so that a pooled comm
+    never hands a late reply to the next request; a read that finished first is whole."""
     big = np.arange(10_000_000, dtype="i8")  # 80 MB: past the rings, over UCX's rendezvous
     listener = await echo_server()
-    comm = await connect(listener.contact_address)
-    cancelled = 0
-    for step in range(40):
-        delay = step * 0.001
+    cancelled = finished = 0
+    for step in range(12):
+        comm = await connect(listener.contact_address)
         await comm.write({"big": to_serialize(big)})
         reading = asyncio.ensure_future(comm.read())
-        await asyncio.sleep(delay)
+        await asyncio.sleep(step * 0.004)
         if not reading.done():
             reading.cancel()
         try:
             back = await reading
         except asyncio.CancelledError:
             cancelled += 1
-            # A lost message would leave this read waiting: bounded, it fails instead.
-            back = await asyncio.wait_for(comm.read(), 30)
-        assert (back["big"] == big).all(), delay
-        await comm.write({"after": delay})
-        assert await asyncio.wait_for(comm.read(), 30) == {"after": delay}
+            assert comm.closed(), step
+            with pytest.raises(CommClosedError):
+                await comm.read()
+        else:
+            finished += 1
+            assert (back["big"] == big).all(), step
+            assert not comm.closed()
+            await comm.close()
     assert cancelled > 0
-    await comm.close()
     listener.stop()
+
+
+@pytest.mark.parametrize("nbytes", [9_000_000, 32 << 20])
+async def test_a_large_write_completes_before_the_peer_reads(nbytes):
+    """As over TCP: a write completes whether or not the peer is reading (the bytes wait at
+    the receiver, within its receive budget). Large frames go by UCX's rendezvous, which waits
+    for a receive: the comm receives ahead once it idles. Then a second message, and the
+    first read gets the first one, whole."""
+    listener, comm, server_comm, ended = await serving_one_idle()
+    first = np.arange(nbytes // 8, dtype="i8")
+    await asyncio.wait_for(comm.write({"n": 1, "x": to_serialize(first)}), 30)
+    await asyncio.wait_for(comm.write({"n": 2}), 30)
+    got = await asyncio.wait_for(server_comm.read(), 30)
+    assert got["n"] == 1
+    np.testing.assert_array_equal(got["x"], first)
+    assert (await asyncio.wait_for(server_comm.read(), 30))["n"] == 2
+    await comm.close()
+    await server_comm.close()
+    listener.stop()
+
+
+async def serving_one_idle():
+    """Like ``serving_one``, but the server's comm is not read until the test reads it."""
+    loop = asyncio.get_running_loop()
+    peer = loop.create_future()
+
+    async def hold(comm):
+        peer.set_result(comm)
+
+    listener = await echo_server(handler=hold)
+    comm = await connect(listener.contact_address)
+    return listener, comm, await asyncio.wait_for(peer, 30), None
+
+
+async def test_a_closed_listeners_port_can_be_listened_on_again_at_once():
+    """As with Dask's TCP comm: a scheduler restarted on its fixed port binds it at once,
+    though the comms it accepted were closed a moment ago (their sockets in TIME_WAIT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for _ in range(2):
+        accepted = asyncio.get_running_loop().create_future()
+
+        async def hold(comm, accepted=accepted):
+            accepted.set_result(comm)
+
+        listener = listen(f"ucxrs://127.0.0.1:{port}", hold)
+        await listener.start()
+        comm = await connect(listener.contact_address)
+        server_comm = await asyncio.wait_for(accepted, 30)
+        await comm.write({"op": "ping"})
+        assert (await asyncio.wait_for(server_comm.read(), 30)) == {"op": "ping"}
+        # The server's side closes first, as a stopping scheduler's does: its accepted
+        # socket is the one left in TIME_WAIT, on the listener's port.
+        listener.stop()
+        await server_comm.close()
+        await comm.close()
+
+
+DASK_CUDA_SETTINGS = """
+import asyncio, json, os
+import dask
+os.environ["UCX_TCP_KEEPIDLE"] = "7s"  # set outside: wins over Dask's settings
+dask.config.set({
+    "distributed.comm.ucx.create-cuda-context": True,
+    "distributed.comm.ucx.tcp": True,
+    "distributed.comm.ucx.environment": {"tcp-keepidle": "9s", "keepalive-interval": "3s",
+                                         "tls": "all"},
+})
+import ucxrs.distributed as d
+calls = []
+real_cuda, real_configure = d._ucxrs.cuda_context_before_ucx, d._ucxrs.transport_configure
+
+def cuda(ordinal):
+    calls.append(["cuda", ordinal, os.environ.get("UCX_TLS")])
+    return real_cuda(ordinal)  # without a GPU: RuntimeError, which the comm logs
+
+def configure(**kw):
+    calls.append(["configure"])
+    return real_configure(**kw)
+
+d._ucxrs.cuda_context_before_ucx, d._ucxrs.transport_configure = cuda, configure
+from distributed.comm import listen
+
+async def main():
+    async def nothing(comm):
+        pass
+    listener = listen("ucxrs://127.0.0.1", nothing)
+    await listener.start()
+    listener.stop()
+
+asyncio.run(main())
+keys = ["UCX_TLS", "UCX_SOCKADDR_TLS_PRIORITY", "UCX_TCP_KEEPIDLE", "UCX_KEEPALIVE_INTERVAL"]
+print(json.dumps({"calls": calls, "env": {k: os.environ.get(k) for k in keys}}))
+"""
+
+
+def test_dask_cudas_ucx_settings_apply_before_ucx_starts():
+    """What distributed-ucxx takes from Dask's UCX settings (dask-cuda writes them:
+    ``distributed.comm.ucx.*``), in a fresh process: the switches become UCX_TLS (winning over
+    ``environment``'s), ``environment`` becomes UCX variables, the process's own environment
+    wins over both, and with ``create-cuda-context`` a CUDA context is made before UCX starts
+    (here without a GPU: the attempt, in that order, and a warning)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_TLS", "UCX_TCP_KEEP"))}
+    env.pop("UCX_KEEPALIVE_INTERVAL", None)
+    env.pop("UCX_SOCKADDR_TLS_PRIORITY", None)
+    run = subprocess.run(
+        [sys.executable, "-c", DASK_CUDA_SETTINGS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["calls"] == [["cuda", 0, "tcp"], ["configure"]], got
+    assert got["env"] == {
+        "UCX_TLS": "tcp",
+        "UCX_SOCKADDR_TLS_PRIORITY": "tcp",
+        "UCX_TCP_KEEPIDLE": "7s",
+        "UCX_KEEPALIVE_INTERVAL": "3s",
+    }, got
+    assert "ignoring tls=all in ucx.environment" in run.stderr
+    if not os.path.exists("/dev/nvidiactl"):
+        assert "no CUDA context before UCX" in run.stderr
 
 
 async def test_connect_to_nobody_fails_within_the_timeout():
@@ -276,8 +419,9 @@ async def test_addresses_and_repr():
     comm = await connect(listener.contact_address)
     assert isinstance(comm, UCXRS)
     assert comm.peer_address == listener.contact_address
-    assert comm.local_address == "" and not comm.same_host
-    assert "ucxrs://" in repr(comm)
+    # Both ends have addresses, as on Dask's TCP comm (a connecting comm had none before).
+    assert comm.local_address.startswith("ucxrs://127.0.0.1:") and comm.same_host
+    assert "ucxrs://" in repr(comm) and comm.local_address in repr(comm)
     assert comm.extra_info["same_host_rings"] == {"out": True, "in": True}
     await comm.close()
     listener.stop()
@@ -299,6 +443,10 @@ async def test_server_side_addresses():
     assert server_comm.local_address == listener.contact_address
     assert server_comm.peer_address.startswith("ucxrs://127.0.0.1:")
     assert server_comm.same_host
+    # Each end's local address is the other end's peer address (distributed's
+    # check_client_server).
+    assert comm.local_address == server_comm.peer_address
+    assert comm.peer_address == server_comm.local_address
     await comm.close()
     listener.stop()
 

@@ -24,9 +24,21 @@ without copies and stay pinned until UCX has let go of them.
 ...     return bytes(got)
 >>> asyncio.run(main())
 b'hello'
+
+UCX comes from the libucx wheel (``ucxrs-cu12`` and ``ucxrs-cu13`` depend on it), or from a UCX
+this process already loaded, or from the system (a build from source): ``ucxrs._load`` says
+how, and ``python -m ucxrs`` prints what was found.
 """
 
-from .exceptions import (
+from ._load import load as _load_ucx
+
+_ucxrs = _load_ucx()  # UCX's libraries first, then the native module
+__version__ = _ucxrs.__version__
+#: The loaded UCX's version, as text (``"1.22.0"``).
+__ucx_version__ = "%d.%d.%d" % _ucxrs.get_ucx_version()
+
+from . import exceptions  # noqa: E402, F401
+from .exceptions import (  # noqa: E402
     UCXCanceled,
     UCXCanceledError,
     UCXCloseError,
@@ -38,7 +50,7 @@ from .exceptions import (
     UCXTimedOutError,
     UCXUnreachableError,
 )
-from .core import (
+from .core import (  # noqa: E402
     Endpoint,
     Listener,
     UCXAddress,
@@ -46,19 +58,26 @@ from .core import (
     create_endpoint_from_worker_address,
     create_listener,
     cuda_support,
+    get_active_transports,
     get_address,
     get_config,
+    get_ucp_context_info,
+    get_ucp_worker_info,
     get_ucx_address_from_buffer,
     get_ucx_version,
     get_worker_address,
     init,
     progress,
     progress_mode,
+    recv,
     reset,
+    stop_notifier_thread,
     ucx_library,
 )
 
 __all__ = [
+    "__ucx_version__",
+    "__version__",
     "Endpoint",
     "Listener",
     "UCXAddress",
@@ -76,14 +95,19 @@ __all__ = [
     "create_endpoint_from_worker_address",
     "create_listener",
     "cuda_support",
+    "get_active_transports",
     "get_address",
     "get_config",
+    "get_ucp_context_info",
+    "get_ucp_worker_info",
     "get_ucx_address_from_buffer",
     "get_ucx_version",
     "get_worker_address",
     "init",
     "progress",
     "progress_mode",
+    "recv",
     "reset",
+    "stop_notifier_thread",
     "ucx_library",
 ]

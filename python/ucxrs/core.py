@@ -3,16 +3,19 @@
 import asyncio
 import atexit
 import fcntl
+import gc
 import logging
 import os
 import socket
 import struct
+import sys
 import weakref
 
 from . import _ucxrs
 from ._ucxrs import UCXCloseError, UCXError
 
-logger = logging.getLogger("ucxrs")
+# UCXX's logger's name, so that a program's logging set-up for UCXX applies unchanged.
+logger = logging.getLogger("ucx")
 
 _I128 = 1 << 127
 
@@ -90,12 +93,41 @@ def _watch():
     _bell(loop)
 
 
-def init(options=None, env_takes_precedence=False, progress_mode=None, connect_timeout=None):
+def init(
+    options=None,
+    env_takes_precedence=False,
+    progress_mode=None,
+    enable_delayed_submission=None,
+    enable_python_future=None,
+    connect_timeout=None,
+):
     """Initialises UCX: ``options`` are UCX configuration keys without ``UCX_`` (``{"TLS":
     "tcp"}``); by default they override the environment (``env_takes_precedence`` reverses
     that). ``progress_mode`` is ``"thread"`` (default), ``"blocking"`` or ``"polling"``, or
     ``UCXPY_PROGRESS_MODE``'s value. Without a call, the first use initialises the defaults.
-    Raises ``RuntimeError`` when already initialised (``reset()`` first)."""
+    Raises ``RuntimeError`` when already initialised (``reset()`` first).
+
+    ``enable_delayed_submission`` and ``enable_python_future`` are UCXX's (and its
+    ``UCXPY_ENABLE_*`` variables): ucxrs has neither scheme (operations are posted at once, and
+    the progress thread wakes the event loop itself), so they change nothing; delayed
+    submission outside thread mode is refused with ``ValueError``, as UCXX refuses it."""
+    mode = progress_mode or os.environ.get("UCXPY_PROGRESS_MODE", "thread")
+    if enable_delayed_submission is None:
+        enable_delayed_submission = os.environ.get("UCXPY_ENABLE_DELAYED_SUBMISSION", "0") != "0"
+    if enable_delayed_submission and not str(mode).startswith("thread"):
+        raise ValueError(
+            f"Delayed submission requested, but {mode!r} does not support it, 'thread' progress "
+            "mode required."
+        )
+    if enable_python_future is not None and not isinstance(enable_python_future, bool):
+        raise TypeError(f"enable_python_future must be True or False, not {enable_python_future!r}")
+    for k, v in dict(options or {}).items():
+        env_v = os.environ.get(f"UCX_{k}")
+        if env_v is not None and str(env_v) != str(v):
+            if env_takes_precedence:
+                logger.info("Ignoring option %s=%s; using environment UCX_%s=%s", k, v, k, env_v)
+            else:
+                logger.info("Ignoring environment UCX_%s=%s; using option %s=%s", k, env_v, k, v)
     _ucxrs.init(
         options=dict(options or {}),
         env_takes_precedence=env_takes_precedence,
@@ -105,8 +137,11 @@ def init(options=None, env_takes_precedence=False, progress_mode=None, connect_t
 
 
 def reset():
-    """Forgets UCX's context and worker, so that ``init`` can make new ones. Raises
-    ``UCXError`` while endpoints or listeners are alive."""
+    """Forgets UCX's context and worker, so that ``init`` can make new ones (as UCXX's does).
+    Endpoints and listeners that are still open after a garbage collection keep the old ones
+    working until they are closed, and are reported with ``UCXError``; ``init`` works after it
+    either way."""
+    gc.collect()
     _ucxrs.reset()
 
 
@@ -136,6 +171,27 @@ def cuda_support():
     writes device memory), ``"staged"`` (through pinned host memory), ``"unavailable"`` (no GPU
     or driver) or ``"not built"`` (this build has no CUDA support)."""
     return _ucxrs.cuda_support()
+
+
+def get_ucp_context_info():
+    """UCX's description of the context (``ucp_context_print_info``): its components, memory
+    domains and transport resources, as text."""
+    return _ucxrs.ucx_context_info()
+
+
+def get_ucp_worker_info():
+    """UCX's description of the worker (``ucp_worker_print_info``): transports and address."""
+    return _ucxrs.ucx_worker_info()
+
+
+def get_active_transports():
+    """The transports UCX found and may use (``"tcp"``, ``"self"``, ``"posix"``, ...): the
+    ``tl`` of each resource line of ``get_ucp_context_info()``, as a set (as UCXX's)."""
+    found = set()
+    for line in get_ucp_context_info().splitlines():
+        if line.startswith("#") and "resource" in line and "md" in line and "dev" in line:
+            found.add(line.split()[-1].split("/")[0])
+    return found
 
 
 def ucx_library():
@@ -175,6 +231,14 @@ def _tag(tag):
     if isinstance(tag, int) and -_I128 <= tag < _I128:
         return tag
     return hash(tag)
+
+
+def _as_arrays(frames):
+    try:
+        import numpy
+    except ImportError:
+        return frames
+    return [numpy.frombuffer(f, dtype=numpy.uint8) if isinstance(f, bytearray) else f for f in frames]
 
 
 class Endpoint:
@@ -248,20 +312,24 @@ class Endpoint:
         await self._open().send_multi(list(buffers), _tag(tag), force_tag)
 
     async def recv_multi(self, tag=None, force_tag=False):
-        """Receives a message sent with ``send_multi``: a list of ``bytearray``s."""
+        """Receives a message sent with ``send_multi``: a list of frames, each a NumPy
+        ``uint8`` array (as UCXX returns them: ``frame.view(dtype)`` gives the sender's
+        dtype), or a ``bytearray`` where NumPy is not installed. No copy either way."""
         frames = await self._open().recv_multi(_tag(tag), force_tag)
         await self._received()
-        return frames
+        return _as_arrays(frames)
 
     async def am_send(self, buffer):
         """Sends ``buffer`` as an active message: the receiver needs no buffer ready."""
         await self._open().am_send(buffer)
 
     async def am_recv(self):
-        """Receives the next active message from the peer, as a ``bytearray``."""
+        """Receives the next active message from the peer: in host memory, a NumPy ``uint8``
+        array (as UCXX returns it; a ``bytearray`` where NumPy is not installed), in device
+        memory, the device buffer it landed in."""
         got = await self._open().am_recv()
         await self._received()
-        return got
+        return _as_arrays([got])[0]
 
     async def _received(self):
         self._finished_recv_count += 1
@@ -275,9 +343,12 @@ class Endpoint:
         if not count_from_ep_creation:
             n += self._finished_recv_count
         if self._close_after_n_recv is not None:
-            raise UCXError("close_after_n_recv has already been set")
+            raise UCXError(f"close_after_n_recv has already been set to {self._close_after_n_recv}")
         if n < self._finished_recv_count:
-            raise UCXError(f"{self._finished_recv_count} receives have already finished: {n} is past")
+            raise UCXError(
+                f"`n` cannot be less than current recv_count: {self._finished_recv_count} "
+                f"receives have already finished, {n} is past"
+            )
         self._close_after_n_recv = n
         if n == self._finished_recv_count:
             asyncio.ensure_future(self.close())
@@ -314,9 +385,16 @@ class Endpoint:
 class Listener:
     """Accepts connections on ``port``; ``create_listener()`` makes one."""
 
-    def __init__(self, raw):
+    def __init__(self, raw, clients, loop=None):
         self._raw = raw
-        self.active_clients = 0
+        self._clients = clients
+        self._loop = loop
+
+    @property
+    def active_clients(self):
+        """How many connections are not yet served: arriving (their handshake or the event
+        loop's call pending), or their callback (a coroutine function) still running."""
+        return self._raw.arriving + self._clients[0]
 
     @property
     def port(self):
@@ -334,29 +412,50 @@ class Listener:
         """Stops listening; endpoints already accepted stay open."""
         self._raw.close()
 
+    def __del__(self):
+        # As UCXX warns: connections still being served lose their listener (they go on).
+        try:
+            active = self.active_clients
+            # Not at exit, nor once the loop that runs the callbacks is closed: they cannot go on.
+            gone = sys.is_finalizing() or (self._loop is not None and self._loop.is_closed())
+        except Exception:
+            return
+        if active > 0 and not gone:
+            logger.warning(
+                "Listener object is being destroyed, but %d client handler(s) is(are) still "
+                "alive. This usually indicates the Listener was prematurely destroyed.",
+                active,
+            )
+
     def __repr__(self):
         return f"<ucxrs.Listener {self.ip}:{self.port} closed={self.closed}>"
 
 
-def create_listener(callback_func, port=None):
+def create_listener(callback_func, port=None, endpoint_error_handling=True, connect_timeout=5.0):
     """Listens on ``port`` (any free one by default) of every interface; each connection,
     handshaken, is passed as an ``Endpoint`` to ``callback_func``, a function or a coroutine
-    function, run on the current event loop."""
+    function, run on the current event loop. ``connect_timeout`` bounds each connection's
+    handshake, in seconds. ``endpoint_error_handling`` is UCXX's: ucxrs's endpoints always
+    handle their peer's failure (UCX's peer error mode), so ``False`` changes nothing."""
+    _error_handling(endpoint_error_handling)
     loop = asyncio.get_running_loop()
-    listener = None
+    # The count of running callbacks, shared with the Listener: the callbacks must not refer to
+    # the Listener (the native listener holds them), so that a Listener nobody refers to is
+    # collected, and closes, as UCXX's is.
+    clients = [0]
 
     async def run(ep):
-        listener.active_clients += 1
         try:
             await callback_func(ep)
         except Exception:
             logger.exception("the listener's callback raised")
         finally:
-            listener.active_clients -= 1
+            clients[0] -= 1
 
     def on_connection(raw):
         ep = Endpoint(raw)
         if asyncio.iscoroutinefunction(callback_func):
+            clients[0] += 1  # from now: the task may start after this call returns
             loop.create_task(run(ep))
         else:
             try:
@@ -364,29 +463,63 @@ def create_listener(callback_func, port=None):
             except Exception:
                 logger.exception("the listener's callback raised")
 
-    listener = Listener(_ucxrs.listen(on_connection, port or 0))
+    raw = _ucxrs.listen(on_connection, port or 0, _timeout(connect_timeout))
+    listener = Listener(raw, clients, loop)
     _watch()
     return listener
 
 
-async def create_endpoint(ip_address, port):
-    """Connects to a listener (ours or UCXX's) at ``ip_address:port``."""
+async def create_endpoint(ip_address, port, endpoint_error_handling=True, connect_timeout=5.0):
+    """Connects to a listener (ours or UCXX's) at ``ip_address:port``, within
+    ``connect_timeout`` seconds (connecting and the handshake; ``None``: ``init``'s)."""
+    _error_handling(endpoint_error_handling)
     _watch()
-    return Endpoint(await _ucxrs.connect(ip_address, port))
+    return Endpoint(await _ucxrs.connect(ip_address, port, _timeout(connect_timeout)))
 
 
+def _timeout(seconds):
+    return None if seconds is None else float(seconds)
 
-class UCXAddress:
+
+def _error_handling(enabled):
+    if not isinstance(enabled, bool):
+        raise TypeError(f"endpoint_error_handling must be True or False, not {enabled!r}")
+
+
+async def recv(buffer, tag):
+    """Receives into ``buffer`` one message sent to this process's worker with the raw tag
+    ``tag`` (the sender's ``send(..., tag=tag, force_tag=True)``), from any endpoint, as UCXX's
+    ``ucxx.recv``: for peers connected with ``create_endpoint_from_worker_address``, before
+    either has an endpoint to the other."""
+    _watch()
+    await _ucxrs.worker_recv(buffer, _raw_tag(tag))
+
+
+def _raw_tag(tag):
+    value = getattr(tag, "value", tag)  # UCXX's Tag objects, or ints
+    if not isinstance(value, int) or not 0 <= value < 1 << 64:
+        raise ValueError(f"a worker receive takes a raw 64-bit tag, not {tag!r}")
+    return value
+
+
+def stop_notifier_thread():
+    """UCXX's: stops its notifier thread (``enable_python_future``). ucxrs has none (its
+    progress thread wakes the event loop itself), so there is nothing to stop."""
+    logger.debug("stop_notifier_thread(): ucxrs has no notifier thread")
+
+
+class UCXAddress(bytes):
     """A worker's address (``get_worker_address()``), to send out of band to a process that
-    connects with ``create_endpoint_from_worker_address``. Its bytes (``address``, or
-    ``bytes(addr)``; it also pickles) carry a seal: an address that was cut, altered, or made
+    connects with ``create_endpoint_from_worker_address``. It is its bytes (a ``bytes``
+    subclass: send it as any buffer, ``ep.send(addr)``; ``address`` gives them as plain
+    ``bytes``; it pickles), and they carry a seal: an address that was cut, altered, or made
     by another UCX version is refused with ``UCXError`` instead of reaching UCX, which would
     trust it. UCXX's raw worker addresses are not sealed, so they are refused too."""
 
-    __slots__ = ("_bytes",)
+    __slots__ = ()
 
-    def __init__(self, address):
-        self._bytes = bytes(address)
+    def __new__(cls, address):
+        return super().__new__(cls, bytes(address))
 
     @classmethod
     def create_from_buffer(cls, buffer):
@@ -395,29 +528,25 @@ class UCXAddress:
 
     @property
     def address(self):
-        return self._bytes
+        return bytes(self)
 
     @property
     def length(self):
-        return len(self._bytes)
-
-    def __bytes__(self):
-        return self._bytes
-
-    def __len__(self):
-        return len(self._bytes)
+        return len(self)
 
     def __eq__(self, other):
-        return isinstance(other, UCXAddress) and other._bytes == self._bytes
+        return isinstance(other, UCXAddress) and bytes.__eq__(self, other)
 
-    def __hash__(self):
-        return hash(self._bytes)
+    def __ne__(self, other):
+        return not self == other
+
+    __hash__ = bytes.__hash__
 
     def __reduce__(self):
-        return (UCXAddress, (self._bytes,))
+        return (UCXAddress, (bytes(self),))
 
     def __repr__(self):
-        return f"<UCXAddress {len(self._bytes)} bytes>"
+        return f"<UCXAddress {len(self)} bytes>"
 
 
 def get_worker_address():
@@ -430,9 +559,10 @@ def get_ucx_address_from_buffer(buffer):
     return UCXAddress.create_from_buffer(buffer)
 
 
-async def create_endpoint_from_worker_address(address):
+async def create_endpoint_from_worker_address(address, endpoint_error_handling=True):
     """Connects to the worker whose address (``UCXAddress``, or its bytes) this is, in this
     process or another, without a listener: tags match between two endpoints made this way.
     Raises ``UCXError`` for an address that was altered or made by another UCX version."""
+    _error_handling(endpoint_error_handling)
     _watch()
     return Endpoint(_ucxrs.connect_address(bytes(address)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import weakref
 
 import dask
@@ -51,10 +52,33 @@ def _configure():
     ``same-host-ring`` (bytes of each connection's same-host ring, 0 for none; 16 MiB by
     default). Also from the environment: ``DASK_DISTRIBUTED__COMM__UCXRS__PROGRESS_MODE``,
     ``DASK_DISTRIBUTED__COMM__UCXRS__SAME_HOST_RING``. ``max-message`` (bytes of one message,
-    4 GiB by default) applies to each connection."""
+    4 GiB by default) applies to each connection.
+
+    And what distributed-ucxx takes from Dask's UCX settings (``distributed-ucxx.*``, or
+    ``distributed.comm.ucx.*``: dask-cuda's): the UCX variables of ``ucx_environment()``, and,
+    with ``create-cuda-context`` (or CUDA in ``UCX_TLS``), a CUDA context on the first visible
+    GPU made current before UCX starts."""
     global _configured
     if _configured:
         return
+    # UCX reads these from the environment when the transport starts it: Dask's UCX settings
+    # (dask-cuda's), then ours; what the environment already has wins.
+    for key, value in ucx_environment().items():
+        os.environ.setdefault(key, str(value))
+    # A listener's port can be bound again as soon as it and its comms closed, as with Dask's
+    # TCP comm (SO_REUSEADDR): a scheduler restarted on its fixed port, a test-suite reusing
+    # ports. UCX's default keeps it through the TIME_WAIT of the accepted connections ("Device
+    # is busy"), and UCX reads this setting only from the environment.
+    os.environ.setdefault("UCX_TCP_CM_REUSEADDR", "y")
+    tls = os.environ.get("UCX_TLS", "")
+    if _ucx_setting("create-cuda-context") is True or ("cuda" in tls and "^cuda" not in tls):
+        # Before UCX starts, as distributed-ucxx does: UCX looks for a current CUDA context
+        # when it starts, to use CUDA's transports. The first visible GPU (dask-cuda gives
+        # each worker its own as CUDA_VISIBLE_DEVICES' first).
+        try:
+            _ucxrs.cuda_context_before_ucx(0)
+        except RuntimeError as e:
+            logger.warning("ucxrs: no CUDA context before UCX (%s): device frames go staged", e)
     progress = dask.config.get("distributed.comm.ucxrs.progress-mode", default="loop")
     ring = _bytes_setting("same-host-ring")
     try:
@@ -64,6 +88,46 @@ def _configure():
         # it keeps what it has.
         logger.warning("ucxrs: the Dask settings are not applied: %s", e)
     _configured = True
+
+
+def _ucx_setting(key, default=None):
+    """Dask's UCX setting ``key``, as distributed-ucxx reads it (and dask-cuda writes it):
+    ``distributed-ucxx.<key>``, else ``distributed.comm.ucx.<key>``."""
+    value = dask.config.get(f"distributed-ucxx.{key}", default=None)
+    if value is not None:
+        return value
+    return dask.config.get(f"distributed.comm.ucx.{key}", default=default)
+
+
+def ucx_environment():
+    """The UCX variables Dask's UCX settings ask for, as distributed-ucxx derives them: from the
+    high-level switches (``tcp``, ``nvlink``, ``infiniband``, ``rdmacm``, ``cuda-copy``: what
+    dask-cuda's ``--enable-*`` options set) ``UCX_TLS`` and ``UCX_SOCKADDR_TLS_PRIORITY``, and
+    from ``environment`` (``{"some-name": value}``) ``UCX_SOME_NAME``; the switches win over
+    ``environment``. ``_configure`` puts them in the environment unless it has them."""
+    found = {}
+    if any(_ucx_setting(k) for k in ("tcp", "nvlink", "infiniband")):
+        tls, priority = "tcp", "rdmacm" if _ucx_setting("rdmacm") else "tcp"
+        if _ucx_setting("nvlink") or _ucx_setting("cuda-copy"):
+            tls += ",cuda_copy"
+        if _ucx_setting("infiniband"):
+            tls = "rc," + tls
+        if _ucx_setting("nvlink"):
+            tls += ",cuda_ipc"
+        found = {"UCX_TLS": tls, "UCX_SOCKADDR_TLS_PRIORITY": priority}
+    for k, v in (_ucx_setting("environment", default={}) or {}).items():
+        key = "_".join(map(str.upper, ("UCX", *str(k).split("-"))))
+        if key in found:
+            logger.warning(
+                "ucxrs: ignoring %s=%s in ucx.environment: %s=%s from the switches",
+                k,
+                v,
+                key,
+                found[key],
+            )
+        else:
+            found[key] = v
+    return found
 
 
 def _bytes_setting(name):
@@ -121,11 +185,6 @@ def _abort_dangling(conn, name):
 _DEVICE_FRAMES = _ucxrs.transport_device_frames()
 
 
-def _retrieved(task):
-    if not task.cancelled():
-        task.exception()
-
-
 class UCXRS(Comm):
     """A Dask comm over one ``transport`` connection."""
 
@@ -134,9 +193,6 @@ class UCXRS(Comm):
         self._local_addr = local_addr
         self._peer_addr = peer_addr
         self._closed = False
-        # A received message being decoded (`from_frames`, which Dask runs in a thread for
-        # large ones): a read cancelled meanwhile leaves it to the next read.
-        self._decoding = None
         super().__init__(deserialize=deserialize)
         self._finalizer = weakref.finalize(self, _abort_dangling, conn, repr(self))
         self._finalizer.atexit = False
@@ -151,7 +207,7 @@ class UCXRS(Comm):
 
     @property
     def same_host(self) -> bool:
-        # A connecting comm has no local address (as UCXX's): the peer's host is not known
+        # Without a local address (a transport that gives none), the peer's host is not known
         # to be ours.
         return super().same_host if self._local_addr else False
 
@@ -201,54 +257,36 @@ class UCXRS(Comm):
     async def read(self, deserializers=None):
         if self._closed:
             raise CommClosedError(f"{self!r} is closed")
-        # Cancel-safe: a read cancelled while the message arrives, or while it is decoded,
-        # leaves it to the next read (which then decodes with the first read's
-        # `deserializers`). Dask's TCP comm aborts itself instead. One read at a time, as
-        # Dask reads a comm.
-        if self._decoding is None:
-            try:
-                frames = await self._conn.recv()
-            except UCXError as e:
-                raise self._lost(e) from e
-            self._decoding = asyncio.ensure_future(
-                from_frames(
-                    frames,
-                    deserialize=self.deserialize,
-                    deserializers=deserializers,
-                    allow_offload=self.allow_offload,
-                )
-            )
-            # Its outcome is read by this read or the next; a comm closed first drops it.
-            self._decoding.add_done_callback(_retrieved)
-        decoding = self._decoding
         try:
-            msg = await asyncio.shield(decoding)
-        except asyncio.CancelledError:
-            if decoding.cancelled():
-                # The decoding itself was cancelled (its loop is ending): the message is gone.
-                self._taken(decoding)
-                self.abort()
+            frames = await self._conn.recv()
+        except UCXError as e:
+            raise self._lost(e) from e
+        except BaseException:
+            # Cancelled or timed out (`wait_for(comm.read(), t)`): Dask's contract, as its TCP
+            # comm keeps it (distributed's `test_comm_closed_on_read_error`), is that the comm
+            # is given up. Its RPC layer relies on it: a pooled comm that timed out mid-reply
+            # and were used again would hand the late reply to the next request.
+            self.abort()
             raise
+        try:
+            return await from_frames(
+                frames,
+                deserialize=self.deserialize,
+                deserializers=deserializers,
+                allow_offload=self.allow_offload,
+            )
         except EOFError:
-            self._taken(decoding)
             self.abort()
             raise CommClosedError(f"in {self!r}: aborted on truncated data")
-        except BaseException:
-            self._taken(decoding)
+        except asyncio.CancelledError:
+            # The message was taken off the connection and is lost with this read.
+            self.abort()
             raise
-        self._taken(decoding)
-        return msg
-
-    def _taken(self, decoding):
-        # Only this read's own decoding is done with (a closed comm has dropped it already).
-        if self._decoding is decoding:
-            self._decoding = None
 
     async def close(self):
         if self._closed and self._conn.closed:
             return
         self._closed = True
-        self._decoding = None  # a message no read will take
         self._finalizer.detach()
         try:
             await self._conn.close()
@@ -257,7 +295,6 @@ class UCXRS(Comm):
 
     def abort(self):
         self._closed = True
-        self._decoding = None
         self._finalizer.detach()
         _close_soon(self._conn)
 
@@ -282,8 +319,13 @@ class UCXRSConnector(Connector):
         except UCXError as e:
             # An OSError: Dask's connect retries until its own time limit.
             raise CommClosedError(f"cannot connect to {self.prefix}{address}: {e}") from e
+        # The socket this end connected from: what the listener's comm gives as its peer.
+        local = conn.local_address
         return self.comm_class(
-            conn, local_addr="", peer_addr=self.prefix + address, deserialize=deserialize
+            conn,
+            local_addr=self.prefix + local if local else "",
+            peer_addr=self.prefix + address,
+            deserialize=deserialize,
         )
 
 

@@ -1,15 +1,42 @@
-"""UCXX's exceptions, where UCXX keeps them (``ucxx.exceptions``)."""
+"""UCXX's exceptions, where UCXX keeps them (``ucxx.exceptions``): one per UCX status, and
+``UCXCloseError`` and ``UCXConfigError``. All are ``UCXError``s; those of a peer's failure
+(reset, rejected, timed out, I/O error, link failures) are ``UCXConnectionResetError``s too, and
+those are ``UCXCanceledError``s, as UCXX cancels what was in flight when a peer fails."""
 
 from ._ucxrs import (  # noqa: F401
+    UCXAlreadyExistsError,
+    UCXBufferTooSmallError,
+    UCXBusyError,
+    UCXCanceled,
     UCXCanceledError,
     UCXCloseError,
     UCXConfigError,
     UCXConnectionResetError,
+    UCXEndpointTimeoutError,
     UCXError,
+    UCXExceedsLimitError,
+    UCXFirstEndpointFailureError,
+    UCXFirstLinkFailureError,
+    UCXIOError,
+    UCXInvalidAddrError,
+    UCXInvalidParamError,
+    UCXLastEndpointFailureError,
+    UCXLastLinkFailureError,
     UCXMessageTruncatedError,
+    UCXMsgTruncated,
+    UCXNoDeviceError,
+    UCXNoElemError,
+    UCXNoMemoryError,
+    UCXNoMessageError,
+    UCXNoProgressError,
+    UCXNoResourceError,
     UCXNotConnectedError,
+    UCXNotImplementedError,
+    UCXOutOfRangeError,
+    UCXRejectedError,
+    UCXShmemSegmentError,
+    UCXSomeConnectsFailedError,
     UCXTimedOutError,
     UCXUnreachableError,
+    UCXUnsupportedError,
 )
-
-UCXCanceled = UCXCanceledError

@@ -89,26 +89,17 @@ ARRAY_TEST=$(test_binary dask_collections -p dask-collections --lib)
 CARGO_TARGET_DIR=$PWD/target/gpu-build cargo build -q --release --features cuda -p dask-collections \
   --example device_tour
 
-# 4. ucxrs for the GPU machine's Python: pyo3 is told that interpreter's version (an extension
-#    module links no libpython, so none need be here).
-log "release build of ucxrs (--features cuda) for CPython $PYVER"
-cat >"$W/pyo3-$PYVER.cfg" <<EOF
-implementation=CPython
-version=$PYVER
-shared=true
-abi3=false
-pointer_width=64
-build_flags=
-suppress_build_script_link_lines=false
-EOF
-PYO3_CONFIG_FILE=$W/pyo3-$PYVER.cfg CARGO_TARGET_DIR=$PWD/target/gpu-py \
-  cargo build -q --release --features cuda --manifest-path python/Cargo.toml
+# 4. ucxrs as users install it: the ucxrs-cu13 wheel (scripts/wheel.sh: cp311-abi3, so the GPU
+#    machine's CPython 3.12 takes it; device arrays built in), unpacked into site/ below.
+log "the ucxrs-cu13 wheel (scripts/wheel.sh)"
+bash scripts/wheel.sh cu13
+WHEEL=$(ls dist/ucxrs_cu13-*.whl)
 
 # 5. Stage and pack: site/ is a site-packages folder, with the libucx wheel's package as the
 #    wheel lays it out (UCXX's `libucx.load_library()` opens site/libucx/lib/libucp.so), less
 #    its static libraries and its duplicate copies of each shared one (symbolic links here).
 S=$W/stage
-rm -rf "$S" && mkdir -p "$S/bin" "$S/site/ucxrs" "$S/site/libucx/lib/ucx" "$S/site/libucx/bin"
+rm -rf "$S" && mkdir -p "$S/bin" "$S/site/libucx/lib/ucx" "$S/site/libucx/bin"
 cp "$UCX"/*.py "$UCX"/*.txt "$S/site/libucx/" 2>/dev/null || true
 cp "$UCX"/GIT_COMMIT "$S/site/libucx/" 2>/dev/null || true
 for dir in lib lib/ucx; do
@@ -126,17 +117,10 @@ cp "$CUDA_TEST" "$S/bin/cuda-tests"
 cp "$DASK_TEST" "$S/bin/dask-comm-tests"
 cp "$ARRAY_TEST" "$S/bin/dask-collections-tests"
 cp target/gpu-build/release/examples/device_tour "$S/bin/device-tour"
-tag=$(echo "$PYVER" | tr -d .)
-cp python/ucxrs/*.py "$S/site/ucxrs/"
-cp target/gpu-py/release/lib_ucxrs.so "$S/site/ucxrs/_ucxrs.cpython-$tag-x86_64-linux-gnu.so"
-# Its distribution's metadata, for the entry point by which Dask (and the worker processes it
-# spawns) finds the ucxrs:// comm (python/pyproject.toml's).
-VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' python/pyproject.toml | head -1)
-DI=$S/site/ucxrs-$VERSION.dist-info
-mkdir -p "$DI"
-printf 'Metadata-Version: 2.1\nName: ucxrs\nVersion: %s\n' "$VERSION" >"$DI/METADATA"
-printf '[distributed.comm.backends]\nucxrs = ucxrs.distributed:UCXRSBackend\n' >"$DI/entry_points.txt"
-strip "$S"/bin/* "$S/site/ucxrs/"*.so
+# The wheel's files (the package and its dist-info, whose entry point is how Dask, and the
+# worker processes it spawns, find the ucxrs:// comm), as pip would lay them out.
+python3 -m zipfile -e "$WHEEL" "$S/site"
+strip "$S"/bin/*
 tar -C "$S" -cJf .gpu/bundle.tar.xz .
 rm -rf .gpu/wheels && mkdir -p .gpu/wheels
 cp "$W"/dl/{ucxx_cu13,libucxx_cu13,rmm_cu13,librmm_cu13,rapids_logger,pytest_asyncio,pytest_timeout}-*.whl .gpu/wheels/

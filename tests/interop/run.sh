@@ -131,20 +131,29 @@ else
 fi
 
 # The Python package (python/, UCXX's API over ucx-rs) against real UCXX, both directions, the
-# steps of the script: built into this venv against
-# the wheel's UCX, as ucxx-peer is (both sides must run the same UCX), with host memory.
+# steps of the script: the ucxrs-cu12 wheel (scripts/wheel.sh; scripts/python_test.sh built it
+# before this in CI), installed into this venv beside UCXX, so both run the libucx wheel's UCX,
+# found without LD_LIBRARY_PATH or UCX_MODULE_DIR (ucxrs loads it as UCXX does), with host memory.
 if [ "$MEMORY" = host ]; then
-  "$PY" -c "import maturin" 2>/dev/null || "$VENV/bin/pip" install -q --disable-pip-version-check maturin
-  # With `--features cuda` (runs without CUDA), as scripts/dask_backend_test.sh builds it into
-  # this venv too: one build serves both.
-  UCX_PREFIX=$LIBUCX CARGO_TARGET_DIR=$PWD/target/ucx-ucxx-py PATH="$PWD/$VENV/bin:$PATH" CARGO_BUILD_JOBS=2 \
-    MATURIN_PEP517_ARGS="--features cuda" "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
-  echo "interop: ucxrs on UCX $("$PY" -c 'import ucxrs; print("%d.%d.%d" % ucxrs.get_ucx_version())')"
+  install_ucxrs_wheel "$VENV"
+  echo "interop: ucxrs on UCX $("$PY" -c 'import ucxrs; print(ucxrs.__ucx_version__, "from", ucxrs.ucx_library())')"
   PAIR_STEPS=tagless,tags,forced,obj,multi,am
   run_pair python ucxrs client
   run_pair python ucxrs server
   run_pair ucxrs python client
   run_pair ucxrs python server
   PAIR_STEPS=
+  # Both packages in one process, imported either way round (as users mix them): one UCX.
+  for order in ucxrs,ucxx ucxx,ucxrs; do
+    rc=0
+    out=$(env -u LD_LIBRARY_PATH -u UCX_MODULE_DIR timeout 120 "$PY" tests/interop/together.py "$order" 2>&1) || rc=$?
+    if [ "$rc" -eq 0 ]; then
+      echo "interop: PASS in one process: $(echo "$out" | grep '^OK' | cut -c4-)"
+    else
+      echo "interop: FAIL ucxrs and UCXX in one process, imported $order (exit $rc)"
+      echo "$out" | tail -20 | sed 's/^/  /'
+      failed=1
+    fi
+  done
 fi
 exit $failed

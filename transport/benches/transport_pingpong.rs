@@ -1,6 +1,6 @@
 //! Message ping-pong through `transport` against a `transport-echo server` child process
 //! (CPU 0; this process on CPU 1): `tcp://` and `ucx://` (polling), one host frame per
-//! message, 8 B / 1 MiB / 16 MiB. `cargo bench -p transport --bench transport_pingpong`.
+//! message, 8 B / 1 MiB / 16 MiB. `cargo bench -p ucxrs-transport --bench transport_pingpong`.
 //! For ratios against ucx_perftest and ucx-rs in one run, see `scripts/compare.py`.
 
 use std::process::{Child, Command, Stdio};

@@ -7,7 +7,7 @@
 //! workers on data connections, never on its control connections).
 //!
 //! ```text
-//! cargo run --release -p transport --example head_of_line [-- SIZE_MIB]
+//! cargo run --release -p ucxrs-transport --example head_of_line [-- SIZE_MIB]
 //! ```
 //! The example re-executes itself as the server (`head_of_line serve ADDR`), which echoes
 //! channel 0 and takes channel 1 on every connection.

@@ -4,7 +4,7 @@
 //! uses a certificate generated for the run.
 //!
 //! ```text
-//! cargo run -p transport --example over_every_backend
+//! cargo run -p ucxrs-transport --example over_every_backend
 //! ```
 
 use std::time::Instant;

@@ -16,6 +16,8 @@ use crate::{check_outgoing, frame, inproc, tcp, Address, CloseReason, Error, Mes
 pub struct Connection {
     pub(crate) inner: Arc<ConnInner>,
     peer: Address,
+    /// This end's socket address (`tcp://`, `tls://`, `ucx://`), read when it was made.
+    local: Option<std::net::SocketAddr>,
     state: Arc<CloseState>,
     /// One receiver at a time. A `recv` dropped mid-way (`select!`, a timeout) leaves its
     /// receive here and the next `recv` goes on with it: no message, or part of one, is lost.
@@ -195,9 +197,16 @@ impl Connection {
                 }
             }
         };
+        let local = match &*inner {
+            ConnInner::Inproc(_) => None,
+            ConnInner::Tcp(c) => c.local_addr(),
+            #[cfg(feature = "ucx")]
+            ConnInner::Ucx(c) => c.local_addr(),
+        };
         Connection {
             inner,
             peer,
+            local,
             state,
             recv_slot: futures::lock::Mutex::new(Box::new(Slot {
                 receiving: Box::pin(None),
@@ -447,5 +456,12 @@ impl Connection {
     /// name with `/` and a number unique in the process.
     pub fn peer_addr(&self) -> &Address {
         &self.peer
+    }
+
+    /// This end's socket address on `tcp://`, `tls://` and `ucx://` (on `ucx://`, that of
+    /// the client-server connection it was made on): what the peer's
+    /// [`peer_addr`](Self::peer_addr) of an accepted connection says. `None` on `inproc://`.
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.local
     }
 }

@@ -2,7 +2,7 @@
 //! TCP backend uses.
 //!
 //! A frame the sender marked as device memory is received into a new
-//! [`DeviceBuffer`](ucx::cuda::DeviceBuffer) on the *landing stream*: the one given to
+//! [`DeviceBuffer`] on the *landing stream*: the one given to
 //! [`land_on`], or else GPU 0's default stream, opened on first use. Where no GPU can be used
 //! (no driver, no device) device frames arrive as host frames holding the same bytes, and a
 //! warning says why once per process; messages are never refused for it.

@@ -256,6 +256,13 @@ impl Drop for ShutdownOnDrop<'_> {
 }
 
 impl Conn {
+    /// The socket's local address.
+    pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        // SAFETY: `fd` stays open as long as the halves, which `self` owns.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.fd) };
+        socket2::SockRef::from(&fd).local_addr().ok()?.as_socket()
+    }
+
     fn plain(s: TcpStream, opts: &Options, state: Arc<CloseState>) -> Conn {
         let fd = s.as_raw_fd();
         let (r, w) = s.into_split();

@@ -137,7 +137,7 @@ backends!(ucx, "ucx://127.0.0.1:0");
 /// then one dropped while silent) aborts the process in 5 runs of 12: UCX 1.13 asserts
 /// (`ucp_ep.c:437`, requests left on an endpoint being destroyed) while the endpoint by address
 /// closes. Known and unsolved (docs/transport.md), so it is a reproducer, not a test of either
-/// tier: `RUSTFLAGS="--cfg ucx_abort_repro" cargo test -p transport --test auth ucx_direct`.
+/// tier: `RUSTFLAGS="--cfg ucx_abort_repro" cargo test -p ucxrs-transport --test auth ucx_direct`.
 #[cfg(feature = "ucx")]
 mod ucx_direct {
     #[cfg(ucx_abort_repro)]

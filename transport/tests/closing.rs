@@ -221,7 +221,8 @@ async fn limits_can_be_raised_on_every_backend() {
     }
 }
 
-/// Accepted tcp://, tls:// and ucx:// connections report where the peer came from (not `?:0`).
+/// Accepted tcp://, tls:// and ucx:// connections report where the peer came from (not `?:0`),
+/// and each end's local address is what the other end sees as its peer's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accepted_peers_have_addresses() {
     let mut addrs = vec!["tcp://127.0.0.1:0"];
@@ -232,10 +233,24 @@ async fn accepted_peers_have_addresses() {
         addrs.push("tls://127.0.0.1:0");
     }
     for addr in addrs {
-        let (server, _client) = pair(addr).await;
+        let (server, client) = pair(addr).await;
         let peer = server.peer_addr().to_string();
         assert!(peer.contains("127.0.0.1:"), "{addr}: {peer}");
         assert!(!peer.ends_with(":0"), "{addr}: {peer}");
+        let local = client.local_addr().expect("the client's local address");
+        assert!(
+            peer.ends_with(&local.to_string()),
+            "{addr}: {peer} vs {local}"
+        );
+        let server_local = server.local_addr().expect("the server's local address");
+        assert!(
+            client
+                .peer_addr()
+                .to_string()
+                .ends_with(&server_local.to_string()),
+            "{addr}: {} vs {server_local}",
+            client.peer_addr()
+        );
     }
 }
 

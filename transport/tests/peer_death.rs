@@ -7,7 +7,7 @@
 //! detection times (from the kill to the last pending operation's end).
 //!
 //! The fast tier runs 3 trials over `tcp://` and `ucx://` (polling); the drill
-//! (`cargo test -p transport --test peer_death -- --ignored`) 25 trials per configuration;
+//! (`cargo test -p ucxrs-transport --test peer_death -- --ignored`) 25 trials per configuration;
 //! `PEER_DEATH_TRIALS=1000` (or `bash scripts/faults.sh`) runs more; `PEER_DEATH_SIZES=13..16`
 //! only sizes of 2^13 to 2^16 bytes (over `ucx://`, eager messages of several fragments). No
 //! test harness: the binary re-executes itself per configuration.

@@ -2,7 +2,7 @@
 //! sampled at every tenth of the run; after the first three tenths (pools and caches warm), it
 //! must stay within 10% of what it was then, plus two of the largest (4 MiB) messages.
 //!
-//! A drill (`cargo test -p transport --test soak -- --ignored`): 200,000 messages per backend;
+//! A drill (`cargo test -p ucxrs-transport --test soak -- --ignored`): 200,000 messages per backend;
 //! `SOAK_MESSAGES=10000000` (in `scripts/faults.sh`) the long run. Sizes: mostly 8 B–4 KiB,
 //! one in 1,000 of 256 KiB, one in 10,000 of 4 MiB; the receiver checks each message's size
 //! and first byte. The sender runs ahead of the receiver as far as the backend lets it

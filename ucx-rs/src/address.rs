@@ -31,13 +31,11 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 
 /// The loaded UCX's version as 6 bytes.
 fn version_bytes() -> [u8; 6] {
-    let (mut major, mut minor, mut release) = (0u32, 0u32, 0u32);
-    // SAFETY: out-pointers to three live u32s.
-    unsafe { ucx_sys::ucp_get_version(&mut major, &mut minor, &mut release) };
+    let loaded = crate::library::loaded_version();
     let mut v = [0u8; 6];
-    v[0..2].copy_from_slice(&(major as u16).to_le_bytes());
-    v[2..4].copy_from_slice(&(minor as u16).to_le_bytes());
-    v[4..6].copy_from_slice(&(release as u16).to_le_bytes());
+    v[0..2].copy_from_slice(&(loaded.major as u16).to_le_bytes());
+    v[2..4].copy_from_slice(&(loaded.minor as u16).to_le_bytes());
+    v[4..6].copy_from_slice(&(loaded.release as u16).to_le_bytes());
     v
 }
 

@@ -192,6 +192,7 @@ impl ContextBuilder {
 
     /// Reads UCX's configuration, applies the options and creates the context.
     pub fn build(self) -> Result<Context> {
+        crate::library::check_version()?;
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL env prefix and filename mean "defaults + environment"; config is an
         // out-pointer that UCX fills on success.

@@ -248,6 +248,21 @@ pub enum Error {
     /// CUDA is not usable (no driver library, no GPU) or a CUDA driver call failed.
     #[error("CUDA: {0}")]
     Cuda(String),
+    /// The UCX library loaded is older than the headers this program was built against
+    /// ([`library::check_version`](crate::library::check_version)): it may lack what the
+    /// program calls. Load that UCX or a newer one.
+    #[error(
+        "built against UCX {built}, but the UCX loaded is {loaded} ({library}), which is \
+         older: load UCX {built} or newer"
+    )]
+    IncompatibleUcx {
+        /// The UCP API version built against (`1.19`).
+        built: String,
+        /// The loaded library's version (`1.13.1`).
+        loaded: String,
+        /// The loaded library's file.
+        library: String,
+    },
     /// An operating-system call failed.
     #[error("{op}: {message}")]
     Os {

@@ -16,7 +16,8 @@
 //! messages, [`am`]), probes ([`Endpoint::tag_probe`], [`Worker::tag_recv`]), RMA
 //! ([`MemoryHandle`], [`Endpoint::unpack_rkey`], [`RemoteKey::put`]/[`RemoteKey::get`],
 //! [`Endpoint::flush`], [`Worker::fence`]), [`Endpoint::close_after_n_recv`] and introspection
-//! ([`Endpoint::transports`], [`Context::cuda_support`]).
+//! ([`Endpoint::transports`], [`Context::cuda_support`]; which UCX was loaded, from which file,
+//! against which headers this was built: [`library`]).
 //!
 //! Endpoints speak UCXX's wire format (handshake and tags), so a Python UCXX peer can connect to
 //! a Rust listener and the other way round.
@@ -62,6 +63,7 @@ pub mod cuda;
 mod endpoint;
 mod error;
 mod exit;
+pub mod library;
 mod listener;
 pub mod multi;
 mod ops;
@@ -81,7 +83,7 @@ pub use context::{
 };
 pub use endpoint::{ConnectOptions, Endpoint, DEFAULT_MAX_MESSAGE, DEFAULT_TIMEOUT};
 pub use error::{Error, HandshakeError, ProtocolError, Result, RkeyError, Status};
-pub use listener::Listener;
+pub use listener::{Arrivals, Listener};
 pub use probe::{Probed, ProbedMessage, TagInfo};
 pub use rma::{parse_packed_rkey, MemoryHandle, RemoteKey};
 pub use wire::Tag;

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::ptr;
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskCx, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use futures::task::AtomicWaker;
@@ -23,12 +23,39 @@ use crate::Endpoint;
 struct Incoming {
     queue: Mutex<VecDeque<usize>>,
     waker: AtomicWaker,
+    /// Connection requests UCX reported, since the listener was bound: [`Arrivals`].
+    arrived: std::sync::atomic::AtomicUsize,
+}
+
+/// How many connection requests a [`Listener`] has had: each one is yielded by
+/// [`Listener::accept`] exactly once, handshaken or as its error, so the requests still coming
+/// are [`total`](Self::total) less the yields the caller counted. A server that waits until its
+/// clients are served (UCXX's `Listener.active_clients`) counts these too: a client's connect
+/// can complete before the listener's side of the handshake does. (Read the caller's count
+/// first and this second: the difference then never dips below what is coming.)
+#[derive(Clone)]
+pub struct Arrivals(Arc<Incoming>);
+
+impl Arrivals {
+    /// The connection requests UCX reported since the listener was bound.
+    pub fn total(&self) -> usize {
+        self.0.arrived.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl fmt::Debug for Arrivals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Arrivals").field(&self.total()).finish()
+    }
 }
 
 unsafe extern "C" fn conn_cb(req: sys::ucp_conn_request_h, arg: *mut c_void) {
-    // SAFETY: arg points to the Incoming the Listener keeps alive until after
-    // ucp_listener_destroy, after which UCX calls this no more.
+    // SAFETY: arg points to the Incoming the Listener (then its `Parked`) keeps alive until
+    // after ucp_listener_destroy, after which UCX calls this no more.
     let incoming = unsafe { &*(arg as *const Incoming) };
+    incoming
+        .arrived
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     incoming
         .queue
         .lock()
@@ -62,6 +89,8 @@ pub struct Listener {
     incoming: Arc<Incoming>,
     local: SocketAddr,
     handshakes: FuturesUnordered<Handshaking>,
+    /// Requests whose endpoint could not be created, each to be yielded as its error.
+    failed: VecDeque<Error>,
     handshake_timeout: Duration,
     runtime: tokio::runtime::Handle,
     /// The worker's progress count after this listener's last poll (polling mode).
@@ -96,6 +125,7 @@ impl Listener {
         let incoming = Arc::new(Incoming {
             queue: Mutex::new(VecDeque::new()),
             waker: AtomicWaker::new(),
+            arrived: std::sync::atomic::AtomicUsize::new(0),
         });
         let sa = socket2::SockAddr::from(addr);
         let params = sys::ucp_listener_params_t {
@@ -111,12 +141,18 @@ impl Listener {
             },
             ..Default::default()
         };
-        let locked = worker.shared.lock();
+        let mut locked = worker.shared.lock();
+        // A listener dropped less than LINGER ago may hold the port: binding it again is asked
+        // for, so that one goes now.
+        if addr.port() != 0 {
+            locked.reap_listeners(Reap::Port(addr.port()));
+        }
         let mut handle: sys::ucp_listener_h = ptr::null_mut();
         // SAFETY: worker locked; params and the sockaddr live across the call; the callback
         // argument outlives the listener (see Drop).
-        check(unsafe { sys::ucp_listener_create(locked.handle(), &params, &mut handle) })
-            .inspect_err(|e| tracing::warn!(%addr, error = %e, "listen failed"))?;
+        let created =
+            check(unsafe { sys::ucp_listener_create(locked.handle(), &params, &mut handle) });
+        created.inspect_err(|e| tracing::warn!(%addr, error = %e, "listen failed"))?;
         let mut attr = sys::ucp_listener_attr_t {
             field_mask: sys::UCP_LISTENER_ATTR_FIELD_SOCKADDR as u64,
             ..Default::default()
@@ -135,6 +171,7 @@ impl Listener {
             incoming,
             local,
             handshakes: FuturesUnordered::new(),
+            failed: VecDeque::new(),
             handshake_timeout: DEFAULT_TIMEOUT,
             runtime,
             seen_progress: u64::MAX,
@@ -169,6 +206,12 @@ impl Listener {
         self.handshake_timeout = t;
     }
 
+    /// How many connection requests it has had ([`Arrivals`]): a handle that stays valid
+    /// while the listener is moved into a task.
+    pub fn arrivals(&self) -> Arrivals {
+        Arrivals(Arc::clone(&self.incoming))
+    }
+
     /// The next connection, handshaken. Errors are per connection: keep calling.
     pub async fn accept(&mut self) -> Result<Endpoint> {
         match self.next().await {
@@ -177,7 +220,9 @@ impl Listener {
         }
     }
 
-    fn start_handshakes(&mut self) -> Option<Error> {
+    /// Starts a handshake for each request UCX reported since the last poll; a request whose
+    /// endpoint cannot be created is queued in `failed`, to be yielded as its error.
+    fn start_handshakes(&mut self) {
         let requests: Vec<usize> = self
             .incoming
             .queue
@@ -185,7 +230,6 @@ impl Listener {
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
             .collect();
-        let mut first_err = None;
         for req in requests {
             let req = req as sys::ucp_conn_request_h;
             let peer = {
@@ -213,11 +257,10 @@ impl Listener {
                 }
                 Err(e) => {
                     tracing::warn!(?peer, error = %e, "creating the endpoint for a connection failed");
-                    first_err.get_or_insert(e);
+                    self.failed.push_back(e);
                 }
             }
         }
-        first_err
     }
 }
 
@@ -239,7 +282,8 @@ impl Stream for Listener {
             self.seen_progress = seen;
         }
         self.incoming.waker.register(cx.waker());
-        if let Some(e) = self.start_handshakes() {
+        self.start_handshakes();
+        if let Some(e) = self.failed.pop_front() {
             return Poll::Ready(Some(Err(e)));
         }
         if let Poll::Ready(Some(joined)) = self.handshakes.poll_next_unpin(cx) {
@@ -261,23 +305,120 @@ impl Drop for Listener {
         for h in self.handshakes.iter() {
             h.abort();
         }
-        let locked = self.worker.shared.lock();
-        for req in self
+        let mut locked = self.worker.shared.lock();
+        let mut parked = Parked {
+            handle: self.handle,
+            incoming: Arc::clone(&self.incoming),
+            local: self.local,
+            since: Instant::now(),
+        };
+        // SAFETY: the listener is alive and the worker locked.
+        unsafe { parked.reject_queued() };
+        locked.park_listener(parked);
+        drop(locked);
+        // Destroyed once it has refused nothing for the linger, whether or not the worker is
+        // progressed then (a client still trying to connect keeps it, refusing, that long).
+        let weak = Arc::downgrade(&self.worker.shared);
+        let handle = self.handle as usize;
+        self.runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(LINGER).await;
+                let Some(shared) = weak.upgrade() else { return };
+                let mut locked = shared.lock();
+                locked.reap_listeners(Reap::Expired);
+                if !locked.is_parked(handle) {
+                    return;
+                }
+            }
+        });
+        tracing::debug!(local = %self.local, "UCX listener closed: it refuses connections until destroyed");
+    }
+}
+
+/// How long a dropped listener's UCX listener lives on after the last connection request it
+/// refused (or its drop), refusing every request, before it is destroyed.
+///
+/// UCX's TCP connection manager accepts a connection before the client's request arrives on
+/// it, and that accepted connection keeps a pointer to its listener which
+/// `ucp_listener_destroy` leaves dangling (UCX 1.13.1 to the master of 2026): a request arriving
+/// after the destroy calls back into freed memory and the process crashes
+/// (`ucp_cm_server_conn_request_cb`; seen in CI when a cluster shut down while a worker
+/// reconnected). A UCX client sends its request as soon as its connection is accepted, so
+/// the listener is kept, refusing, until no such request can still be on its way from a
+/// client that is running: `LINGER` after the last one it refused (a client retrying its
+/// connect keeps it until it gives up). Binding its port again destroys it at once (see
+/// [`Listener::bind`]); so does dropping the worker.
+pub(crate) const LINGER: Duration = Duration::from_secs(2);
+
+/// A dropped listener, kept alive by its worker for [`LINGER`].
+pub(crate) struct Parked {
+    handle: sys::ucp_listener_h,
+    incoming: Arc<Incoming>,
+    local: SocketAddr,
+    since: Instant,
+}
+
+// SAFETY: the handle is only used under the worker lock (or in the worker's drop).
+unsafe impl Send for Parked {}
+
+/// Which parked listeners [`Locked::reap_listeners`](crate::worker::Locked) destroys.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Reap {
+    /// Those that refused nothing for [`LINGER`].
+    Expired,
+    /// Those bound to this port (it is being bound again).
+    Port(u16),
+}
+
+impl Parked {
+    /// Refuses the connection requests that came since the last call (and, if there were
+    /// any, starts its linger again).
+    ///
+    /// # Safety
+    /// The listener is alive and its worker locked.
+    pub(crate) unsafe fn reject_queued(&mut self) {
+        let queued: Vec<usize> = self
             .incoming
             .queue
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
-        {
-            // SAFETY: a queued request was never handed to ucp_ep_create; rejecting it once
-            // releases it. The listener is still alive.
-            unsafe { sys::ucp_listener_reject(self.handle, req as sys::ucp_conn_request_h) };
+            .collect();
+        if !queued.is_empty() {
+            self.since = Instant::now();
         }
+        for req in queued {
+            // SAFETY: a queued request was never handed to ucp_ep_create; rejecting it once
+            // releases it. The listener is alive and the worker locked (the caller's promise).
+            unsafe { sys::ucp_listener_reject(self.handle, req as sys::ucp_conn_request_h) };
+            tracing::debug!(local = %self.local, "refused a connection to a closed listener");
+        }
+    }
+
+    /// The listener's handle, as a number (which parked listener this is).
+    pub(crate) fn id(&self) -> usize {
+        self.handle as usize
+    }
+
+    /// Whether `reap` destroys this one now.
+    pub(crate) fn due(&self, reap: Reap) -> bool {
+        match reap {
+            Reap::Expired => self.since.elapsed() >= LINGER,
+            Reap::Port(port) => self.local.port() == port,
+        }
+    }
+
+    /// Refuses what is queued, then destroys the UCX listener.
+    ///
+    /// # Safety
+    /// The listener is alive and its worker locked; it is not used again.
+    pub(crate) unsafe fn destroy(mut self) {
+        // SAFETY: the caller's promise.
+        unsafe { self.reject_queued() };
         // SAFETY: the listener is alive and the worker locked; after this UCX calls conn_cb no
-        // more, so `incoming` may be freed when the fields drop.
+        // more, so `incoming` may be freed when `self` drops.
         unsafe { sys::ucp_listener_destroy(self.handle) };
-        drop(locked);
-        tracing::debug!(local = %self.local, "UCX listener closed");
+        tracing::debug!(local = %self.local, "UCX listener destroyed");
     }
 }
 
@@ -291,7 +432,7 @@ fn conn_request_peer(req: sys::ucp_conn_request_h) -> Option<SocketAddr> {
     sockaddr_from_storage(&attr.client_address)
 }
 
-fn sockaddr_from_storage(s: &sys::sockaddr_storage) -> Option<SocketAddr> {
+pub(crate) fn sockaddr_from_storage(s: &sys::sockaddr_storage) -> Option<SocketAddr> {
     // SAFETY: both types are the C struct sockaddr_storage (same size and layout); we copy the
     // bytes into socket2's storage, and pass the full length, which is always large enough.
     let (_, addr) = unsafe {

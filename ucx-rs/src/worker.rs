@@ -23,6 +23,7 @@ use crate::buffer::MemoryType;
 use crate::context::{capture_file, Context, Features};
 use crate::endpoint::EpShared;
 use crate::error::{check, Error, Result};
+use crate::listener::{Parked, Reap};
 use crate::progress::{alone_on_a_cpu, blocking_progress, event_fd, thread_progress, OrphanGuard};
 pub(crate) use crate::progress::{SoleWait, ASSIST};
 
@@ -112,6 +113,9 @@ pub(crate) struct WorkerShared {
     /// Endpoints whose error callback fired; handled after the current UCX call.
     failed: Mutex<Vec<Arc<EpShared>>>,
     has_failed: AtomicBool,
+    /// Dropped listeners kept alive for a while, refusing connections (`listener::LINGER`).
+    parked: Mutex<Vec<Parked>>,
+    has_parked: AtomicBool,
     /// Tasks waiting for an unexpected message to probe (receives of unknown size).
     probe_waiters: Mutex<Vec<Waker>>,
     probe_count: AtomicUsize,
@@ -300,6 +304,10 @@ impl WorkerShared {
 
 impl Drop for WorkerShared {
     fn drop(&mut self) {
+        for parked in std::mem::take(self.parked.get_mut().unwrap_or_else(|e| e.into_inner())) {
+            // SAFETY: the worker is alive and, being dropped, used by nobody else.
+            unsafe { parked.destroy() };
+        }
         let raw = self.raw.get_mut().unwrap_or_else(|e| e.into_inner());
         // SAFETY: signalling is allowed from any thread; it only wakes a sleeping progress thread
         // so that it notices the worker is gone.
@@ -376,6 +384,44 @@ impl Locked<'_> {
         if n > 0 {
             self.shared.wake_probe_waiters();
         }
+        if self.shared.has_parked.load(Ordering::Relaxed) {
+            self.reap_listeners(Reap::Expired);
+        }
+    }
+
+    /// Keeps a dropped listener alive, refusing connections, for `listener::LINGER`.
+    pub(crate) fn park_listener(&mut self, parked: Parked) {
+        let mut all = self.shared.parked.lock().unwrap_or_else(|e| e.into_inner());
+        all.push(parked);
+        self.shared.has_parked.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the listener whose handle is `id` is parked still.
+    pub(crate) fn is_parked(&self, id: usize) -> bool {
+        let all = self.shared.parked.lock().unwrap_or_else(|e| e.into_inner());
+        all.iter().any(|p| p.id() == id)
+    }
+
+    /// Refuses the connection requests that reached parked listeners, and destroys those
+    /// `reap` picks.
+    pub(crate) fn reap_listeners(&mut self, reap: Reap) {
+        let mut all = self.shared.parked.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = Vec::with_capacity(all.len());
+        for mut parked in all.drain(..) {
+            // SAFETY: the worker is locked and the parked listener alive. First: a request
+            // refused now starts its linger again.
+            unsafe { parked.reject_queued() };
+            if parked.due(reap) {
+                // SAFETY: the worker is locked; the parked listener is alive and leaves the list.
+                unsafe { parked.destroy() };
+            } else {
+                kept.push(parked);
+            }
+        }
+        *all = kept;
+        self.shared
+            .has_parked
+            .store(!all.is_empty(), Ordering::Relaxed);
     }
 
     /// Runs `f` after the lock is released (user callbacks must never run under it).
@@ -503,6 +549,8 @@ impl Worker {
             notify: Arc::new(tokio::sync::Notify::new()),
             failed: Mutex::new(Vec::new()),
             has_failed: AtomicBool::new(false),
+            parked: Mutex::new(Vec::new()),
+            has_parked: AtomicBool::new(false),
             probe_waiters: Mutex::new(Vec::new()),
             probe_count: AtomicUsize::new(0),
             locks: AtomicUsize::new(0),

@@ -225,3 +225,32 @@ async fn all_interfaces_ipv4_and_ipv6_refusal() {
         assert!(e.to_string().contains("UCX_TCP_AF_PRIO=inet6"), "{e}");
     }
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_listeners_arrivals_count_each_request_that_accept_yields_once() {
+    let ctx = context();
+    let sw = ucx::Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    let cw = ucx::Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    let mut listener = ucx::Listener::bind(&sw, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let arrivals = listener.arrivals();
+    assert_eq!(arrivals.total(), 0);
+    let port = listener.port();
+    // A client's connect can return before the listener's side of its handshake does: the
+    // request is counted from when UCX reports it, before `accept` yields it.
+    let mut clients = Vec::new();
+    let mut accepted = Vec::new();
+    for i in 0..3 {
+        let (s, c) = within("connect", async {
+            tokio::join!(
+                listener.accept(),
+                ucx::Endpoint::connect(&cw, ("127.0.0.1", port))
+            )
+        })
+        .await;
+        accepted.push(s.unwrap());
+        clients.push(c.unwrap());
+        assert_eq!(arrivals.total(), i + 1, "one request per connection");
+    }
+    drop(listener);
+    assert_eq!(arrivals.total(), 3, "the handle outlives the listener");
+}

@@ -11,6 +11,17 @@ use common::*;
 use futures::FutureExt;
 use ucx::{ConnectOptions, Endpoint, Error, Listener, ProgressMode, Worker};
 
+/// One test of this file at a time. UCX before 1.17 asserts (`async.c:643`, `handler->async ==
+/// async`: the process aborts) when a worker's missed async event names a handler that another
+/// worker has registered since, under the same id (fixed by openucx/ucx#9942, "Skip released
+/// handler in poll missed process"). These tests open and close listeners, connections and raw
+/// sockets quickly; run in parallel, many workers churn them at once (seen once in CI, on
+/// Debian's UCX 1.13.1). One at a time also keeps `open_fds` counts to one test's.
+async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE.lock().await
+}
+
 async fn eventually(what: &str, cond: impl Fn() -> bool) {
     within(what, async {
         while !cond() {
@@ -63,21 +74,25 @@ async fn drop_safety_of_receives(mode: ProgressMode) {
 
 #[tokio::test(flavor = "current_thread")]
 async fn dropped_receives_are_cancelled_blocking() {
+    let _one = one_at_a_time().await;
     drop_safety_of_receives(ProgressMode::Blocking).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_receives_are_cancelled_thread() {
+    let _one = one_at_a_time().await;
     drop_safety_of_receives(ProgressMode::Thread).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_receives_are_cancelled_polling() {
+    let _one = one_at_a_time().await;
     drop_safety_of_receives(ProgressMode::Polling).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn dropped_send_keeps_its_buffer_until_ucx_is_done() {
+    let _one = one_at_a_time().await;
     let ctx = context();
     let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
     // 8 MiB goes by rendezvous: UCX reads the sender's memory only once the receiver is there.
@@ -126,22 +141,26 @@ async fn close_cancels_peer_receive(mode: ProgressMode, close_server: bool) {
 
 #[tokio::test(flavor = "current_thread")]
 async fn client_close_cancels_server_receive() {
+    let _one = one_at_a_time().await;
     close_cancels_peer_receive(ProgressMode::Blocking, false).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn server_close_cancels_client_receive() {
+    let _one = one_at_a_time().await;
     close_cancels_peer_receive(ProgressMode::Blocking, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_cancels_peer_receive_thread_and_polling() {
+    let _one = one_at_a_time().await;
     close_cancels_peer_receive(ProgressMode::Thread, false).await;
     close_cancels_peer_receive(ProgressMode::Polling, true).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn local_close_fails_own_pending_receive_and_calls_back() {
+    let _one = one_at_a_time().await;
     let ctx = context();
     let (_server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -158,6 +177,7 @@ async fn local_close_fails_own_pending_receive_and_calls_back() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn endpoints_outlive_their_listener() {
+    let _one = one_at_a_time().await;
     let ctx = context();
     let sw = Worker::new(&ctx, ProgressMode::Blocking).unwrap();
     let cw = Worker::new(&ctx, ProgressMode::Blocking).unwrap();
@@ -192,6 +212,7 @@ async fn endpoints_outlive_their_listener() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn connect_to_nothing_fails_promptly() {
+    let _one = one_at_a_time().await;
     let ctx = context();
     let w = Worker::new(&ctx, ProgressMode::Blocking).unwrap();
     // Bind-and-drop a TCP socket to find a port with nobody listening.
@@ -224,6 +245,7 @@ async fn raw_client(w: &Worker, port: u16) -> Endpoint {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_handshakes_are_rejected_and_the_listener_keeps_serving() {
+    let _one = one_at_a_time().await;
     let ctx = context();
     let sw = Worker::new(&ctx, ProgressMode::Thread).unwrap();
     let cw = Worker::new(&ctx, ProgressMode::Thread).unwrap();
@@ -290,6 +312,7 @@ async fn bad_handshakes_are_rejected_and_the_listener_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_storm_4_listeners_50_clients_each() {
+    let _one = one_at_a_time().await;
     let ctx = context();
     let sw = Worker::new(&ctx, ProgressMode::Thread).unwrap();
     let cw = Worker::new(&ctx, ProgressMode::Thread).unwrap();
@@ -351,6 +374,7 @@ async fn connection_storm_4_listeners_50_clients_each() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn dropped_stream_receive_abandons_the_stream() {
+    let _one = one_at_a_time().await;
     let ctx = context();
     let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
     // UCX cannot cancel stream receives: a dropped one must not let later receives read
@@ -378,6 +402,7 @@ async fn dropped_stream_receive_abandons_the_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_ends_a_pending_receive_of_unknown_size() {
+    let _one = one_at_a_time().await;
     for mode in [ProgressMode::Thread, ProgressMode::Blocking] {
         let ctx = context();
         let (_server, client, _sw, _cw) = pair(&ctx, mode).await;
@@ -395,6 +420,7 @@ async fn abort_ends_a_pending_receive_of_unknown_size() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn dropped_active_message_and_multi_sends_keep_their_buffers() {
+    let _one = one_at_a_time().await;
     let ctx = context();
     let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
     // 8 MiB active message: rendezvous, so UCX reads the sender's memory later.
@@ -434,6 +460,7 @@ async fn dropped_active_message_and_multi_sends_keep_their_buffers() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn dropped_puts_and_gets_keep_their_buffers() {
+    let _one = one_at_a_time().await;
     let ctx = context();
     let (server, client, _sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
     let mut region = ucx::MemoryHandle::alloc(&ctx, 8 << 20).unwrap();
@@ -478,4 +505,86 @@ async fn dropped_puts_and_gets_keep_their_buffers() {
         "the region holds freed (canary) bytes"
     );
     drop(key);
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// Sends the connection manager's header on `raw` (a request of no length, status 0) and
+/// checks the answer is a refusal: a header carrying UCS_ERR_REJECTED (-23), or the
+/// connection closed.
+async fn send_request_expect_refusal(mut raw: std::net::TcpStream) {
+    use std::io::{Read, Write};
+    raw.write_all(&[0u8; 16]).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let read = tokio::task::spawn_blocking(move || {
+        let mut hdr = [0u8; 16];
+        raw.read(&mut hdr).map(|n| (n, hdr))
+    })
+    .await
+    .unwrap();
+    match read {
+        Ok((16, hdr)) => assert_eq!(hdr[8] as i8, -23, "{hdr:?}"),
+        Ok((0, _)) => {}
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        Ok((n, hdr)) => panic!("a partial answer: {:?}", &hdr[..n]),
+    }
+}
+
+/// UCX's TCP connection manager accepts a connection before the client's request arrives on
+/// it, and the accepted connection keeps a pointer to its listener that
+/// `ucp_listener_destroy` leaves dangling (UCX 1.13.1 to the master of 2026): a request that arrives after
+/// the listener is dropped would call back into freed memory (a crash seen in CI, in
+/// `ucp_cm_server_conn_request_cb`, when a cluster shut down while a worker reconnected).
+/// Here a client that speaks the connection manager's framing by hand holds an accepted
+/// connection across the drop, then sends its request: it is refused, the process lives, and
+/// the port is free again for a new listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_arriving_after_its_listener_was_dropped_is_refused() {
+    let _one = one_at_a_time().await;
+    let ctx = context();
+    let w = Worker::new(&ctx, ProgressMode::Thread).unwrap();
+    let listener = Listener::bind(&w, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr();
+    let before = open_fds();
+    let raw = std::net::TcpStream::connect(addr).unwrap();
+    // UCX's async thread accepts it: one more descriptor here for our end, one for UCX's.
+    eventually("UCX accepts the connection", || open_fds() >= before + 2).await;
+    drop(listener);
+    send_request_expect_refusal(raw).await;
+    // A client that keeps trying is refused each time, past the linger counted from the drop
+    // (each refusal starts it again: a connection accepted meanwhile is not left dangling).
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        send_request_expect_refusal(std::net::TcpStream::connect(addr).unwrap()).await;
+    }
+    // Destroyed after the linger: the port stops accepting.
+    within("the listener is destroyed", async {
+        while std::net::TcpStream::connect(addr).is_ok() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+/// A dropped listener lingers (see the test above), but binding its port again is honoured
+/// at once.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_listeners_port_can_be_bound_again_at_once() {
+    let _one = one_at_a_time().await;
+    let ctx = context();
+    let w = Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    let first = Listener::bind(&w, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = first.local_addr();
+    drop(first);
+    let again = Listener::bind(&w, addr).unwrap();
+    assert_eq!(again.local_addr(), addr);
+    let cw = Worker::new(&ctx, ProgressMode::Blocking).unwrap();
+    let mut again = again;
+    let (s, c) = within("connect", async {
+        tokio::join!(again.accept(), Endpoint::connect(&cw, addr))
+    })
+    .await;
+    let (_s, _c) = (s.unwrap(), c.unwrap());
 }

@@ -219,7 +219,13 @@ async fn close_after_n_receives() {
 #[tokio::test(flavor = "current_thread")]
 async fn introspection() {
     let ctx = context();
-    let (server, _client, sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    let (server, client, sw, _cw) = pair(&ctx, ProgressMode::Blocking).await;
+    // Each end's local address is what the other end sees as its peer's.
+    let client_local = client
+        .local_addr()
+        .expect("a client-server endpoint's local address");
+    assert_eq!(Some(client_local), server.peer_addr());
+    assert_eq!(server.local_addr(), client.peer_addr());
     let t = server.transports().unwrap();
     assert!(t.contains("lane"), "{t}");
     assert!(!sw.info().unwrap().is_empty());
@@ -237,6 +243,7 @@ async fn introspection() {
     );
     server.abort();
     assert_eq!(server.transports().unwrap_err(), Error::Closed);
+    assert_eq!(server.local_addr(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

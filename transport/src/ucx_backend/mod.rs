@@ -320,6 +320,11 @@ impl Listener {
 }
 
 impl Conn {
+    /// The local address of the client-server endpoint the connection was made on.
+    pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.cs.local_addr()
+    }
+
     fn new(
         ep: ucx::Endpoint,
         opts: &Options,

@@ -329,6 +329,22 @@ impl Endpoint {
         self.shared.peer
     }
 
+    /// The local socket address of a client-server endpoint's connection (the one its peer
+    /// sees as [`peer_addr`](Self::peer_addr)); `None` for an endpoint made from a worker
+    /// address, and once the endpoint is closed.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.shared.peer?;
+        let locked = self.shared.worker.lock();
+        let ep = self.shared.live(&locked).ok()?;
+        let mut attr = sys::ucp_ep_attr_t {
+            field_mask: sys::UCP_EP_ATTR_FIELD_LOCAL_SOCKADDR as u64,
+            ..Default::default()
+        };
+        // SAFETY: ep is live under the worker lock; attr is a valid out-struct.
+        crate::error::check(unsafe { sys::ucp_ep_query(ep, &mut attr) }).ok()?;
+        crate::listener::sockaddr_from_storage(&attr.local_sockaddr)
+    }
+
     /// The raw UCP tags this endpoint sends to and receives on (UCXX's `msg_send`/`msg_recv`).
     pub fn raw_tags(&self) -> (u64, u64) {
         (self.send_base, self.recv_base)
