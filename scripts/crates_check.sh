@@ -59,6 +59,22 @@ if bad:
     sys.exit(f"crates: rust-version missing or below what is needed: {', '.join(bad)}")
 EOF
 
+# Cargo takes a crate from the overlay registry as immutable, like any registry crate: it
+# keeps the sources it unpacked into CARGO_HOME/registry/src/-<hash of the overlay's path>/
+# and what it compiled from them in the target folder, and uses both again for the same name
+# and version, so a second run in the same place would build today's crates against an
+# earlier run's dependencies (CI failed so: a method added since was "not found"). Both go.
+home=${CARGO_HOME:-$HOME/.cargo}
+for c in "${CRATES[@]}"; do
+  v=$(cargo pkgid -q -p "$c" | sed "s/.*[#@]//")
+  for d in "$home"/registry/src/-*/"$c-$v"; do
+    if [ -e "$d" ]; then rm -rf "$d"; fi
+  done
+done
+# What it compiled is only there if an earlier run used this target folder (CI's is new).
+if [ -d target/package/tmp-registry ]; then
+  for c in "${CRATES[@]}"; do cargo clean -q -p "$c"; done
+fi
 args=()
 for c in "${CRATES[@]}"; do args+=(-p "$c"); done
 VERIFY=(ucxrs-sys ucxrs ucxrs-transport dask-graph dask-comm)
