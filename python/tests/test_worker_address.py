@@ -27,6 +27,13 @@ asyncio.run(main())
 """
 
 
+SLEEPER = r"""
+import sys, ucxrs
+print(ucxrs.get_worker_address().address.hex(), flush=True)
+sys.stdin.read()
+"""
+
+
 def test_the_address_pickles_and_compares():
     addr = ucxrs.get_worker_address()
     assert isinstance(addr, ucxrs.UCXAddress) and len(addr) == addr.length > 26
@@ -93,6 +100,37 @@ async def test_two_processes_by_address():
         await ep.send(got + 1, tag=8)
         assert child.stdout.readline().strip() == "CHILD OK"
         assert child.wait(timeout=60) == 0
+        await ep.close()
+    finally:
+        child.kill()
+        child.wait()
+
+
+async def test_a_killed_peer_process_ends_the_endpoint():
+    """A peer process killed (and reaped) ends an endpoint made from its worker address, over
+    shared memory too: UCX's keepalive checks the peer's process (1 s here, the package's
+    default). What it cannot see is a peer that is a zombie not yet reaped, or one that
+    destroyed its worker and lives on (docs/ucx-notes.md)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLEEPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = child.stdout.readline().strip()
+        while line and not all(c in "0123456789abcdef" for c in line):  # UCX may print warnings
+            line = child.stdout.readline().strip()
+        ep = await ucxrs.create_endpoint_from_worker_address(bytes.fromhex(line))
+        await asyncio.wait_for(ep.send(np.arange(10), tag=1, force_tag=True), 30)
+        assert ep.alive
+        pending = asyncio.ensure_future(ep.recv(np.empty(10), tag=2, force_tag=True))
+        child.kill()
+        child.wait(timeout=30)
+        for _ in range(300):  # bounded: 30 s
+            if not ep.alive:
+                break
+            await asyncio.sleep(0.1)
+        assert not ep.alive, "the endpoint outlived its killed peer by 30 s"
+        with pytest.raises(ucxrs.exceptions.UCXError):
+            await asyncio.wait_for(pending, 30)
         await ep.close()
     finally:
         child.kill()
