@@ -152,7 +152,7 @@ step_done "drills: three hosts (namespaces)"
 # The dashboard in headless Chromium during a computation (DOM, screenshot, status, /metrics).
 timeout 600 bash scripts/dashboard_test.sh
 step_done "drills: dashboard (Chromium)"
-python3 -m py_compile scripts/*.py scripts/gpu/proof.py
+python3 -m py_compile scripts/*.py scripts/gpu/proof.py scripts/gpu/dask_cuda_check.py
 bash -n scripts/gpu/bundle.sh scripts/gpu/prove.sh
 # Interop with the real UCXX from PyPI, both directions (installs it into target/ucxx-venv once).
 bash tests/interop/run.sh

@@ -246,6 +246,22 @@ impl PyBuf {
         Ok(buf)
     }
 
+    /// Where the memory starts, and its length in bytes.
+    #[cfg(feature = "cuda")]
+    pub fn memory(&self) -> (*mut u8, usize) {
+        (self.ptr, self.len)
+    }
+
+    /// The object that owns the memory (a new reference), for memory taken through
+    /// `__cuda_array_interface__`.
+    #[cfg(feature = "cuda")]
+    pub fn owner_object(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        match &self.held.0 {
+            Some(Held::Object(o)) => Some(o.clone_ref(py)),
+            _ => None,
+        }
+    }
+
     /// Whether the memory is the host's.
     pub fn is_host(&self) -> bool {
         self.mem == ucx::MemoryType::Host

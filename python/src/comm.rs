@@ -348,7 +348,8 @@ fn received(f: Frame) -> Result<Received, String> {
 
 /// The received frames, turned into a Python list on the loop's thread: writable
 /// `memoryview`s for host frames (what Dask's TCP comm gives: sliceable, with `nbytes`), and
-/// `DeviceFrame`s for device frames.
+/// for device frames the objects `receive_device_frames_with`'s allocator made (RMM's
+/// `DeviceBuffer`s), or else `DeviceFrame`s.
 struct Frames(Vec<Received>);
 
 impl<'py> IntoPyObject<'py> for Frames {
@@ -365,8 +366,13 @@ impl<'py> IntoPyObject<'py> for Frames {
                     Received::Host(f) => {
                         Ok(PyMemoryView::from(Bound::new(py, f)?.as_any())?.into_any())
                     }
+                    // A frame received into the allocator's object (RMM's) is that object.
                     #[cfg(feature = "cuda")]
-                    Received::Device(f) => Ok(Bound::new(py, f)?.into_any()),
+                    Received::Device(f) => match crate::device_frames::allocated_object(&f.buf, py)
+                    {
+                        Some(obj) => Ok(obj.into_bound(py)),
+                        None => Ok(Bound::new(py, f)?.into_any()),
+                    },
                 }
             })
             .collect::<PyResult<Vec<_>>>()?;

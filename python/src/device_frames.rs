@@ -24,12 +24,13 @@ pub(crate) use built::*;
 
 #[cfg(feature = "cuda")]
 mod built {
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     use pyo3::exceptions::PyRuntimeError;
     use pyo3::prelude::*;
     use pyo3::types::PyDict;
     use transport::Frame;
+    use ucx::cuda::cudarc::driver::CudaStream;
     use ucx::cuda::DeviceBuffer;
 
     use crate::buffer::PyBuf;
@@ -94,6 +95,105 @@ mod built {
         fn __repr__(&self) -> String {
             format!("<ucxrs DeviceFrame of {} bytes>", self.buf.len())
         }
+    }
+
+    /// A receive buffer made by the Python allocator of [`receive_device_frames_with`] (an
+    /// `rmm.DeviceBuffer`), held by the device buffer over it; the received frame is handed
+    /// to Python as that object.
+    pub(crate) struct Allocated(PyBuf);
+
+    // SAFETY: nothing is reached through a shared reference but `owner_object`, which needs
+    // the GIL (a clone of the reference); `PyBuf` is `Send`, and dropping it queues the release.
+    unsafe impl Sync for Allocated {}
+
+    /// The Python object a received device frame was allocated as, if it was.
+    pub(crate) fn allocated_object(buf: &DeviceBuffer, py: Python<'_>) -> Option<Py<PyAny>> {
+        buf.owner()?
+            .downcast_ref::<Allocated>()
+            .and_then(|a| a.0.owner_object(py))
+    }
+
+    /// The allocator given to [`receive_device_frames_with`], as given.
+    static GIVEN: Mutex<Option<Py<PyAny>>> = Mutex::new(None);
+
+    /// A receive buffer for a `size`-byte device frame from `allocate(size)`: an object with
+    /// `__cuda_array_interface__` (an `rmm.DeviceBuffer`) of at least `size` writable bytes.
+    /// On the transport's runtime, with no transport or ucx-rs lock held (its contract); the
+    /// GIL is taken here.
+    fn allocate_in_python(
+        allocate: &Py<PyAny>,
+        stream: &Arc<CudaStream>,
+        size: usize,
+    ) -> ucx::Result<DeviceBuffer> {
+        Python::attach(|py| {
+            let bad = |why: String| ucx::Error::Cuda(format!("the device frame allocator: {why}"));
+            let made = allocate
+                .bind(py)
+                .call1((size,))
+                .and_then(|obj| PyBuf::writable(&obj))
+                .map_err(|e| bad(e.to_string()))?;
+            let (ptr, len) = made.memory();
+            if len < size {
+                return Err(bad(format!("{len} bytes for a {size}-byte frame")));
+            }
+            if size > 0 && made.is_host() {
+                return Err(bad("host memory for a device frame".into()));
+            }
+            let ptr = if size == 0 { 0 } else { ptr as u64 };
+            // SAFETY: `ptr` is the writable device memory (`PyBuf::writable`, taken from its
+            // `__cuda_array_interface__`) of the object `made` holds, at least `size` bytes,
+            // kept alive and unmoved while the buffer holds `made`; a new allocation, which
+            // nothing else uses.
+            Ok(unsafe {
+                DeviceBuffer::lent_for_receive(stream, ptr, size, Box::new(Allocated(made)))
+            })
+        })
+    }
+
+    /// Receives the Dask comm's device frames (and every transport connection's) into buffers
+    /// from `allocate(nbytes)` (an `rmm.DeviceBuffer`, say), which the received message then
+    /// holds as they are; `None` goes back to the transport's own device memory.
+    ///
+    /// `allocate` runs on the transport's thread, on the landing GPU (its context current),
+    /// once per device frame before the frame's bytes are received; what it returns must
+    /// export `__cuda_array_interface__` with at least `nbytes` writable bytes. An exception
+    /// (or a buffer too small, or in host memory) ends the connection the frame came on.
+    #[pyfunction]
+    #[pyo3(signature = (allocate))]
+    pub fn receive_device_frames_with(py: Python<'_>, allocate: Option<Py<PyAny>>) -> PyResult<()> {
+        if let Some(f) = &allocate {
+            if !f.bind(py).is_callable() {
+                return Err(pyo3::exceptions::PyTypeError::new_err(
+                    "receive_device_frames_with: pass a callable taking a size, or None",
+                ));
+            }
+        }
+        let allocator = allocate.as_ref().map(|f| {
+            let f = f.clone_ref(py);
+            let a: transport::cuda::Allocator =
+                Arc::new(move |stream: &Arc<CudaStream>, size: usize| {
+                    allocate_in_python(&f, stream, size)
+                });
+            a
+        });
+        // Both previous values are dropped here, outside the locks (a finaliser may call back).
+        let previous = transport::cuda::allocate_with(allocator);
+        let given = std::mem::replace(
+            &mut *GIVEN.lock().unwrap_or_else(|e| e.into_inner()),
+            allocate,
+        );
+        drop((previous, given));
+        Ok(())
+    }
+
+    /// The allocator of [`receive_device_frames_with`], or `None`.
+    #[pyfunction]
+    pub fn device_frame_allocator(py: Python<'_>) -> Option<Py<PyAny>> {
+        GIVEN
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|f| f.clone_ref(py))
     }
 }
 

@@ -448,6 +448,13 @@ fn _ucxrs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(comm::transport_configure, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_context_before_ucx, m)?)?;
     m.add_function(wrap_pyfunction!(device_frames::transport_device_frames, m)?)?;
+    #[cfg(feature = "cuda")]
+    m.add_function(wrap_pyfunction!(
+        device_frames::receive_device_frames_with,
+        m
+    )?)?;
+    #[cfg(feature = "cuda")]
+    m.add_function(wrap_pyfunction!(device_frames::device_frame_allocator, m)?)?;
     m.add_class::<comm::Conn>()?;
     m.add_class::<comm::Listen>()?;
     m.add_class::<comm::RecvFrame>()?;

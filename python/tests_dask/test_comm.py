@@ -379,6 +379,69 @@ def test_dask_cudas_ucx_settings_apply_before_ucx_starts():
         assert "no CUDA context before UCX" in run.stderr
 
 
+FAKE_RMM = r"""
+class DeviceBuffer:
+    made = []
+
+    def __init__(self, *, size=0, ptr=None, stream=None, mr=None):
+        assert ptr is None, "a receive buffer is allocated, not copied"
+        self.size = size
+        DeviceBuffer.made.append(size)
+"""
+
+RMM_CHOICE = r"""
+import json, sys
+import ucxrs.distributed as d
+from ucxrs import _ucxrs
+d._configure()
+a = _ucxrs.device_frame_allocator()
+out = {"allocator": a is not None}
+if a is not None:
+    import rmm
+    b = a(12)
+    out["made"] = [type(b).__module__ + "." + type(b).__name__, b.size, rmm.DeviceBuffer.made]
+    d._configured = False
+    d._configure()  # again: the allocator set is kept
+    out["kept"] = _ucxrs.device_frame_allocator() is a
+    try:
+        d.receive_device_frames_with(5)
+    except TypeError as e:
+        out["not_callable"] = str(e)
+    d.receive_device_frames_with(None)
+    out["cleared"] = _ucxrs.device_frame_allocator() is None
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("rmm", ["importable", "absent"])
+def test_device_frames_land_in_rmm_memory_where_rmm_is_importable(rmm, tmp_path):
+    """Received device frames are allocated as ``rmm.DeviceBuffer(size=n)`` where RMM is
+    importable, as distributed-ucxx's are (Dask's RMM deserialiser takes nothing else, and
+    dask-cuda's pool holds the memory); here with a fake RMM, in a fresh process (the frames
+    themselves need a GPU: tests_dask/test_device.py there)."""
+    if not _ucxrs.transport_device_frames():
+        pytest.fail("the wheels are built with CUDA; this build has no device frames")
+    # "absent": an rmm that cannot be imported shadows any installed one (UCXX's wheel
+    # brings the real RMM into the venv).
+    (tmp_path / "rmm").mkdir()
+    (tmp_path / "rmm" / "__init__.py").write_text(
+        FAKE_RMM if rmm == "importable" else 'raise ImportError("no RMM here")\n'
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run(
+        [sys.executable, "-c", RMM_CHOICE], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    if rmm == "absent":
+        assert got == {"allocator": False}, got
+        return
+    assert got["made"] == ["rmm.DeviceBuffer", 12, [12]], got
+    assert got["kept"] and got["cleared"], got
+    assert "callable" in got["not_callable"], got
+
+
 async def test_connect_to_nobody_fails_within_the_timeout():
     # A port that nothing listens on (bound, then freed).
     listener = await echo_server()

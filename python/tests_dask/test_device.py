@@ -71,8 +71,32 @@ async def test_cupy_round_trip(size):
     listener.stop()
 
 
-async def test_frames_arrive_in_device_memory():
-    """With deserialisation off, the received frames are the comm's own device frames."""
+@pytest.fixture(params=["transport", "rmm"])
+def landing(request):
+    """Where received device frames land: the transport's own memory (``DeviceFrame``s), or
+    RMM's (``rmm.DeviceBuffer``s: the comm's choice where RMM is importable). Gives the type
+    name the frames arrive as."""
+    import ucxrs.distributed as d
+
+    d._configure()
+    before = _ucxrs.device_frame_allocator()
+    if request.param == "rmm":
+        try:
+            import rmm
+        except Exception as e:
+            pytest.fail(f"RMM is not importable here (the GPU bundle carries it): {e}")
+        d.receive_device_frames_with(lambda n: rmm.DeviceBuffer(size=n))
+        kind = "rmm.DeviceBuffer"
+    else:
+        d.receive_device_frames_with(None)
+        kind = "ucxrs._ucxrs.DeviceFrame"
+    yield kind
+    _ucxrs.receive_device_frames_with(before)
+
+
+async def test_frames_arrive_in_device_memory(landing):
+    """With deserialisation off, the received frames are device memory: the comm's own device
+    frames, or RMM's buffers."""
     listener = await echo_server(deserialize=False)
     comm = await connect(listener.contact_address, deserialize=False)
     x = cupy.arange(1 << 20, dtype="f4")
@@ -80,9 +104,30 @@ async def test_frames_arrive_in_device_memory():
     back = await asyncio.wait_for(comm.read(), 60)
     assert isinstance(back["x"], Serialized)
     device = [f for f in back["x"].frames if hasattr(f, "__cuda_array_interface__")]
-    assert len(device) == 1 and type(device[0]).__name__ == "DeviceFrame"
+    assert len(device) == 1
+    assert type(device[0]).__module__ + "." + type(device[0]).__name__ == landing
     assert device[0].nbytes == x.nbytes
     assert bool((cupy.asarray(device[0]).view("f4") == x).all())
+    await comm.close()
+    listener.stop()
+
+
+@pytest.mark.parametrize("landing", ["rmm"], indirect=True)
+async def test_rmm_buffers_travel_as_themselves(landing):
+    """An ``rmm.DeviceBuffer`` sent arrives as one (Dask's RMM deserialiser asserts it gets
+    one) where frames land in RMM's memory, with the same bytes."""
+    import rmm
+
+    listener = await echo_server()
+    comm = await connect(listener.contact_address)
+    for size in (0, 1000, 8 << 20):
+        x = cupy.arange(size, dtype="u1")
+        buf = rmm.DeviceBuffer(ptr=x.data.ptr if size else 0, size=size)
+        await comm.write({"b": to_serialize(buf)})
+        back = (await asyncio.wait_for(comm.read(), 60))["b"]
+        assert isinstance(back, rmm.DeviceBuffer) and back.size == size
+        got = cupy.asarray(back).view("u1") if size else cupy.empty(0, dtype="u1")
+        assert bool((got == x).all())
     await comm.close()
     listener.stop()
 

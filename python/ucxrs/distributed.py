@@ -79,6 +79,8 @@ def _configure():
             _ucxrs.cuda_context_before_ucx(0)
         except RuntimeError as e:
             logger.warning("ucxrs: no CUDA context before UCX (%s): device frames go staged", e)
+    if _ucxrs.transport_device_frames():
+        _receive_device_frames_into_rmm()
     progress = dask.config.get("distributed.comm.ucxrs.progress-mode", default="loop")
     ring = _bytes_setting("same-host-ring")
     try:
@@ -88,6 +90,37 @@ def _configure():
         # it keeps what it has.
         logger.warning("ucxrs: the Dask settings are not applied: %s", e)
     _configured = True
+
+
+def _receive_device_frames_into_rmm():
+    """Where RMM is importable, received device frames become ``rmm.DeviceBuffer``s from RMM's
+    current memory resource (dask-cuda's pool, where it made one), as distributed-ucxx
+    receives them: Dask's deserialiser of RMM buffers takes nothing else, and the memory is
+    then the pool's rather than memory beside it. An allocator given before (with
+    ``receive_device_frames_with``) is kept. Returns whether frames land in RMM's memory."""
+    if _ucxrs.device_frame_allocator() is not None:
+        return True
+    try:
+        import rmm
+    except Exception as e:  # not installed, or no CUDA for it
+        logger.debug("ucxrs: device frames are received into the transport's memory (RMM: %s)", e)
+        return False
+    device_buffer = rmm.DeviceBuffer
+    _ucxrs.receive_device_frames_with(lambda nbytes: device_buffer(size=nbytes))
+    logger.debug("ucxrs: device frames are received into RMM's memory")
+    return True
+
+
+def receive_device_frames_with(allocate):
+    """Receives device frames into ``allocate(nbytes)`` from now on: an object that exports
+    ``__cuda_array_interface__`` with at least ``nbytes`` writable bytes, which the received
+    message then holds (``None``: the transport's own device memory, ``DeviceFrame``s). The
+    comm sets RMM's ``DeviceBuffer`` where RMM is importable. ``allocate`` runs on the
+    transport's thread with the landing GPU current, once per device frame; an exception
+    ends the connection the frame came on. Needs a build with CUDA (the wheels)."""
+    if not _ucxrs.transport_device_frames():
+        raise RuntimeError("this ucxrs was built without CUDA (--features cuda): it has no device frames")
+    _ucxrs.receive_device_frames_with(allocate)
 
 
 def _ucx_setting(key, default=None):

@@ -8,8 +8,10 @@
 #                       ucxrs package built with
 #                       `--features cuda` for the GPU machine's Python (GPU_PYTHON, 3.12)
 #   .gpu/wheels/        real UCXX (ucxx-cu13 and what it needs beyond that machine's packages),
-#                       stock Dask (distributed and its dependencies), pytest-asyncio and
-#                       pytest-timeout, for the interop, the Dask comm and the Python tests there
+#                       stock Dask (distributed and its dependencies), dask-cuda, pytest-asyncio
+#                       and pytest-timeout, for the interop, the Dask comm and the Python tests
+#                       there; .gpu/wheels-if-missing/: pandas and cuda-bindings, installed
+#                       there only where they do not import
 # Takes 10-15 minutes on 2 cores the first time (release builds), seconds after.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,6 +50,27 @@ if ! ls "$W/dl-dask"/distributed-"$DASK_VERSION"-*.whl >/dev/null 2>&1; then
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$W/dl-dask" "distributed==$DASK_VERSION" \
     || skip_or_fail gpu-bundle "could not download distributed $DASK_VERSION from PyPI (no network?)"
+fi
+
+# dask-cuda, for LocalCUDACluster(protocol="ucxrs") there (scripts/gpu/dask_cuda_check.py), and
+# what it needs beyond distributed: the required ones, and those that machine may already have
+# (pandas, cuda-bindings; prove.sh installs these only where they do not import). Not its
+# [cu13] extra: CUDA's runtime wheels (nvrtc, nvvm: 200 MB) are not needed to start workers.
+DASK_CUDA_VERSION=26.10.0
+if ! ls "$W/dl-dask-cuda"/dask_cuda-"$DASK_CUDA_VERSION"-*.whl >/dev/null 2>&1; then
+  rm -rf "$W/dl-dask-cuda"
+  timeout 600 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$W/dl-dask-cuda" \
+    "dask-cuda==$DASK_CUDA_VERSION" "rapids-dask-dependency==$DASK_CUDA_VERSION" "cuda-core==1.2.2" \
+    "cuda-pathfinder==1.9.1" "nvidia-ml-py==13.615.71" \
+    || skip_or_fail gpu-bundle "could not download dask-cuda $DASK_CUDA_VERSION from PyPI (no network?)"
+  mkdir -p "$W/dl-dask-cuda/if-missing"
+  timeout 600 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$W/dl-dask-cuda/if-missing" \
+    "pandas==3.1.1" "python-dateutil==4.0.0" "tzdata==2026.6" "cuda-bindings==13.5.0" \
+    || skip_or_fail gpu-bundle "could not download pandas and cuda-bindings from PyPI (no network?)"
 fi
 
 # 2. The wheel's UCX, to build against (its headers) and to carry (its libraries).
@@ -124,6 +147,8 @@ strip "$S"/bin/*
 tar -C "$S" -cJf .gpu/bundle.tar.xz .
 rm -rf .gpu/wheels && mkdir -p .gpu/wheels
 cp "$W"/dl/{ucxx_cu13,libucxx_cu13,rmm_cu13,librmm_cu13,rapids_logger,pytest_asyncio,pytest_timeout}-*.whl .gpu/wheels/
-cp "$W"/dl-dask/*.whl .gpu/wheels/
-du -sh .gpu/bundle.tar.xz .gpu/wheels | sed 's/^/bundle: /'
+cp "$W"/dl-dask/*.whl "$W"/dl-dask-cuda/*.whl .gpu/wheels/
+rm -rf .gpu/wheels-if-missing && mkdir -p .gpu/wheels-if-missing
+cp "$W"/dl-dask-cuda/if-missing/*.whl .gpu/wheels-if-missing/
+du -sh .gpu/bundle.tar.xz .gpu/wheels .gpu/wheels-if-missing | sed 's/^/bundle: /'
 log "done: carry .gpu and run scripts/gpu/prove.sh there (docs/gpu.md)"

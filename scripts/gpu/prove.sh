@@ -16,7 +16,9 @@
 # CuPy demo on ucxrs), interop (CuPy arrays with real UCXX, both ways), echo and bench
 # (scripts/gpu/proof.py: ucx-rs device buffers across processes, every byte checked, and beside
 # `ucx_perftest -m cuda`), dask (python/tests_dask/test_device.py: CuPy through the ucxrs://
-# Dask comm, one comm and a two-worker cluster; and the comm's contract), dask-bench (CuPy
+# Dask comm, one comm and a two-worker cluster, RMM buffers; and the comm's contract),
+# dask-cuda (LocalCUDACluster(protocol="ucxrs") moving CuPy values and RMM buffers, with an
+# RMM pool: scripts/gpu/dask_cuda_check.py), dask-bench (CuPy
 # values between two Dask workers over tcp:// and ucxrs://, beside ucx_perftest -m cuda:
 # scripts/dask_comm_compare.py --memory cuda), compare (ucxrs, UCXX and ucx_perftest with CuPy
 # arrays, scripts/python_compare.py).
@@ -58,6 +60,17 @@ rm -rf "$B" && mkdir -p "$B"
 tar -C "$B" -xJf .gpu/bundle.tar.xz
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$B/wheels" .gpu/wheels/*.whl \
   >>"$LOG" 2>&1 || note "prove: installing the carried wheels failed (see prove.log)"
+# What that machine may have already (pandas, cuda-bindings for dask-cuda): only where missing.
+for whl in .gpu/wheels-if-missing/*.whl; do
+  [ -f "$whl" ] || continue
+  case $(basename "$whl") in
+    pandas-*) mod=pandas ;; python_dateutil-*) mod=dateutil ;; tzdata-*) mod=tzdata ;;
+    cuda_bindings-*) mod=cuda.bindings ;; *) mod="" ;;
+  esac
+  if [ -n "$mod" ] && "$PY" -c "import $mod" 2>/dev/null; then continue; fi
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$B/wheels" "$whl" \
+    >>"$LOG" 2>&1 || note "prove: installing $(basename "$whl") failed (see prove.log)"
+done
 export PYTHONPATH=$B/site:$B/wheels PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export LD_LIBRARY_PATH=$B/site/libucx/lib:$B/site/libucx_cu13.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export UCX_MODULE_DIR=$B/site/libucx/lib/ucx
@@ -132,6 +145,7 @@ step interop:ucxrs-server,ucxx-client 120 interop ucxrs ucxx
 step echo 240 "$PY" scripts/gpu/proof.py --echo "$B/bin/ucx-gpu-echo" --perftest "$PERFTEST" --part echo --out "$LOGS"
 step bench 180 "$PY" scripts/gpu/proof.py --echo "$B/bin/ucx-gpu-echo" --perftest "$PERFTEST" --part bench --rounds 1 --out "$LOGS"
 step dask 300 dasktests
+step dask-cuda 300 "$PY" scripts/gpu/dask_cuda_check.py
 step dask-bench 300 "$PY" scripts/dask_comm_compare.py --python "$PY" --memory cuda --protocols tcp,ucxrs \
   --perftest "$PERFTEST" --rounds 1 --reps 6 --json "$LOGS/dask-cuda.json"
 step compare 300 "$PY" scripts/python_compare.py --python "$PY" --memory cuda --perftest "$PERFTEST" \

@@ -141,3 +141,89 @@ async fn device_frames_round_trip_on_a_gpu() {
         eprintln!("{addr}: device frames round-tripped");
     }
 }
+
+/// What an allocator's receive buffers hold: memory of its own "pool" (here a device buffer).
+struct Pooled(#[allow(dead_code)] ucx::cuda::DeviceBuffer);
+
+/// The frame size the allocator below answers with a buffer too small (no other test sends it).
+const TOO_SMALL: usize = 12_345;
+
+/// With an allocator given (`transport::cuda::allocate_with`: RMM's, in the Python package),
+/// device frames are received into its buffers, which the received frames hold; an allocator
+/// that answers with too little memory ends the connection, saying why (GPU only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocator_makes_the_receive_buffers_of_device_frames() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use ucx::cuda::{cudarc::driver::CudaStream, DeviceBuffer};
+
+    let gpu = match ucx::cuda::open(0) {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            test_support::skip_without_gpu(
+                "device_frames::an_allocator_makes_the_receive_buffers_of_device_frames",
+                &e.to_string(),
+            );
+            return;
+        }
+    };
+    let stream = gpu.default_stream();
+    static MADE: AtomicUsize = AtomicUsize::new(0);
+    let previous =
+        transport::cuda::allocate_with(Some(Arc::new(|stream: &Arc<CudaStream>, size: usize| {
+            MADE.fetch_add(1, Ordering::Relaxed);
+            let have = if size == TOO_SMALL { size - 1 } else { size };
+            let pool = DeviceBuffer::alloc(stream, have)?;
+            let ptr = pool.device_ptr();
+            // SAFETY: `pool` is device memory of `stream`'s context, `have` writable bytes,
+            // owned by the buffer made here and used by nothing else.
+            Ok(
+                unsafe {
+                    DeviceBuffer::lent_for_receive(stream, ptr, have, Box::new(Pooled(pool)))
+                },
+            )
+        })));
+    assert!(previous.is_none());
+    for addr in ["tcp://127.0.0.1:0", "ucx://127.0.0.1:0"] {
+        let (server, client) = pair(addr).await;
+        let host = vec![pattern(10, 1), pattern(3 << 20, 2)];
+        let before = MADE.load(Ordering::Relaxed);
+        let frames: Vec<Frame> = host
+            .iter()
+            .map(|h| Frame::from(DeviceBuffer::from_host(&stream, h).unwrap()))
+            .collect();
+        let (sent, got) = tokio::time::timeout(STEP, async {
+            tokio::join!(client.send(1, Message::from(frames)), server.recv())
+        })
+        .await
+        .unwrap();
+        sent.unwrap();
+        let (_, got) = got.unwrap();
+        assert_eq!(got.to_host().unwrap(), host, "{addr}: bytes");
+        for f in &got.frames {
+            let Frame::Cuda(d) = f else {
+                panic!("{addr}: a host frame")
+            };
+            assert!(
+                d.owner()
+                    .is_some_and(|o| o.downcast_ref::<Pooled>().is_some()),
+                "{addr}: not the allocator's buffer: {d:?}"
+            );
+        }
+        assert!(
+            MADE.load(Ordering::Relaxed) >= before + 2,
+            "{addr}: the allocator was not asked"
+        );
+        // Too little memory: the connection ends, with the allocator's answer as the reason.
+        let small = Frame::from(DeviceBuffer::from_host(&stream, &pattern(TOO_SMALL, 3)).unwrap());
+        let _ = client.send(2, Message::from(vec![small])).await;
+        let err = tokio::time::timeout(STEP, server.recv())
+            .await
+            .unwrap()
+            .expect_err("a frame without room must end the connection");
+        let why = err.to_string();
+        assert!(why.contains("allocator gave"), "{addr}: {why}");
+        eprintln!("{addr}: device frames in the allocator's buffers; too small: {why}");
+    }
+    transport::cuda::allocate_with(None);
+}

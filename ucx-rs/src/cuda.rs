@@ -49,6 +49,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::any::Any;
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -109,16 +110,20 @@ pub fn gpu_available() -> bool {
 /// is what UCX's `cuda_ipc` transport needs for zero-copy transfers between processes on one
 /// node. Receives write from the start and set [`len`](Self::len) to the message size.
 ///
-/// A buffer can also lend memory that something else owns ([`DeviceBuffer::lent`]: a CuPy or
-/// PyTorch array's), so that it travels as a device frame without a copy; dropping it then
-/// drops the owner instead of freeing the memory.
+/// A buffer can also lend memory that something else owns: to send from
+/// ([`DeviceBuffer::lent`]: a CuPy or PyTorch array's, so that it travels as a device frame
+/// without a copy), or to receive into ([`DeviceBuffer::lent_for_receive`]: an allocation
+/// from another library's pool, RMM's say); dropping it then drops the owner instead of
+/// freeing the memory, and [`owner`](Self::owner) gives the owner back.
 pub struct DeviceBuffer {
     ptr: cu::CUdeviceptr,
     cap: usize,
     len: usize,
     stream: Arc<CudaStream>,
     /// For lent memory: what keeps it alive (dropped, never freed, by this buffer).
-    owner: Option<Box<dyn Send + Sync>>,
+    owner: Option<Box<dyn Any + Send + Sync>>,
+    /// Whether lent memory may be written (`lent_for_receive`); owned memory always may.
+    writable: bool,
 }
 
 impl fmt::Debug for DeviceBuffer {
@@ -128,6 +133,7 @@ impl fmt::Debug for DeviceBuffer {
             .field("len", &self.len)
             .field("capacity", &self.cap)
             .field("lent", &self.owner.is_some())
+            .field("writable", &self.writable)
             .finish()
     }
 }
@@ -151,6 +157,7 @@ impl DeviceBuffer {
             len: 0,
             stream: Arc::clone(stream),
             owner: None,
+            writable: true,
         })
     }
 
@@ -170,7 +177,7 @@ impl DeviceBuffer {
         stream: &Arc<CudaStream>,
         ptr: cu::CUdeviceptr,
         len: usize,
-        owner: Box<dyn Send + Sync>,
+        owner: Box<dyn Any + Send + Sync>,
     ) -> Self {
         DeviceBuffer {
             ptr,
@@ -178,12 +185,47 @@ impl DeviceBuffer {
             len,
             stream: Arc::clone(stream),
             owner: Some(owner),
+            writable: false,
         }
     }
 
-    /// Whether the memory is lent ([`DeviceBuffer::lent`]) rather than owned.
+    /// A receive buffer over `capacity` bytes of writable device memory at `ptr` that `owner`
+    /// keeps alive (an allocation of another library's, from RMM's pool say), ordered by
+    /// `stream`: it holds no data until a receive (or [`copy_from_host`](Self::copy_from_host))
+    /// fills it, and dropping it drops `owner` (after synchronising `stream`) instead of
+    /// freeing the memory.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be device memory of `stream`'s context (or one UCX and CUDA can reach from
+    /// it), valid for reads and writes of `capacity` bytes, not freed, moved or used by anything
+    /// else while `owner` lives.
+    pub unsafe fn lent_for_receive(
+        stream: &Arc<CudaStream>,
+        ptr: cu::CUdeviceptr,
+        capacity: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Self {
+        DeviceBuffer {
+            ptr,
+            cap: capacity,
+            len: 0,
+            stream: Arc::clone(stream),
+            owner: Some(owner),
+            writable: true,
+        }
+    }
+
+    /// Whether the memory is lent ([`DeviceBuffer::lent`],
+    /// [`lent_for_receive`](Self::lent_for_receive)) rather than owned.
     pub fn is_lent(&self) -> bool {
         self.owner.is_some()
+    }
+
+    /// What keeps lent memory alive (`downcast_ref` it to the type given); `None` for owned
+    /// memory.
+    pub fn owner(&self) -> Option<&(dyn Any + Send + Sync)> {
+        self.owner.as_deref()
     }
 
     /// Waits for the work queued on the buffer's stream (a copy into it, a kernel), so that
@@ -203,10 +245,10 @@ impl DeviceBuffer {
         Ok(b)
     }
 
-    /// Replaces the contents with `data` (at most [`capacity`](Self::capacity) bytes; a lent
-    /// buffer refuses).
+    /// Replaces the contents with `data` (at most [`capacity`](Self::capacity) bytes; a buffer
+    /// lent to send from refuses).
     pub fn copy_from_host(&mut self, data: &[u8]) -> Result<()> {
-        if self.is_lent() {
+        if !self.writable {
             return Err(Error::InvalidArgument(
                 "a lent device buffer is only read, never written".into(),
             ));
@@ -341,14 +383,15 @@ unsafe impl IoBuf for Arc<DeviceBuffer> {
     }
 }
 
-// SAFETY: as above; all `cap` bytes of an owned buffer are writable device memory. A lent
-// buffer offers none (its memory may be a read-only export), so nothing is written to it.
+// SAFETY: as above; all `cap` bytes of an owned buffer, or one lent for receives, are writable
+// device memory (`lent_for_receive`'s contract). A buffer lent to send from offers none (its
+// memory may be a read-only export), so nothing is written to it.
 unsafe impl IoBufMut for DeviceBuffer {
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.ptr as *mut u8
     }
     fn bytes_total(&self) -> usize {
-        if self.is_lent() {
+        if !self.writable {
             0
         } else {
             self.cap
