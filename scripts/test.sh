@@ -167,6 +167,11 @@ step_done "drills: Dask on ucxrs:// (tests, a benchmark round)"
 # these are debug builds on a shared, noisy machine).
 timeout 600 python3 scripts/compare.py --rounds 1 --sizes 8 --ops stream,am --msgrate --window 16
 step_done "drills: compare.py"
+# The cost of a small message, counted (callgrind: exact instructions, not timings) against
+# the record in scripts/instructions.txt, beside ucx_perftest's count: release builds of
+# ucx-echo and transport-echo (about 2 minutes from clean), then about 15 s of counting.
+timeout 900 bash scripts/instructions_check.sh
+step_done "drills: instructions per 8 B round trip (callgrind)"
 # Across two network namespaces (root and ip netns, as the netns test).
 if [ "$(id -u)" != 0 ] || ! ip netns list > /dev/null 2>&1; then
   (skip_or_fail netns_compare.py "needs root and ip netns")
