@@ -42,8 +42,8 @@ count() { # count ITERS OUT -> total instructions of one client run (its profile
     export UCX_MM_ERROR_HANDLING=y UCX_TCP_PUT_ENABLE=n  # this subshell's: server and client
     taskset -c 0 "$bin" -p "$port" -c 0 > "$tmp/srv" 2>&1 &
     echo $! >> "$tmp/pids"
-    sleep 0.5
-    addr=$port
+    # Until it listens (bounded: 10 s).
+    for _ in $(seq 100); do ss -ltn 2> /dev/null | grep -q ":$port " && { addr=$port; break; }; sleep 0.1; done
     set -- "$bin" 127.0.0.1 -p "$port" -c 1 -t tag_lat -s 8 \
       -n "$iters" -w $(((iters + 9) / 10)) -e
   elif [ "$kind" = transport ]; then
